@@ -1,0 +1,175 @@
+"""The command line: parse flags, pick consoles, print. Nothing else lives here.
+
+stdout carries only the answer (or one JSON object); everything else goes to stderr. Errors a user
+can cause end in one line, `error: ...`, and a non-zero exit; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import InvalidParameterError, LlmcliError
+
+app = typer.Typer(
+    name="llmcli",
+    help="Run large language models locally, quantized, on CUDA, MPS or CPU.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# ------------------------------------------------------------------ shared options (hf CLI style)
+
+ModelArg = Annotated[str, typer.Argument(help="A .gguf file or a model folder.", show_default=False)]
+Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps (auto: cuda > mps > cpu).")]
+Dtype = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16.")]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")]
+CtxSize = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: the model's).")]
+Temp = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")]
+TopK = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off.")]
+TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass; 1.0 = off.")]
+MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the top probability; 0 = off.")]
+RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", help="Penalise repeated tokens; 1.0 = off.")]
+RepeatLastN = Annotated[int, typer.Option("--repeat-last-n", help="Tokens the penalties look back over; -1 = all.")]
+PresencePenalty = Annotated[float, typer.Option("--presence-penalty", help="Subtract once per seen token; 0 = off.")]
+FrequencyPenalty = Annotated[float, typer.Option("--frequency-penalty", help="Subtract per occurrence; 0 = off.")]
+Seed = Annotated[int, typer.Option("--seed", "-s", help="Random seed; -1 = random.")]
+MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Most tokens to generate (default: until the context is full).")]
+Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop at this text (repeatable); it is not printed.")]
+System = Annotated[Optional[str], typer.Option("--system", help="System prompt.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Timings and device decisions on stderr.")]
+
+
+@app.callback()
+def _root():
+    """Run large language models locally, quantized, on CUDA, MPS or CPU."""
+
+
+def _click_exceptions():
+    try:  # typer >= 0.20 vendors its own copy of click
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is not None and prompt != "-":
+        if not prompt.strip():
+            raise InvalidParameterError("the prompt is empty; pass some text")
+        return prompt
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InvalidParameterError("no prompt: pass PROMPT as an argument or pipe it on stdin (or use `llmcli chat`)")
+    text = sys.stdin.read()
+    if not text.strip():
+        raise InvalidParameterError("stdin was empty; pipe some text in or pass PROMPT as an argument")
+    return text
+
+
+@app.command()
+def run(
+    model: ModelArg,
+    prompt: Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when absent or '-'.", show_default=False)] = None,
+    temp: Temp = 0.8, top_k: TopK = 40, top_p: TopP = 0.95, min_p: MinP = 0.05,
+    repeat_penalty: RepeatPenalty = 1.0, repeat_last_n: RepeatLastN = 64,
+    presence_penalty: PresencePenalty = 0.0, frequency_penalty: FrequencyPenalty = 0.0,
+    seed: Seed = -1, max_tokens: MaxTokens = None, stop: Stop = None, ctx_size: CtxSize = None,
+    system: System = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")] = False,
+    verbose: Verbose = False,
+):
+    """Generate one answer to PROMPT and stream it to stdout."""
+    from .generate import generate
+    from .runtime import open_model
+    from .sampling import SamplingParams
+
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed)
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
+    text = _read_prompt(prompt)
+    err = _stderr()
+    rt = open_model(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size)
+    if verbose:
+        err.print(f"[dim]{rt.placement.reason}[/dim]")
+        a = rt.loaded.args
+        err.print(f"[dim]loaded {rt.loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, "
+                  f"{rt.loaded.weights_type}) in {rt.loaded.load_seconds:.2f} s; context {rt.ctx_size}[/dim]")
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    ids = rt.prompt_ids(messages, raw=raw)
+    pieces, last = [], None
+    for chunk in generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
+                          max_tokens=max_tokens, stop=tuple(stop or ()), device=rt.placement.device):
+        if json_out:
+            pieces.append(chunk.text)
+        elif chunk.text:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        last = chunk
+    stats = last.stats
+    if json_out:
+        out = {"model": rt.loaded.name, "text": "".join(pieces), "finish_reason": last.finish_reason,
+               "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+                         "total_tokens": stats.prompt_tokens + stats.completion_tokens},
+               "timings": {"load_s": round(rt.loaded.load_seconds, 4), **stats.as_dict()}}
+        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    if verbose:
+        err.print(f"[dim]{stats.prompt_tokens} prompt tokens, {stats.completion_tokens} generated "
+                  f"(finish: {last.finish_reason}); ttft {stats.ttft_s * 1000:.0f} ms; "
+                  f"prefill {stats.prefill_tps:.1f} t/s; decode {stats.decode_tps:.1f} t/s; seed {stats.seed}[/dim]")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the app and turns every user error into one line and an exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("LLMCLI_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    command = typer.main.get_command(app)
+    click_errors = _click_exceptions()
+    try:
+        command.main(args=argv, prog_name="llmcli", standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except click_errors.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+            print(e.ctx.get_help())
+            sys.exit(0)
+        if debug:
+            raise
+        where = f"{e.ctx.command_path} --help" if e.ctx else "llmcli --help"
+        print(f"error: {e.format_message()} (see `{where}`)", file=sys.stderr)
+        sys.exit(2)
+    except click_errors.ClickException as e:
+        print(f"error: {e.format_message()}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
+    except LlmcliError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except BrokenPipeError:
+        # the reader went away (e.g. `| head`): stop quietly, without a second error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    sys.exit(0)

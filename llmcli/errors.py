@@ -1,0 +1,41 @@
+"""Errors a user can cause. Each carries one line that says what happened and what to do.
+
+The CLI prints `error: <message>` to stderr and exits non-zero, without a traceback (`--debug`
+shows it). Library code raises these and never prints.
+"""
+
+
+class LlmcliError(Exception):
+    """Base class: the message is one line, written for the person at the terminal."""
+
+    exit_code = 1
+
+
+class ModelNotFoundError(LlmcliError):
+    """A path, name or repository that does not exist."""
+
+
+class UnsupportedModelError(LlmcliError):
+    """An architecture, file type or tokenizer llmcli cannot run."""
+
+
+class CorruptModelError(LlmcliError):
+    """A file that exists but cannot be read: truncated, wrong checksum, malformed."""
+
+
+class InvalidParameterError(LlmcliError):
+    """A flag or setting with a value outside its range."""
+
+    exit_code = 2
+
+
+class PromptTooLongError(LlmcliError):
+    """The prompt does not fit in the context."""
+
+
+class DeviceUnavailableError(LlmcliError):
+    """A device was asked for that this machine or this PyTorch build does not have."""
+
+
+class DownloadError(LlmcliError):
+    """A model could not be fetched (network, authentication, disk)."""

@@ -1,0 +1,176 @@
+"""Generation as a stack of generators:
+
+    token_stream   prefill the prompt (reusing what the cache already holds), then decode one token
+                   per step and yield each id
+    text_stream    ids -> text: end-of-sequence ids, stop strings (never printed, even when split
+                   across tokens), whole UTF-8 characters only
+    generate       the public entry: checks the prompt fits, picks the output limit, yields Chunk
+
+The last chunk carries `finish_reason` ("stop" or "length") and the `Stats`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+
+from .errors import PromptTooLongError
+from .sampling import SamplingParams, make_generator, sample
+from .tokenizer import StreamDecoder, Tokenizer
+
+PREFILL_CHUNK = 512  # tokens per forward pass when prefilling long prompts (bounds activation memory)
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV were already in the cache (not prefilled again)
+    ttft_s: float = 0.0  # from the call to the first sampled token
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    seed: int = -1
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefilled_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        # the first token comes out of prefill; the rest are decode steps
+        steps = max(0, self.completion_tokens - 1)
+        return steps / self.decode_s if self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens, "ttft_s": round(self.ttft_s, 4),
+                "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
+                "prefill_tokens_per_s": round(self.prefill_tps, 2), "decode_tokens_per_s": round(self.decode_tps, 2),
+                "seed": self.seed}
+
+
+@dataclass
+class Chunk:
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
+    stats: Stats | None = None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@torch.inference_mode()
+def prefill(model, ids: list[int], cache, device: torch.device, chunk: int = PREFILL_CHUNK) -> torch.Tensor:
+    """Run `ids` into the cache (after what it holds); logits (V,) of the last one."""
+    logits = None
+    for i in range(0, len(ids), chunk):
+        piece = torch.tensor([ids[i:i + chunk]], dtype=torch.long, device=device)
+        logits = model(piece, cache, last_only=True)
+    return logits[0, -1]
+
+
+@torch.inference_mode()
+def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int,
+                 device: torch.device, stats: Stats) -> Iterator[int]:
+    """Yield up to `max_new` token ids. `cache.token_ids` lists the ids in the cache slots; the
+    longest prefix shared with `prompt` is reused and only the rest is prefilled."""
+    t0 = time.perf_counter()
+    held = getattr(cache, "token_ids", [])[: cache.length]
+    reuse = min(common_prefix(held, prompt), len(prompt) - 1)  # at least one token to get logits from
+    cache.truncate(reuse)
+    cache.token_ids = list(prompt[:reuse])
+    stats.cached_tokens = reuse
+    generator, stats.seed = make_generator(params.seed, device)
+    penalties = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+    history = list(prompt)
+
+    logits = prefill(model, prompt[reuse:], cache, device)
+    cache.token_ids.extend(prompt[reuse:])
+    for step in range(max_new):
+        hist = torch.tensor(history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history,
+                            dtype=torch.long, device=device) if penalties else _EMPTY
+        token = sample(logits, hist, params, generator)
+        now = time.perf_counter()
+        if step == 0:
+            stats.ttft_s = stats.prefill_s = now - t0
+        else:
+            stats.decode_s = now - t0 - stats.prefill_s
+        stats.completion_tokens = step + 1
+        history.append(token)
+        yield token
+        if step + 1 < max_new:
+            logits = model(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True)[0, -1]
+            cache.token_ids.append(token)
+
+
+_EMPTY = torch.empty(0, dtype=torch.long)
+
+
+def _partial_stop(text: str, stops: Iterable[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, ...], context: list[int],
+                stats: Stats) -> Iterator[Chunk]:
+    """Token ids -> text chunks; ends on an end-of-sequence id, a stop string, or the token limit."""
+    decoder = StreamDecoder(tokenizer, context)
+    pending = ""  # decoded text held back because it might be the start of a stop string
+    for token in tokens:
+        if token in tokenizer.eos_ids:
+            tokens.close()
+            yield Chunk(pending, [token], "stop", stats)
+            return
+        pending += decoder.push(token)
+        hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
+        if hits:
+            tokens.close()
+            yield Chunk(pending[: min(hits)], [token], "stop", stats)
+            return
+        keep = _partial_stop(pending, stops)
+        out, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")
+        yield Chunk(out, [token])
+    yield Chunk(pending + decoder.flush(), [], "length", stats)
+
+
+def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> int:
+    """min(context - prompt, max_tokens); a prompt that leaves no room is an error, never a truncation."""
+    room = ctx_size - prompt_tokens
+    if room < 1:
+        raise PromptTooLongError(
+            f"the prompt is {prompt_tokens} tokens but the context holds {ctx_size}; "
+            "shorten the prompt or raise --ctx-size")
+    return room if max_tokens is None else min(room, max_tokens)
+
+
+def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
+             max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None
+             ) -> Iterator[Chunk]:
+    """Stream the completion of `prompt` (token ids) as Chunks."""
+    if not prompt:
+        raise ValueError("empty prompt")
+    device = device or next(model.parameters()).device
+    limit = output_limit(len(prompt), cache.max_len, max_tokens)
+    stats = Stats(prompt_tokens=len(prompt))
+    tokens = token_stream(model, prompt, cache, params, limit, device, stats)
+    stops = tuple(s for s in stop if s)
+    yield from text_stream(tokens, tokenizer, stops, prompt, stats)

@@ -1,0 +1,85 @@
+"""A model on disk (a `.gguf` file or a Hugging Face folder) -> model + tokenizer + template."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import gguf_file, hf_folder, models
+from .device import Placement
+from .errors import ModelNotFoundError, UnsupportedModelError
+from .models.llama import ModelArgs
+from .tokenizer import Tokenizer, from_gguf_metadata, from_hf_folder
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    args: ModelArgs
+    chat_template: str | None
+    path: Path
+    format: str  # "gguf" | "safetensors"
+    weights_bytes: int  # size of the weights on disk
+    weights_type: str  # e.g. "Q4_1", "bfloat16"
+    placement: Placement
+    load_seconds: float
+    metadata: dict = field(default_factory=dict)  # e.g. general.name, license
+
+    @property
+    def name(self) -> str:
+        return self.metadata.get("name") or self.path.name
+
+
+def load_model(path: str | Path, placement: Placement) -> LoadedModel:
+    """Load weights in `placement.dtype` onto `placement.device`."""
+    t0 = time.perf_counter()
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(f"{path} does not exist; pass a .gguf file or a model folder")
+    if path.is_dir():
+        loaded = _load_folder(path, placement)
+    elif gguf_file.is_gguf(path):
+        loaded = _load_gguf(path, placement)
+    elif path.suffix == ".safetensors":
+        raise UnsupportedModelError(f"{path} is a bare weights file; pass the folder that holds it with config.json")
+    else:
+        raise UnsupportedModelError(f"{path} is neither a GGUF file nor a model folder")
+    loaded.load_seconds = time.perf_counter() - t0
+    return loaded
+
+
+def _load_gguf(path: Path, placement: Placement) -> LoadedModel:
+    from gguf import LlamaFileType
+
+    reader = gguf_file.open_gguf(path)
+    meta = gguf_file.read_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    args = gguf_file.model_args(meta, names)
+    args.rope_freq_factors = gguf_file.rope_freq_factors(reader)
+    tokenizer = from_gguf_metadata(meta)
+    state = gguf_file.load_state_dict(reader, args, meta["general.architecture"], placement.dtype, placement.device)
+    model = models.build(args, state, placement.device)
+    try:
+        weights_type = LlamaFileType(meta.get("general.file_type", -1)).name.removeprefix("MOSTLY_")
+    except ValueError:
+        weights_type = "unknown"
+    return LoadedModel(model, tokenizer, args, meta.get("tokenizer.chat_template"), path, "gguf",
+                       path.stat().st_size, weights_type, placement, 0.0,
+                       {"name": meta.get("general.name"), "license": meta.get("general.license"),
+                        "architecture": meta.get("general.architecture")})
+
+
+def _load_folder(path: Path, placement: Placement) -> LoadedModel:
+    config = hf_folder.read_config(path)
+    files = hf_folder.safetensors_files(path)
+    args = ModelArgs.from_hf_config(config)
+    tokenizer = from_hf_folder(path, config)
+    state = hf_folder.load_state_dict(files, placement.dtype, placement.device)
+    model = models.build(args, state, placement.device)
+    return LoadedModel(model, tokenizer, args, hf_folder.chat_template(path), path, "safetensors",
+                       hf_folder.weights_bytes(files), str(config.get("torch_dtype", config.get("dtype", "?"))),
+                       placement, 0.0, {"architecture": config.get("model_type")})

@@ -1,0 +1,244 @@
+"""The Llama family: llama (incl. Llama 3 rope scaling), mistral, qwen2 (q/k/v bias).
+
+One readable decoder: grouped-query attention with RoPE, RMSNorm, SwiGLU, tied or untied head.
+Parameter names follow Hugging Face (`model.layers.0.self_attn.q_proj.weight`), so safetensors from
+the Hub load without conversion. The model holds no generation state: the KV cache is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UnsupportedModelError
+
+
+@dataclass
+class ModelArgs:
+    model_type: str = "llama"
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    rope_freq_factors: tuple[float, ...] | None = None  # GGUF `rope_freqs.weight`: inv_freq is divided by these
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # llama: bias on q, k, v and o
+    qkv_bias: bool = False  # qwen2: bias on q, k, v only
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # attend to this many most recent positions (incl. self)
+    max_window_layers: int = 0  # the window applies to layers with index >= this
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise UnsupportedModelError(
+                f"{self.num_attention_heads} attention heads cannot be grouped over {self.num_key_value_heads} KV heads")
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> "ModelArgs":
+        """Build from a Hugging Face `config.json` dict; unknown keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in config.items() if k in known}
+        kw.pop("rope_freq_factors", None)
+        model_type = config.get("model_type", "llama")
+        # transformers 5.x writes `rope_parameters` (theta and scaling in one dict) instead of both keys
+        rope = config.get("rope_parameters")
+        if isinstance(rope, dict) and "full_attention" in rope:
+            rope = rope["full_attention"]
+        if isinstance(rope, dict):
+            if "rope_theta" in rope:
+                kw["rope_theta"] = rope["rope_theta"]
+            if rope.get("rope_type", rope.get("type", "default")) != "default":
+                kw["rope_scaling"] = rope
+        if model_type == "qwen2":
+            kw["qkv_bias"] = True
+            kw.pop("attention_bias", None)
+            if not config.get("use_sliding_window", False):
+                kw["sliding_window"] = None
+        elif model_type != "mistral":
+            kw["sliding_window"] = None
+        return cls(**kw)
+
+    @property
+    def n_rep(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def layer_window(self, i: int) -> int | None:
+        return self.sliding_window if self.sliding_window and i >= self.max_window_layers else None
+
+    def parameter_count(self) -> int:
+        h, hd, i, v = self.hidden_size, self.head_dim, self.intermediate_size, self.vocab_size
+        attn = h * hd * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
+        per_layer = attn + 3 * h * i + 2 * h
+        head = 0 if self.tie_word_embeddings else v * h
+        return v * h + self.num_hidden_layers * per_layer + h + head
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """(head_dim/2,) float32 inverse frequencies, with the model's rope scaling applied."""
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if args.rope_freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(args.rope_freq_factors, dtype=torch.float64)
+    scaling = args.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_ctx = scaling.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    elif kind != "default":
+        raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, linear, llama3")
+    return inv_freq.float()
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """positions (T,) -> cos, sin of shape (T, head_dim), in the half-split layout HF uses."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, D); rotates the first and second halves of D as pairs."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in float32 like the reference, then scale in the input dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.window = args.layer_window(layer_idx)
+        qkv_bias = args.attention_bias or args.qkv_bias
+        h = args.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=args.attention_bias)
+
+    def forward(self, x, cos, sin, cache, start: int, mask) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = cache.update(self.layer_idx, start, k, v)  # (B, KV, start+T, D): the valid part only
+        if self.window is not None and k.shape[2] > self.window:
+            mask = _window_mask(mask, start, T, k.shape[2], self.window, x.device)
+        is_causal = mask is None and T > 1  # only when start == 0: queries and keys line up
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           enable_gqa=self.n_heads != self.n_kv_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+def _window_mask(mask, start: int, T: int, S: int, window: int, device) -> torch.Tensor:
+    """(T, S) bool: causal and within the sliding window (key slot > query slot - window)."""
+    q_slot = torch.arange(start, start + T, device=device)[:, None]
+    k_slot = torch.arange(S, device=device)[None, :]
+    return (k_slot <= q_slot) & (k_slot > q_slot - window)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        h, i, b = args.hidden_size, args.intermediate_size, args.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=b)
+        self.up_proj = nn.Linear(h, i, bias=b)
+        self.down_proj = nn.Linear(i, h, bias=b)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(args, layer_idx)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache, start, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """`forward(tokens, cache, positions) -> logits`; `self.model` mirrors HF's `LlamaModel`."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.model.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_hidden_layers))
+        self.model.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+
+    def tie_weights(self) -> None:
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, vocab) float32, or (B, 1, vocab) with last_only.
+
+        The new tokens take cache slots [cache.length, cache.length + T); `positions` (T,) are their
+        RoPE positions (default: the slots themselves).
+        """
+        B, T = tokens.shape
+        start = cache.length
+        if start + T > cache.max_len:
+            raise ValueError(f"cache holds {cache.max_len} tokens; {start} used, {T} more asked for")
+        if positions is None:
+            positions = torch.arange(start, start + T, device=tokens.device)
+        x = self.model.embed_tokens(tokens)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        mask = None
+        if T > 1 and start > 0:  # queries see every cached slot plus the causal part of their own
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache, start, mask)
+        cache.length = start + T
+        if last_only:
+            x = x[:, -1:, :]
+        return self.lm_head(self.model.norm(x)).float()
