@@ -73,8 +73,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 @torch.inference_mode()
-def prefill(model, ids: list[int], cache, device: torch.device, chunk: int = PREFILL_CHUNK) -> torch.Tensor:
+def prefill(model, ids: list[int], cache, device: torch.device, chunk: int | None = None) -> torch.Tensor:
     """Run `ids` into the cache (after what it holds); logits (V,) of the last one."""
+    chunk = chunk or PREFILL_CHUNK
     logits = None
     for i in range(0, len(ids), chunk):
         piece = torch.tensor([ids[i:i + chunk]], dtype=torch.long, device=device)

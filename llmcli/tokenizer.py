@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 from .errors import CorruptModelError, UnsupportedModelError
@@ -137,8 +137,10 @@ def _sentencepiece_bpe(pieces: list[str], scores: list[float], types: list[int],
     unk = pieces[unk_id] if unk_id is not None and 0 <= unk_id < len(pieces) else None
     backend = Backend(models.BPE(vocab=vocab, merges=[(a, b) for a, b, _ in merges], unk_token=unk,
                                  byte_fallback=True, fuse_unk=True))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="\u2581", prepend_scheme="first" if add_space_prefix else "never", split=False)
+    # SentencePiece escapes spaces as U+2581 and adds one in front of the text; like llama.cpp, each
+    # text fragment between special tokens gets that prefix (Metaspace would skip it before a space)
+    steps = ([normalizers.Prepend("\u2581")] if add_space_prefix else []) + [normalizers.Replace(" ", "\u2581")]
+    backend.normalizer = normalizers.Sequence(steps)
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
         steps.append(decoders.Strip(" ", 1, 0))

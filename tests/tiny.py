@@ -1,0 +1,192 @@
+"""Tiny random models for tests: a real byte-level BPE tokenizer, HF checkpoints written by
+transformers (the reference implementation), and GGUF files written with `gguf.GGUFWriter`."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TRAINING_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Hello world! héllo wörld, naïve café. "
+    "Numbers 12345 and 678. What is the capital of France? Paris is the capital of France. "
+    "日本語のテキスト and emoji 🙂🚀 mixed in. " * 20
+)
+
+
+@lru_cache(maxsize=1)
+def tokenizer_json() -> str:
+    """A byte-level BPE (vocab 320) trained on a fixed text, with ChatML special tokens at 0..2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([TRAINING_TEXT], trainer)
+    return tok.to_str()
+
+
+VOCAB = 320
+
+
+def write_tokenizer(folder: Path, template: str | None = CHAT_TEMPLATE) -> None:
+    (folder / "tokenizer.json").write_text(tokenizer_json())
+    config = {"bos_token": None, "eos_token": "<|im_end|>", "add_bos_token": False}
+    if template:
+        config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def hf_config(model_type: str = "llama", **overrides):
+    from transformers import AutoConfig
+
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+                bos_token_id=None, eos_token_id=2, pad_token_id=0, initializer_range=0.1)
+    if model_type == "mistral":
+        base["sliding_window"] = None
+    base.update(overrides)
+    return AutoConfig.for_model(model_type, **base)
+
+
+def hf_model(model_type: str = "llama", seed: int = 0, **overrides):
+    """A random transformers model in float32 (the reference)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = hf_config(model_type, **overrides)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # norms away from 1 so that a wrong norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
+    return model
+
+
+def save_hf(model, folder: Path, template: str | None = CHAT_TEMPLATE) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_tokenizer(folder, template)
+    return folder
+
+
+# ------------------------------------------------------------------------------------- GGUF
+
+_GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in _GGUF_NAMES:
+        return _GGUF_NAMES[hf]
+    parts = hf.split(".")  # model.layers.N.<module...>.weight
+    layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
+    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+
+
+def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    # llama.cpp convert_hf_to_gguf.py LlamaModel.permute
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None) -> dict[str, np.ndarray]:
+    """Write `model` as llama.cpp would; 2-D weights in `qtype`, norms and biases in F32.
+
+    Returns the float32 weights the file actually holds (dequantized, HF layout), to build the
+    reference model from.
+    """
+    import gguf
+    from gguf.quants import dequantize, quantize
+    from tokenizers import Tokenizer
+
+    cfg = model.config
+    arch = arch or ("qwen2" if cfg.model_type == "qwen2" else "llama")
+    qt = gguf.GGMLQuantizationType[qtype]
+    w = gguf.GGUFWriter(str(path), arch)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_name("tiny-test")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    w.add_rope_freq_base(theta)
+    w.add_vocab_size(cfg.vocab_size)
+    tok = json.loads(tokenizer_json())
+    vocab = tok["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+    merges = tok["model"]["merges"]
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    held = {}
+    for name, t in model.state_dict().items():
+        if cfg.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        a = t.detach().float().numpy()
+        if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
+            a_file = _permute(a, cfg.num_attention_heads) if arch == "llama" else a
+        elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
+            a_file = _permute(a, cfg.num_key_value_heads) if arch == "llama" else a
+        else:
+            a_file = a
+        if a.ndim == 2 and qt not in (gguf.GGMLQuantizationType.F32,):
+            q = quantize(a_file, qt)
+            w.add_tensor(gguf_name(name), q, raw_dtype=qt)
+            back = dequantize(q, qt).reshape(a.shape)
+        else:
+            w.add_tensor(gguf_name(name), a_file.astype(np.float32))
+            back = a_file
+        # undo the permutation to get the HF-layout values the file now represents
+        if back is not a and arch == "llama" and ("q_proj" in name or "k_proj" in name):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            back = back.reshape(heads, back.shape[0] // heads // 2, 2, *back.shape[1:]).swapaxes(1, 2).reshape(back.shape)
+        held[name] = np.asarray(back, dtype=np.float32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+def reference_from(model, weights: dict[str, np.ndarray]):
+    """A copy of `model` holding `weights` (e.g. what a quantized GGUF dequantizes to)."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in ref.state_dict().items():
+            if name in weights:
+                p.copy_(torch.from_numpy(weights[name]))
+    return ref
