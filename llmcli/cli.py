@@ -137,6 +137,10 @@ def run(
                   f"prefill {stats.prefill_tps:.1f} t/s; decode {stats.decode_tps:.1f} t/s; seed {stats.seed}[/dim]")
 
 
+# Commands that live in their own CLI modules register themselves on `app` when imported.
+from . import cli_modules  # noqa: E402,F401
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the app and turns every user error into one line and an exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -6,6 +6,7 @@ Kept apart from cli.py so `run`, `chat` and `bench` share one path from flags to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import chat_template
 from .device import Placement, place
@@ -49,10 +50,15 @@ def check_ctx_size(ctx_size: int | None, model_max: int) -> int:
     return ctx_size
 
 
+def locate(model: str) -> Path:
+    """MODEL as the user typed it -> a local .gguf file or model folder."""
+    return Path(model).expanduser()
+
+
 def open_model(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
                ctx_size: int | None = None) -> Runtime:
     if ctx_size is not None and ctx_size < 1:
         raise InvalidParameterError(f"--ctx-size must be at least 1, got {ctx_size}")
     placement = place(device, dtype, threads)
-    loaded = load_model(model, placement)
+    loaded = load_model(locate(model), placement)
     return Runtime(loaded, check_ctx_size(ctx_size, loaded.args.max_position_embeddings))
