@@ -107,3 +107,23 @@ def test_qk_permutation_round_trips():
     # one head of 4 rows: HF halves [a0 a1 | b0 b1] become interleaved pairs [a0 b0 a1 b1]
     rows = torch.arange(4.0)[:, None]
     assert permute_rows(rows, 1).flatten().tolist() == [0.0, 2.0, 1.0, 3.0]
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_1"])
+def test_header_parser_agrees_with_gguf_reader(tmp_path, qtype):
+    """Our fast header parser yields what the gguf package's own reader does."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from llmcli.gguf_file import open_gguf
+
+    path = tmp_path / "t.gguf"
+    write_gguf(hf_model("llama"), path, qtype)
+    ours, theirs = open_gguf(path), GGUFReader(str(path))
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert (a.tensor_type, a.data_offset, a.n_bytes) == (b.tensor_type, b.data_offset, b.n_bytes)
+        assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data)
+    for key, field in theirs.fields.items():
+        if not key.startswith("GGUF."):
+            assert ours.metadata[key] == pytest.approx(field.contents()), key

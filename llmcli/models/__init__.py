@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+from torch import nn
 
 from . import llama
 
@@ -11,10 +14,23 @@ ARCHITECTURES = {"llama": llama, "mistral": llama, "qwen2": llama}
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
+@contextmanager
+def _skip_init():
+    """Module constructors without random initialisation: every parameter is replaced by a loaded
+    tensor right after. (The meta device would do too, but its first use imports ~1 s of torch.)"""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
+
 def build(args, state_dict: dict, device: torch.device) -> torch.nn.Module:
-    """Instantiate without allocating (meta device), then adopt the loaded tensors as parameters."""
+    """Instantiate with uninitialised CPU tensors (never touched, so never resident), then adopt the
+    loaded tensors, already on `device`, as the parameters."""
     family = ARCHITECTURES[args.model_type]
-    with torch.device("meta"):
+    with _skip_init():
         model = family.Transformer(args)
     if args.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)
