@@ -61,4 +61,6 @@ def open_model(model: str, *, device: str = "auto", dtype: str = "auto", threads
         raise InvalidParameterError(f"--ctx-size must be at least 1, got {ctx_size}")
     placement = place(device, dtype, threads)
     loaded = load_model(locate(model), placement)
-    return Runtime(loaded, check_ctx_size(ctx_size, loaded.args.max_position_embeddings))
+    ctx = check_ctx_size(ctx_size, loaded.args.max_position_embeddings)
+    loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
+    return Runtime(loaded, ctx)

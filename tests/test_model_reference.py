@@ -127,3 +127,20 @@ def test_header_parser_agrees_with_gguf_reader(tmp_path, qtype):
     for key, field in theirs.fields.items():
         if not key.startswith("GGUF."):
             assert ours.metadata[key] == pytest.approx(field.contents()), key
+
+
+@pytest.mark.parametrize("variant", ["llama-gqa-untied", "llama-attention-bias", "qwen2-bias", "mistral-sliding-window"])
+def test_fused_projections_give_the_same_logits(tmp_path, variant):
+    model_type, overrides = VARIANTS[variant]
+    loaded = load_model(save_hf(hf_model(model_type, **overrides), tmp_path / variant), CPU32)
+    tokens = _tokens(20)
+    new_cache = lambda: StaticKVCache.for_model(loaded.args, 32, CPU32.device, torch.float32)  # noqa: E731
+    with torch.no_grad():
+        before = loaded.model(tokens, new_cache())[0]
+        loaded.model.fuse()
+        assert hasattr(loaded.model.model.layers[0].self_attn, "qkv_proj")
+        assert not hasattr(loaded.model.model.layers[0].mlp, "gate_proj")
+        cache = new_cache()
+        after = torch.cat([loaded.model(tokens[:, :12], cache)[0]] +
+                          [loaded.model(tokens[:, i:i + 1], cache)[0] for i in range(12, 20)])
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)

@@ -18,7 +18,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 def _skip_init():
     """Module constructors without random initialisation: every parameter is replaced by a loaded
     tensor right after. (The meta device would do too, but its first use imports ~1 s of torch.)"""
-    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters  # subclasses inherit the patch
     nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
     try:
         yield

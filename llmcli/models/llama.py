@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .fusion import fuse_linears
+from .linear import Linear
 
 
 @dataclass
@@ -154,24 +156,36 @@ class Attention(nn.Module):
         self.window = args.layer_window(layer_idx)
         qkv_bias = args.attention_bias or args.qkv_bias
         h = args.hidden_size
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=args.attention_bias)
+        self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = Linear(h, self.n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = Linear(h, self.n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=args.attention_bias)
+
+    def fuse(self) -> None:
+        """One GEMM for q, k and v (fewer, larger kernels per token); names change, so runtime only."""
+        fused = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        if fused is not None:
+            self.qkv_proj = fused
+            del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, cache, start: int, mask) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        if hasattr(self, "qkv_proj"):
+            qkv = self.qkv_proj(x).view(B, T, H + 2 * KV, D).transpose(1, 2)  # (B, H+2KV, T, D)
+            qk = apply_rope(qkv[:, : H + KV], cos, sin)  # q and k rotated in one go
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]
+        else:
+            q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+            k = self.k_proj(x).view(B, T, KV, D).transpose(1, 2)  # (B, KV, T, D)
+            v = self.v_proj(x).view(B, T, KV, D).transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = cache.update(self.layer_idx, start, k, v)  # (B, KV, start+T, D): the valid part only
         if self.window is not None and k.shape[2] > self.window:
             mask = _window_mask(mask, start, T, k.shape[2], self.window, x.device)
         is_causal = mask is None and T > 1  # only when start == 0: queries and keys line up
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           enable_gqa=self.n_heads != self.n_kv_heads)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=H != KV)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
 
 def _window_mask(mask, start: int, T: int, S: int, window: int, device) -> torch.Tensor:
@@ -185,11 +199,21 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         h, i, b = args.hidden_size, args.intermediate_size, args.mlp_bias
-        self.gate_proj = nn.Linear(h, i, bias=b)
-        self.up_proj = nn.Linear(h, i, bias=b)
-        self.down_proj = nn.Linear(i, h, bias=b)
+        self.gate_proj = Linear(h, i, bias=b)
+        self.up_proj = Linear(h, i, bias=b)
+        self.down_proj = Linear(i, h, bias=b)
+
+    def fuse(self) -> None:
+        """One GEMM for gate and up; runtime only (the parameter names change)."""
+        fused = fuse_linears([self.gate_proj, self.up_proj])
+        if fused is not None:
+            self.gate_up_proj = fused
+            del self.gate_proj, self.up_proj
 
     def forward(self, x):
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -216,8 +240,15 @@ class Transformer(nn.Module):
         self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.model.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_hidden_layers))
         self.model.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+
+    def fuse(self) -> "Transformer":
+        """Fuse q/k/v and gate/up projections in every layer where their formats allow it."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:
