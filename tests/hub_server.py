@@ -44,7 +44,7 @@ class StandInHub:
         self.cut_once: set[str] = set()  # file paths whose first full GET breaks off half-way
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers with lower-case names)
         self.page_size = page_size
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -84,6 +84,14 @@ class StandInHub:
     def __exit__(self, *exc) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client that hung up is normal
+            super().handle_error(request, client_address)
 
 
 def _handler(hub: StandInHub):
