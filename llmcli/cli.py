@@ -67,7 +67,7 @@ def _click_exceptions():
 def _stderr():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _read_prompt(prompt: str | None) -> str:

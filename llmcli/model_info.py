@@ -52,14 +52,7 @@ def _gguf(path: Path) -> ModelInfo:
     from gguf import LlamaFileType
 
     reader = gguf_file.open_gguf(path)
-    meta = {}
-    for name, f in reader.fields.items():
-        if name.startswith("tokenizer.ggml."):
-            continue  # the vocabulary: large and not needed here
-        try:
-            meta[name] = f.contents()
-        except Exception:
-            continue
+    meta = gguf_file.read_metadata(reader)
     arch = meta.get("general.architecture")
     types = Counter(t.tensor_type.name for t in reader.tensors)
     try:
