@@ -1,1 +1,2 @@
 """Imports every CLI module that adds commands to `llmcli.cli.app` (one line per module)."""
+from . import cli_chat  # noqa: F401  llmcli chat
