@@ -96,9 +96,16 @@ class Ui:
         return MarkdownWriter() if self.render else PlainWriter()
 
 
+# control characters a model could emit (ESC starts terminal commands); kept: tab, newline
+_CONTROLS = {c: None for c in [*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0)]}
+
+
 class PlainWriter:
+    def __init__(self):
+        self.tty = sys.stdout.isatty()
+
     def write(self, text: str) -> None:
-        sys.stdout.write(text)
+        sys.stdout.write(text.translate(_CONTROLS) if self.tty else text)
         sys.stdout.flush()
 
     def end(self) -> None:
@@ -149,23 +156,22 @@ def dropped_notice(dropped: list[dict], ctx_size: int) -> str:
             f"to fit the context of {ctx_size} tokens; the system prompt stays, /save keeps everything")
 
 
-def after_reply_notes(session: ChatSession) -> tuple[str | None, str | None]:
-    """(stats line, why the reply ended early or None)."""
+def after_reply_notes(session: ChatSession) -> tuple[str, str | None, bool]:
+    """(stats line, why the reply ended early or None, whether that must be said even when piped:
+    a reply cut by a full context is, a reply cut at the max-tokens the user asked for is not)."""
     turn, ctx = session.last, session.ctx_size
     if turn.finish == "interrupted":
         return (f"interrupted after {turn.tokens} tokens · context {turn.context_used}/{ctx} · "
-                "the partial reply is kept (/regen for a new one)"), None
+                "the partial reply is kept (/regen for a new one)"), None, False
     s = turn.stats
     stats = (f"{s.completion_tokens} tokens · first token {s.ttft_s:.2f} s · {s.decode_tps:.1f} tokens/s · "
              f"context {turn.context_used}/{ctx}")
-    why = None
-    if turn.finish == "length":
-        if session.conv.max_tokens is not None and s.completion_tokens >= session.conv.max_tokens:
-            why = (f"the reply stopped at max-tokens ({session.conv.max_tokens}); "
-                   "/set parameter max-tokens N for longer replies")
-        else:
-            why = f"the reply stopped because the context ({ctx} tokens) is full; older turns will be dropped next turn"
-    return stats, why
+    if turn.finish != "length":
+        return stats, None, False
+    if session.conv.max_tokens is not None and s.completion_tokens >= session.conv.max_tokens:
+        return stats, (f"the reply stopped at max-tokens ({session.conv.max_tokens}); "
+                       "/set parameter max-tokens N for longer replies"), False
+    return stats, f"the reply stopped because the context ({ctx} tokens) is full; older turns will be dropped next turn", True
 
 
 # ------------------------------------------------------------------------------- interrupts
@@ -218,10 +224,10 @@ def stream_reply(session: ChatSession, ui: Ui, dropped: list[dict]) -> None:
         finally:
             if writer is not None:
                 writer.end()
-    stats, why = after_reply_notes(session)
+    stats, why, always = after_reply_notes(session)
     if ui.interactive:
         ui.note(stats)
-    if why:
+    if why and (ui.interactive or always):
         ui.note(why, style="yellow")
 
 
@@ -300,9 +306,9 @@ class LineReader:
     at an empty prompt raises KeyboardInterrupt; Ctrl-D at an empty prompt raises EOFError."""
 
     def __init__(self, ui: Ui):
-        from prompt_toolkit import PromptSession
+        from prompt_toolkit import PromptSession, search
         from prompt_toolkit.enums import DEFAULT_BUFFER
-        from prompt_toolkit.filters import has_focus
+        from prompt_toolkit.filters import has_focus, is_searching
         from prompt_toolkit.history import FileHistory, InMemoryHistory
         from prompt_toolkit.key_binding import KeyBindings
         from prompt_toolkit.output import create_output
@@ -323,6 +329,11 @@ class LineReader:
                 event.current_buffer.reset()
             else:
                 event.app.exit(exception=KeyboardInterrupt, style="class:aborting")
+
+        @keys.add("enter", filter=is_searching)
+        def _(event):  # as in readline: Enter after Ctrl-R sends the line found
+            search.accept_search()
+            event.app.current_buffer.validate_and_handle()
 
         # prompts go to stderr when stdout is piped, so that stdout carries only the replies
         self.output = None if sys.stdout.isatty() else create_output(stdout=sys.stderr)

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     click_errors = _click_exceptions()
     try:
-        command.main(args=argv, prog_name="llmcli", standalone_mode=False)
+        # without standalone mode click returns typer.Exit's code instead of raising it
+        code = command.main(args=argv, prog_name="llmcli", standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except click_errors.UsageError as e:
@@ -188,4 +189,4 @@ def main(argv: list[str] | None = None) -> None:
         # the reader went away (e.g. `| head`): stop quietly, without a second error at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
