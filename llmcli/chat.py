@@ -19,13 +19,12 @@ import time
 from contextlib import closing, contextmanager
 from pathlib import Path
 
-from .chat_commands import Outcome, is_command, run_command
+from .chat_commands import MessageAssembler, Outcome, run_command, take
 from .chat_session import ChatSession
 from .conversation import ConversationFileError
 from .errors import InvalidParameterError, LlmcliError
 
 PROMPT, CONTINUATION = ">>> ", "... "
-FENCE = '"""'
 
 
 def llmcli_home() -> Path:
@@ -39,38 +38,6 @@ def llmcli_home() -> Path:
 
 def history_path() -> Path:
     return llmcli_home() / "chat_history"
-
-
-class MessageAssembler:
-    """Lines in, messages out. A line starting with \"\"\" opens a multi-line message and a line
-    ending with \"\"\" closes it (ollama); any other line is a message by itself."""
-
-    def __init__(self):
-        self.lines: list[str] | None = None  # the open multi-line message, if any
-
-    @property
-    def open(self) -> bool:
-        return self.lines is not None
-
-    def reset(self) -> None:
-        self.lines = None
-
-    def feed(self, line: str) -> str | None:
-        """The finished message, or None while a multi-line message is open (or the line is blank)."""
-        if self.lines is None:
-            if not line.lstrip().startswith(FENCE):
-                return line if line.strip() else None
-            line = line.lstrip()[len(FENCE):]
-            if line.rstrip().endswith(FENCE) and line.strip() != "":
-                return line.rstrip()[: -len(FENCE)] or None  # \"\"\"one line\"\"\"
-            self.lines = [line] if line.strip() else []
-            return None
-        if line.rstrip().endswith(FENCE):
-            self.lines.append(line.rstrip()[: -len(FENCE)])
-            text, self.lines = "\n".join(self.lines).strip("\n"), None
-            return text if text.strip() else None
-        self.lines.append(line)
-        return None
 
 
 # ------------------------------------------------------------------------------------ output
@@ -232,15 +199,6 @@ def stream_reply(session: ChatSession, ui: Ui, dropped: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------- loop
-
-def take(assembler: MessageAssembler, line: str) -> tuple[str, str] | None:
-    """("command", line) for a slash command typed outside a multi-line message, ("message", text)
-    for a finished message, None while a message is still open or the line is blank."""
-    if not assembler.open and is_command(line.strip()) and "\n" not in line.strip():
-        return "command", line.strip()
-    text = assembler.feed(line)
-    return ("message", text) if text is not None else None
-
 
 def handle(session: ChatSession, ui: Ui, kind: str, text: str, confirm) -> bool:
     """Carry out one command or message; False when the session should end."""

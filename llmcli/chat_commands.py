@@ -1,6 +1,7 @@
-"""The REPL's slash commands (ollama and llama.cpp names): parse a line, act on the session, and say
-what happened. Returns an Outcome for chat.py to carry out; bad input raises an LlmcliError whose
-one line says what to do, and the session goes on.
+"""What the REPL does with a line, apart from the terminal: lines become messages (triple-quoted
+blocks included) or slash commands (ollama and llama.cpp names); a command acts on the session and returns
+an Outcome for chat.py to carry out. Bad input raises an LlmcliError whose one line says what to
+do, and the session goes on.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ COMMANDS = [  # (name, arguments, what it does)
     ("/read", "<file>", "send a text file's contents as a message"),
     ("/stats", "", "timings of the last reply and of the session"),
 ]
+FENCE = '"""'  # opens and closes a message of several lines
 NAMES = tuple(dict.fromkeys(name for name, _, _ in COMMANDS))
 SHOW_SECTIONS = ("info", "parameters", "system", "template")
 MAX_READ_BYTES = 8 << 20  # /read refuses larger files: they could not fit a context anyway
@@ -51,6 +53,47 @@ class Outcome:
 
 def is_command(line: str) -> bool:
     return line.startswith("/")
+
+
+class MessageAssembler:
+    """Lines in, messages out. A line starting with \"\"\" opens a multi-line message and a line
+    ending with \"\"\" closes it (ollama); any other line is a message by itself."""
+
+    def __init__(self):
+        self.lines: list[str] | None = None  # the open multi-line message, if any
+
+    @property
+    def open(self) -> bool:
+        return self.lines is not None
+
+    def reset(self) -> None:
+        self.lines = None
+
+    def feed(self, line: str) -> str | None:
+        """The finished message, or None while a multi-line message is open (or the line is blank)."""
+        if self.lines is None:
+            if not line.lstrip().startswith(FENCE):
+                return line if line.strip() else None
+            line = line.lstrip()[len(FENCE):]
+            if line.rstrip().endswith(FENCE) and line.strip() != "":
+                return line.rstrip()[: -len(FENCE)] or None  # """one line"""
+            self.lines = [line] if line.strip() else []
+            return None
+        if line.rstrip().endswith(FENCE):
+            self.lines.append(line.rstrip()[: -len(FENCE)])
+            text, self.lines = "\n".join(self.lines).strip("\n"), None
+            return text if text.strip() else None
+        self.lines.append(line)
+        return None
+
+
+def take(assembler: MessageAssembler, line: str) -> tuple[str, str] | None:
+    """("command", line) for a slash command typed outside a multi-line message, ("message", text)
+    for a finished message, None while a message is still open or the line is blank."""
+    if not assembler.open and is_command(line.strip()) and "\n" not in line.strip():
+        return "command", line.strip()
+    text = assembler.feed(line)
+    return ("message", text) if text is not None else None
 
 
 def help_text() -> str:

@@ -8,8 +8,8 @@ import json
 import pytest
 from tiny import hf_model, write_gguf
 
-from llmcli.chat import MessageAssembler, dropped_notice, take
-from llmcli.chat_commands import NAMES, CommandError, run_command
+from llmcli.chat import dropped_notice
+from llmcli.chat_commands import NAMES, CommandError, MessageAssembler, run_command, take
 from llmcli.chat_session import ChatSession
 from llmcli.conversation import Conversation, ConversationFileError, fit, load, reply_room, save
 from llmcli.device import place

@@ -155,12 +155,13 @@ def test_commands_paste_and_bad_input(tmp_path, tiny_gguf):
 
 
 def test_history_persists_and_ctrl_r_finds_it(tmp_path, tiny_gguf):
+    """Also: --render (Markdown through rich.live) leaves the terminal as it found it."""
     child = spawn(tmp_path, str(tiny_gguf), "--temp", "0", "-n", "2", timeout=60)
     send(child, "remember this line", STATS)
     leave(child, tmp_path)
     assert "remember this line" in (tmp_path / "home" / "chat_history").read_text()
 
-    child = spawn(tmp_path, str(tiny_gguf), "--temp", "0", "-n", "2", timeout=60)
+    child = spawn(tmp_path, str(tiny_gguf), "--temp", "0", "-n", "2", "--render", timeout=60)
     child.send("\x12")  # Ctrl-R: reverse search through the history
     child.send("remember")
     child.expect(r"remember.*this line")
