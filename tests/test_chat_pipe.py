@@ -25,15 +25,16 @@ def tiny_gguf(tmp_path_factory):
     return path
 
 
-@pytest.mark.slow
-def test_piped_messages_get_only_replies(smollm2_gguf, tmp_path):
-    r = run_cli("chat", str(smollm2_gguf), "--temp", "0", "-n", "24",
+def test_piped_messages_get_only_replies(tiny_gguf, tmp_path):
+    r = run_cli("chat", str(tiny_gguf), "--temp", "0", "-n", "6", "--stop", "\n",
                 input="What is the capital of France?\n\nAnd of Germany?\n/save chat.json\n", cwd=tmp_path,
                 env={"LLMCLI_HOME": str(tmp_path / "home")})
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    assert len(lines) == 2 and "Paris" in lines[0] and "Berlin" in lines[1]
-    assert r.stderr.startswith("saved 4 messages")  # command output goes to stderr: no banner, no stats
+    assert r.stdout.count("\n") == 2  # one line per reply (--stop "\n"), nothing else
+    saved = json.loads((tmp_path / "chat.json").read_text())["messages"]
+    assert [m["content"] for m in saved if m["role"] == "user"] == ["What is the capital of France?", "And of Germany?"]
+    assert r.stdout == "".join(m["content"] + "\n" for m in saved if m["role"] == "assistant")
+    assert r.stderr == "saved 4 messages to chat.json\n"  # command output goes to stderr: no banner, no stats
     assert not (tmp_path / "home").exists()  # no history file when nobody types
 
 

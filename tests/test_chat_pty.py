@@ -72,7 +72,6 @@ def test_conversation_with_the_real_model(tmp_path, smollm2_gguf):
     stats = send(child, "/stats", r"prompt \d+ tokens, (\d+) reused from the cache, (\d+) prefilled")
     reused, prefilled = map(int, stats.groups())
     assert reused > 30 and prefilled < 20  # the second turn only read its new tokens
-    send(child, "/regen", "Berlin", STATS)
 
     # Ctrl-C in the middle of a long reply stops it, keeps it, and the session goes on
     send(child, "/set parameter max-tokens 400", "max-tokens 400")
