@@ -22,7 +22,7 @@ from pathlib import Path
 from .chat_commands import MessageAssembler, Outcome, run_command, take
 from .chat_session import ChatSession
 from .conversation import ConversationFileError
-from .errors import InvalidParameterError, LlmcliError
+from .errors import LlmcliError
 
 PROMPT, CONTINUATION = ">>> ", "... "
 
@@ -227,9 +227,7 @@ def run(session: ChatSession, *, render: bool = False, single: bool = False, che
     """The whole chat; returns the exit code."""
     interactive = sys.stdin.isatty()
     ui = Ui(interactive, render)
-    if interactive:
-        if single:
-            raise InvalidParameterError("--single reads the message from stdin; pipe it in, e.g. `cat notes.txt | llmcli chat --single`")
+    if interactive:  # (cli_chat refuses --single at a terminal)
         return _interactive(session, ui, check_model)
     if check_model:
         _refuse_other_model(session)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,6 +11,7 @@ import typer
 from .cli import (CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, PresencePenalty, RepeatLastN,
                   RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, app, check_max_tokens,
                   sampling_params)
+from .errors import InvalidParameterError
 
 # the default is runtime.DEFAULT_MODEL (not imported here: that would load torch for `--help`)
 ChatModel = Annotated[Optional[str], typer.Argument(
@@ -44,6 +46,9 @@ def chat(
     params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
     check_max_tokens(max_tokens)
+    if single and sys.stdin.isatty():  # before the model loads, to fail at once
+        raise InvalidParameterError("--single reads the message from stdin; pipe it in, "
+                                    "e.g. `cat notes.txt | llmcli chat --single`")
     conv = conversation.Conversation(system, params=params, max_tokens=max_tokens, stop=tuple(stop or ()))
     if load is not None:  # read it before the model loads, so a bad file fails at once
         conv = _with_flags(conversation.load(load), conv, _given(ctx))
