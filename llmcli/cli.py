@@ -83,6 +83,21 @@ def _read_prompt(prompt: str | None) -> str:
     return text
 
 
+def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+                    frequency_penalty, seed):
+    """The sampling flags every generating command takes -> validated SamplingParams."""
+    from .sampling import SamplingParams
+
+    return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed)
+
+
+def check_max_tokens(max_tokens: int | None) -> None:
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
+
+
 @app.command()
 def run(
     model: ModelArg,
@@ -101,13 +116,10 @@ def run(
     from .cli_progress import download_progress
     from .generate import generate
     from .runtime import open_model
-    from .sampling import SamplingParams
 
-    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed)
-    if max_tokens is not None and max_tokens < 1:
-        raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
+    params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+                             presence_penalty, frequency_penalty, seed)
+    check_max_tokens(max_tokens)
     text = _read_prompt(prompt)
     err = _stderr()
     with download_progress(err) as progress:
@@ -186,4 +198,4 @@ def main(argv: list[str] | None = None) -> None:
         # the reader went away (e.g. `| head`): stop quietly, without a second error at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

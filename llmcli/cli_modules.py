@@ -1,2 +1,3 @@
 """Imports every CLI module that adds commands to `llmcli.cli.app` (one line per module)."""
 from . import cli_models  # noqa: F401  pull, list, show, rm
+from . import cli_chat  # noqa: F401  llmcli chat

@@ -14,6 +14,9 @@ from .errors import InvalidParameterError
 from .kv_cache import StaticKVCache
 from .loader import LoadedModel, load_model
 
+# What `llmcli chat` runs when no model is named (a registry name, resolved by locate()).
+DEFAULT_MODEL = "smollm2:135m"
+
 
 @dataclass
 class Runtime:

@@ -117,7 +117,6 @@ def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None) -
     """
     import gguf
     from gguf.quants import dequantize, quantize
-    from tokenizers import Tokenizer
 
     cfg = model.config
     arch = arch or ("qwen2" if cfg.model_type == "qwen2" else "llama")

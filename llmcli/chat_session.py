@@ -1,0 +1,120 @@
+"""One chat session: a conversation, the model that answers it, and the KV cache kept across turns.
+
+Each reply is generated from the whole conversation rendered through the model's chat template;
+generate() reuses the longest prefix the cache already holds, so a new turn only prefills the tokens
+that are new since the last reply. No terminal I/O here: chat.py reads and prints.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from .conversation import Conversation, fit
+from .errors import InvalidParameterError
+from .generate import Stats, generate
+from .runtime import Runtime
+
+
+@dataclass
+class Turn:
+    """What the last reply did."""
+
+    text: str
+    finish: str  # "stop" | "length" | "interrupted"
+    tokens: int  # tokens generated
+    ttft_s: float | None  # None when interrupted before the first token
+    stats: Stats | None  # None when interrupted (generate reports stats with its last chunk)
+    context_used: int  # tokens in the cache after the reply
+
+
+class ChatSession:
+    def __init__(self, rt: Runtime, conv: Conversation | None = None):
+        self.rt = rt
+        self.conv = conv or Conversation()
+        self.cache = rt.new_cache()
+        self.last: Turn | None = None
+        self.replies = 0
+        self.generated = 0
+        self._prompt: list[int] | None = None  # set by add_user / take_back_reply, used by reply()
+
+    @property
+    def ctx_size(self) -> int:
+        return self.rt.ctx_size
+
+    @property
+    def model_info(self) -> dict:
+        """How a saved conversation names the model it was written with."""
+        loaded = self.rt.loaded
+        return {"name": loaded.name, "architecture": loaded.metadata.get("architecture") or loaded.args.model_type,
+                "weights": loaded.weights_type, "path": str(loaded.path)}
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        return self.rt.prompt_ids(messages)
+
+    def context_used(self) -> int:
+        """Tokens the conversation takes in the context now (0 before the first message)."""
+        return len(self.encode(self.conv.window())) if self.conv.messages else 0
+
+    def add_user(self, text: str) -> list[dict]:
+        """Add a user message and fit the conversation to the context; returns the messages dropped
+        to make room (usually none). A message that cannot fit is refused and not added."""
+        if not text.strip():
+            raise InvalidParameterError("the message is empty; type some text")
+        self.conv.messages.append({"role": "user", "content": text})
+        try:
+            fitted = fit(self.conv, self.encode, self.ctx_size)
+        except BaseException:
+            self.conv.messages.pop()
+            raise
+        self._prompt = fitted.ids
+        return fitted.dropped
+
+    def take_back_reply(self) -> list[dict]:
+        """For /regen: forget the last reply so reply() answers the same message again."""
+        reply = self.conv.last_reply
+        if reply is None:
+            raise InvalidParameterError("there is no reply to generate again; send a message first")
+        self.conv.messages.pop()
+        try:
+            fitted = fit(self.conv, self.encode, self.ctx_size)
+        except BaseException:
+            self.conv.messages.append(reply)
+            raise
+        self._prompt = fitted.ids
+        return fitted.dropped
+
+    def reply(self) -> Iterator[str]:
+        """Generate the assistant's reply, yielding text as it arrives. Closing this iterator early
+        (Ctrl-C) stops generation between two tokens; the partial reply is kept, marked interrupted."""
+        if self._prompt is None:
+            raise RuntimeError("reply() needs add_user() or take_back_reply() first")
+        prompt, self._prompt = self._prompt, None
+        loaded = self.rt.loaded
+        t0 = time.perf_counter()
+        pieces, tokens, ttft, last = [], 0, None, None
+        chunks = generate(loaded.model, loaded.tokenizer, prompt, self.conv.params, self.cache,
+                          max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device)
+        try:
+            for chunk in chunks:
+                if chunk.tokens and ttft is None:
+                    ttft = time.perf_counter() - t0
+                tokens += len(chunk.tokens)
+                if chunk.finish_reason:
+                    last = chunk
+                if chunk.text:
+                    pieces.append(chunk.text)
+                    yield chunk.text
+        finally:
+            chunks.close()
+            text = "".join(pieces)
+            message = {"role": "assistant", "content": text}
+            if last is None:
+                message["interrupted"] = True
+            self.conv.messages.append(message)
+            self.replies += 1
+            self.generated += tokens
+            self.last = Turn(text, last.finish_reason if last else "interrupted", tokens,
+                             last.stats.ttft_s if last else ttft, last.stats if last else None,
+                             len(prompt) + tokens)
