@@ -85,9 +85,11 @@ def prefill(model, ids: list[int], cache, device: torch.device, chunk: int | Non
 
 @torch.inference_mode()
 def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int,
-                 device: torch.device, stats: Stats) -> Iterator[int]:
+                 device: torch.device, stats: Stats, step=None) -> Iterator[int]:
     """Yield up to `max_new` token ids. `cache.token_ids` lists the ids in the cache slots; the
-    longest prefix shared with `prompt` is reused and only the rest is prefilled."""
+    longest prefix shared with `prompt` is reused and only the rest is prefilled. `step` runs the
+    one-token decode steps (e.g. a compiled model); prefill always runs `model`."""
+    step = step or model
     t0 = time.perf_counter()
     held = getattr(cache, "token_ids", [])[: cache.length]
     reuse = min(common_prefix(held, prompt), len(prompt) - 1)  # at least one token to get logits from
@@ -100,20 +102,20 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
 
     logits = prefill(model, prompt[reuse:], cache, device)
     cache.token_ids.extend(prompt[reuse:])
-    for step in range(max_new):
+    for i in range(max_new):
         hist = torch.tensor(history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history,
                             dtype=torch.long, device=device) if penalties else _EMPTY
         token = sample(logits, hist, params, generator)
         now = time.perf_counter()
-        if step == 0:
+        if i == 0:
             stats.ttft_s = stats.prefill_s = now - t0
         else:
             stats.decode_s = now - t0 - stats.prefill_s
-        stats.completion_tokens = step + 1
+        stats.completion_tokens = i + 1
         history.append(token)
         yield token
-        if step + 1 < max_new:
-            logits = model(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True)[0, -1]
+        if i + 1 < max_new:
+            logits = step(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True)[0, -1]
             cache.token_ids.append(token)
 
 
@@ -164,14 +166,14 @@ def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> i
 
 
 def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
-             max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None
-             ) -> Iterator[Chunk]:
-    """Stream the completion of `prompt` (token ids) as Chunks."""
+             max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None,
+             step=None) -> Iterator[Chunk]:
+    """Stream the completion of `prompt` (token ids) as Chunks; `step` runs decode steps (default: model)."""
     if not prompt:
         raise ValueError("empty prompt")
     device = device or next(model.parameters()).device
     limit = output_limit(len(prompt), cache.max_len, max_tokens)
     stats = Stats(prompt_tokens=len(prompt))
-    tokens = token_stream(model, prompt, cache, params, limit, device, stats)
+    tokens = token_stream(model, prompt, cache, params, limit, device, stats, step)
     stops = tuple(s for s in stop if s)
     yield from text_stream(tokens, tokenizer, stops, prompt, stats)

@@ -27,6 +27,14 @@ class Runtime:
     def placement(self) -> Placement:
         return self.loaded.placement
 
+    def decode_step(self, compile: bool):
+        """What runs one-token steps: the compiled model, or the model itself."""
+        if not compile:
+            return self.loaded.model
+        from .compiled import CompiledStep
+
+        return CompiledStep(self.loaded.model)
+
     def new_cache(self):
         return StaticKVCache.for_model(self.loaded.args, self.ctx_size, self.placement.device, self.placement.dtype)
 

@@ -1,0 +1,71 @@
+"""`llmcli bench`: llama-bench's tests and flags; the table (or csv/json/jsonl) on stdout, progress on stderr."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from .cli import CtxSize, Device, Dtype, Offline, RegistryFile, Threads, _stderr, app
+from .errors import InvalidParameterError
+
+FORMATS = ("md", "csv", "json", "jsonl")
+
+
+@app.command()
+def bench(
+    models: Annotated[Optional[list[str]], typer.Argument(help="Models to measure (default: smollm2:135m).", show_default=False)] = None,
+    n_prompt: Annotated[str, typer.Option("--n-prompt", "-p", help="Prompt sizes to prefill, comma-separated (0 = none).")] = "512",
+    n_gen: Annotated[str, typer.Option("--n-gen", "-n", help="Token counts to generate, comma-separated (0 = none).")] = "128",
+    repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="Counted repetitions per test (after one warm-up).")] = 5,
+    depth: Annotated[int, typer.Option("--depth", "-d", help="Tokens already in the context when each test starts.")] = 0,
+    quant: Annotated[str, typer.Option("--quant", "-q", help="Presets, comma-separated (none = as stored), e.g. -q bf16,q8,q4.")] = "none",
+    output: Annotated[str, typer.Option("--output", "-o", help="md | csv | json | jsonl.")] = "md",
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Also time llama.cpp on the same GGUF, interleaved: llama.cpp.", show_default=False)] = None,
+    compile: Annotated[bool, typer.Option("--compile/--no-compile", help="Compile the decode step (torch.compile).")] = True,
+    ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
+    registry: RegistryFile = None, offline: Offline = False,
+):
+    """Measure prefill (ppN) and generation (tgN) speed, time to first token, load time and peak memory."""
+    from . import bench as b
+    from .cli_progress import download_progress
+    from .runtime import DEFAULT_MODEL, open_model
+
+    prompts, gens = b.parse_sizes(n_prompt, "-p"), b.parse_sizes(n_gen, "-n")
+    if repetitions < 1:
+        raise InvalidParameterError(f"-r/--repetitions must be at least 1, got {repetitions}")
+    if depth < 0:
+        raise InvalidParameterError(f"-d/--depth must be >= 0, got {depth}")
+    if output not in FORMATS:
+        raise InvalidParameterError(f"-o/--output must be one of {', '.join(FORMATS)}, got {output!r}")
+    if baseline not in (None, "llama.cpp", "llamacpp"):
+        raise InvalidParameterError(f"--baseline knows llama.cpp only, got {baseline!r}")
+    presets = [q.strip() for q in quant.split(",") if q.strip()] or ["none"]
+    needed = depth + max(prompts + [n + 1 for n in gens])
+    err = _stderr()
+    live = sys.stderr.isatty()
+    results = []
+    for name in models or [DEFAULT_MODEL]:
+        for preset in presets:
+            with download_progress(err) as progress:
+                rt = open_model(name, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size or needed,
+                                quant=None if preset == "none" else preset, registry=registry, offline=offline,
+                                progress=progress)
+            step = rt.decode_step(compile)
+            base = None
+            if baseline:
+                from .baseline_llamacpp import LlamaCppBaseline
+
+                base = LlamaCppBaseline(rt.loaded.path, rt.placement.threads, rt.ctx_size)
+            for event, r in b.run_tests(rt, name, preset, prompts, gens, depth, repetitions, step, base):
+                if event == "done":
+                    results.append(r)
+                if live:
+                    err.print(f"[dim]{name} {preset} {r.engine} {r.test}: {len(r.samples)}/{repetitions} "
+                              f"{r.mean:.1f} t/s[/dim]", end="\r" if event == "progress" else "\n")
+            del rt
+    print(b.format_results(results, output))
+    if output == "md":
+        for line in b.ratios(results):
+            print(line)
