@@ -44,6 +44,7 @@ MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Mo
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop at this text (repeatable); it is not printed.")]
 System = Annotated[Optional[str], typer.Option("--system", help="System prompt.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Timings and device decisions on stderr.")]
+Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.", show_default=False)]
 
 
 @app.callback()
@@ -88,7 +89,7 @@ def run(
     seed: Seed = -1, max_tokens: MaxTokens = None, stop: Stop = None, ctx_size: CtxSize = None,
     system: System = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
-    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
+    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")] = False,
     verbose: Verbose = False,
 ):
@@ -104,7 +105,7 @@ def run(
         raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
     text = _read_prompt(prompt)
     err = _stderr()
-    rt = open_model(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size)
+    rt = open_model(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant)
     if verbose:
         err.print(f"[dim]{rt.placement.reason}[/dim]")
         a = rt.loaded.args

@@ -1,1 +1,2 @@
 """Imports every CLI module that adds commands to `llmcli.cli.app` (one line per module)."""
+from . import cli_quant  # noqa: E402,F401  quantize, perplexity

@@ -56,9 +56,15 @@ def locate(model: str) -> Path:
 
 
 def open_model(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
-               ctx_size: int | None = None) -> Runtime:
+               ctx_size: int | None = None, quant: str | None = None) -> Runtime:
+    """`quant`: a preset name or file to quantize the weights with at load (None: as stored)."""
     if ctx_size is not None and ctx_size < 1:
         raise InvalidParameterError(f"--ctx-size must be at least 1, got {ctx_size}")
+    preset = None
+    if quant is not None:
+        from .quant.presets import check_preset_name
+
+        preset = check_preset_name(quant)
     placement = place(device, dtype, threads)
-    loaded = load_model(locate(model), placement)
+    loaded = load_model(locate(model), placement, preset)
     return Runtime(loaded, check_ctx_size(ctx_size, loaded.args.max_position_embeddings))
