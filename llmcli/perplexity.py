@@ -63,42 +63,61 @@ def scored_logprobs(model, args, window: list[int], device: torch.device, dtype:
     return torch.log_softmax(logits[first:-1].float(), dim=-1)
 
 
-def evaluate(loaded, text: str, ctx: int, chunks: int | None = None, reference=None,
-             progress: Callable[[int, int], None] | None = None) -> PerplexityResult:
-    """`loaded` and `reference` are LoadedModels (the reference shares the tokenizer's vocabulary)."""
+class Scores:
+    """Running totals for one model over scored positions, and against a reference when given."""
+
+    def __init__(self):
+        self.nll, self.nll_ref, self.klds, self.same, self.count = 0.0, 0.0, [], 0, 0
+
+    def add(self, logp: torch.Tensor, targets: torch.Tensor, ref: torch.Tensor | None = None) -> None:
+        """logp, ref: (positions, vocab) log-probabilities; targets: (positions,) the next tokens."""
+        self.nll -= float(logp.gather(1, targets[:, None]).sum())
+        self.count += len(targets)
+        if ref is not None:
+            self.nll_ref -= float(ref.gather(1, targets[:, None]).sum())
+            self.klds.append((ref.exp() * (ref - logp)).sum(-1).clamp_min(0))  # KL(reference || model)
+            self.same += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+
+    def result(self, windows: int, ctx: int, seconds: float) -> PerplexityResult:
+        result = PerplexityResult(math.exp(self.nll / self.count), windows, ctx, self.count, seconds)
+        if self.klds:
+            kld = torch.cat(self.klds).double()
+            result.ppl_reference = math.exp(self.nll_ref / self.count)
+            result.ppl_ratio = result.ppl / result.ppl_reference
+            result.kld_mean = float(kld.mean())
+            result.kld_p99 = float(torch.quantile(kld, 0.99))
+            result.kld_max = float(kld.max())
+            result.same_top = self.same / self.count
+        return result
+
+
+def text_windows(loaded, text: str, ctx: int, chunks: int | None) -> list[list[int]]:
+    """The text tokenized as llama.cpp does (BOS first where the model wants one), in windows."""
     if ctx < 4:
         raise InvalidParameterError(f"--ctx-size must be at least 4 for perplexity, got {ctx}")
     if chunks is not None and chunks < 1:
         raise InvalidParameterError(f"--chunks must be at least 1, got {chunks}")
     tok = loaded.tokenizer
+    return windows(tok.encode(text), ctx, chunks, tok.bos_id if tok.add_bos else None)
+
+
+def logprobs(loaded, window: list[int]) -> torch.Tensor:
+    p = loaded.placement
+    return scored_logprobs(loaded.model, loaded.args, window, p.device, p.dtype).cpu()
+
+
+def evaluate(loaded, text: str, ctx: int, chunks: int | None = None, reference=None,
+             progress: Callable[[int, int], None] | None = None) -> PerplexityResult:
+    """`loaded` and `reference` are LoadedModels (the reference shares the tokenizer's vocabulary)."""
     if reference is not None and reference.args.vocab_size != loaded.args.vocab_size:
         raise InvalidParameterError(f"the reference has a vocabulary of {reference.args.vocab_size} tokens and the "
                                     f"model {loaded.args.vocab_size}; compare two versions of the same model")
-    ids = tok.encode(text)  # with BOS where the model wants one, as llama.cpp tokenizes
-    bos = tok.bos_id if tok.add_bos else None
-    todo = windows(ids, ctx, chunks, bos)
+    todo = text_windows(loaded, text, ctx, chunks)
     t0 = time.perf_counter()
-    nll, nll_ref, klds, same, scored = 0.0, 0.0, [], 0, 0
+    scores = Scores()
     for i, w in enumerate(todo):
-        targets = torch.tensor(w[ctx // 2 + 1:])
-        logp = scored_logprobs(loaded.model, loaded.args, w, loaded.placement.device, loaded.placement.dtype).cpu()
-        nll -= float(logp.gather(1, targets[:, None]).sum())
-        scored += len(targets)
-        if reference is not None:
-            ref = scored_logprobs(reference.model, reference.args, w, reference.placement.device,
-                                  reference.placement.dtype).cpu()
-            nll_ref -= float(ref.gather(1, targets[:, None]).sum())
-            klds.append((ref.exp() * (ref - logp)).sum(-1).clamp_min(0))
-            same += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+        ref = None if reference is None else logprobs(reference, w)
+        scores.add(logprobs(loaded, w), torch.tensor(w[ctx // 2 + 1:]), ref)
         if progress:
             progress(i + 1, len(todo))
-    result = PerplexityResult(math.exp(nll / scored), len(todo), ctx, scored, time.perf_counter() - t0)
-    if reference is not None:
-        kld = torch.cat(klds).double()
-        result.ppl_reference = math.exp(nll_ref / scored)
-        result.ppl_ratio = result.ppl / result.ppl_reference
-        result.kld_mean = float(kld.mean())
-        result.kld_p99 = float(torch.quantile(kld, 0.99))
-        result.kld_max = float(kld.max())
-        result.same_top = same / scored
-    return result
+    return scores.result(len(todo), ctx, time.perf_counter() - t0)

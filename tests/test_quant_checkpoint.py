@@ -55,18 +55,18 @@ def _packed_modules(model):
     return {name: m.packed.state() for name, m in model.named_modules() if hasattr(m, "packed")}
 
 
-@pytest.mark.parametrize("preset", ["q4", "q8", "q4_mixed"])
-@pytest.mark.parametrize("source", ["folder", "gguf"])
+@pytest.mark.parametrize("preset,source", [(p, s) for p in ("q4", "q8", "q4_mixed") for s in ("folder", "gguf")]
+                         + [("nf4", "folder"), ("llm_int8", "gguf"), ("q4_g128", "folder")])
 def test_save_load_is_bit_identical_and_generates_the_same(tmp_path, tiny_folder, tiny_gguf, preset, source):
     path = tiny_folder if source == "folder" else tiny_gguf
     summary = quantize_to_folder(path, preset, tmp_path / "out")
-    assert summary.output_bytes > 0 and summary.bits_per_weight < (10 if preset == "q8" else 7)
+    assert summary.output_bytes > 0 and summary.bits_per_weight < (7 if preset.startswith("q4") else 12)
     # the file holds exactly what the in-memory quantization produced
     in_memory = load_model(path, CPU, load_preset(preset))
     loaded = load_model(tmp_path / "out", CPU)
     assert loaded.weights_type == f"{preset} (llmcli)"
     ours, theirs = _packed_modules(loaded.model), _packed_modules(in_memory.model)
-    assert ours.keys() == theirs.keys() and len(ours) >= 14
+    assert ours.keys() == theirs.keys() and len(ours) >= 14 - 1  # a tied head shares the embedding
     for name in ours:
         for part in ours[name]:
             assert torch.equal(ours[name][part], theirs[name][part]), (name, part)

@@ -30,7 +30,7 @@ from .presets import QuantSpec
 FORMAT_VERSION = 1
 METHOD = "llmcli"
 WEIGHTS = "model.safetensors"
-_PARTS = ("qweight", "scales", "zeros")
+_PARTS = ("qweight", "scales", "zeros", "absmax")
 
 
 class OutputExistsError(LlmcliError):
@@ -122,7 +122,9 @@ def read(files: list[Path], quantization: dict) -> Converted:
             raise CorruptModelError(f"{path} is truncated or corrupt ({e}); quantize the model again") from None
     for name, spec in specs.items():
         state = parts[name]
-        if "qweight" not in state or "scales" not in state or (spec.bits == 4 and not spec.symmetric and "zeros" not in state):
+        needed = {"qweight", "absmax"} if spec.kind == "nf4" else {"qweight", "scales"} | (
+            {"zeros"} if spec.bits == 4 and not spec.symmetric else set())
+        if not needed <= state.keys():
             raise CorruptModelError(f"{name} is listed as quantized but its tensors are missing; quantize the model again")
         out.quantized[name] = QuantizedTensor(spec, state)
     return out

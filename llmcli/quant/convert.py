@@ -100,7 +100,7 @@ def folder_sources(files: list[Path]) -> list[Source]:
 def stronger(a: QuantSpec, b: QuantSpec) -> QuantSpec:
     """The more precise of two formats (more bits, then smaller groups)."""
     def key(s: QuantSpec):
-        return (s.bits, -(s.group_size or 1 << 30), not s.symmetric)
+        return (s.bits, s.kind == "int", -(s.group_size or 1 << 30), not s.symmetric)
     return max(a, b, key=key)
 
 
@@ -148,6 +148,11 @@ def quantize_source(s: Source, spec: QuantSpec, search: bool = True) -> Quantize
             codes, scales = unpermute_rows(codes, s.heads), unpermute_rows(scales, s.heads)
             zeros = None if zeros is None else unpermute_rows(zeros, s.heads)
         return QuantizedTensor(spec, _portable(codes, scales, zeros, spec.bits), direct=True)
+    if spec.kind == "nf4":
+        from .bnb_formats import pack_nf4, quantize_nf4
+
+        codes, absmax = quantize_nf4(s.values(), spec.group_size)
+        return QuantizedTensor(spec, {"qweight": pack_nf4(codes), "absmax": absmax})
     q = quantize(s.values(), spec.bits, spec.group_size or K, spec.symmetric, search)
     return QuantizedTensor(spec, _portable(q.codes, q.scales, q.zeros, spec.bits))
 

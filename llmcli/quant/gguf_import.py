@@ -20,7 +20,7 @@ BLOCK = 32
 
 def direct_spec(type_name: str, spec: QuantSpec) -> bool:
     """Whether a tensor of this GGUF type imports into `spec` exactly (codes unchanged)."""
-    if spec.group_size != BLOCK:
+    if spec.group_size != BLOCK or spec.kind != "int":
         return False
     if type_name == "Q4_0":
         return spec.bits == 4

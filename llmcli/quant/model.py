@@ -20,7 +20,12 @@ from .presets import Preset
 
 
 def packed_weight(q: QuantizedTensor, device: torch.device, rows_needed: bool = False):
-    cls = Int4Weight if q.spec.bits == 4 else Int8Weight
+    if q.spec.kind != "int":
+        from .bnb_formats import LLMInt8Weight, NF4Weight
+
+        cls = NF4Weight if q.spec.kind == "nf4" else LLMInt8Weight
+    else:
+        cls = Int4Weight if q.spec.bits == 4 else Int8Weight
     return cls.from_state(q.state, device, rows_needed)
 
 
@@ -34,13 +39,13 @@ def install(model: nn.Module, quantized: dict[str, QuantizedTensor], biases: dic
             packed = packed_weight(q, device, rows_needed=True)
             model.set_submodule(module_name, QuantEmbedding(packed, dtype))
             if tied:  # the output head reads the same packed table
-                model.set_submodule(HEAD.removesuffix(".weight"), linear_class(q.spec.bits)(packed))
+                model.set_submodule(HEAD.removesuffix(".weight"), linear_class(q.spec)(packed))
         elif isinstance(current, nn.Linear):
             bias = biases.pop(f"{module_name}.bias", None)
             if bias is None and current.bias is not None and current.bias.device.type != "meta":
                 bias = current.bias.detach()
             bias = None if bias is None else bias.to(device=device, dtype=dtype)
-            model.set_submodule(module_name, linear_class(q.spec.bits)(packed_weight(q, device), bias))
+            model.set_submodule(module_name, linear_class(q.spec)(packed_weight(q, device), bias))
         else:
             raise CorruptModelError(f"{weight_name} is quantized but {module_name} is a {type(current).__name__}; "
                                     "the checkpoint does not match the model")

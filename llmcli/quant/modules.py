@@ -86,5 +86,37 @@ class QuantEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, bits={self.packed.bits}, group={self.packed.group_size}"
 
 
-def linear_class(bits: int) -> type[QuantLinear]:
+class NF4Linear(QuantLinear):
+    """bitsandbytes' NF4 (bnb_formats.py): its CUDA kernels there, dequantized tiles elsewhere."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 64, device: torch.device | None = None) -> "NF4Linear":
+        from .bnb_formats import NF4Weight, pack_nf4, quantize_nf4
+
+        codes, absmax = quantize_nf4(linear.weight, group_size)
+        device = device or linear.weight.device
+        bias = None if linear.bias is None else linear.bias.detach().to(device)
+        return cls(NF4Weight(pack_nf4(codes), absmax, device), bias)
+
+
+class LLMInt8Linear(QuantLinear):
+    """bitsandbytes' LLM.int8 (per-row int8, 16-bit outlier columns on CUDA)."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, search: bool = True, device: torch.device | None = None) -> "LLMInt8Linear":
+        from .bnb_formats import LLMInt8Weight
+
+        q = quantize(linear.weight, 8, linear.in_features, True, search)
+        device = device or linear.weight.device
+        bias = None if linear.bias is None else linear.bias.detach().to(device)
+        return cls(LLMInt8Weight(q.codes, q.scales, device), bias)
+
+
+def linear_class(spec) -> type[QuantLinear]:
+    """The module class for a QuantSpec (or a bit width, for llmcli's own formats)."""
+    kind, bits = ("int", spec) if isinstance(spec, int) else (spec.kind, spec.bits)
+    if kind == "nf4":
+        return NF4Linear
+    if kind == "llm_int8":
+        return LLMInt8Linear
     return Int4Linear if bits == 4 else Int8Linear

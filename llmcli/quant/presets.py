@@ -12,6 +12,7 @@ A preset (the shipped ones live in the top-level `quant/` folder; `--preset FILE
     bits = 8                        # 4 | 8 | 16 (16: not quantized)
     group_size = 32                 # 32 (default) | 64 | 128 | 256 | "row" (8-bit only)
     symmetric = true                # 4-bit: false (a zero point per group) or true; 8-bit: true
+    format = "int"                  # "int" (default) | "nf4" | "llm_int8" (bitsandbytes' formats)
 
 `layers` takes indices (negative counts from the end) and llama.cpp's selectors for its mixed
 types: first_eighth (i < n/8), last_eighth (i >= 7n/8), every_third ((i - n/8) % 3 == 2).
@@ -31,7 +32,8 @@ from ..errors import InvalidParameterError, LlmcliError
 
 GROUP_SIZES = (32, 64, 128, 256)
 LAYER_SELECTORS = ("first_eighth", "last_eighth", "every_third")
-_RULE_KEYS = {"match", "layers", "bits", "group_size", "symmetric"}
+_RULE_KEYS = {"match", "layers", "bits", "group_size", "symmetric", "format"}
+FORMATS = ("int", "nf4", "llm_int8")
 _TOP_KEYS = {"description", "on_indivisible", "dtype", "rules"}
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -49,6 +51,7 @@ class QuantSpec:
     bits: int
     group_size: int | None = None  # None: one group per row
     symmetric: bool = True
+    kind: str = "int"  # "int" (llmcli's group-wise formats) | "nf4" | "llm_int8" (bitsandbytes')
 
     @property
     def quantized(self) -> bool:
@@ -58,14 +61,17 @@ class QuantSpec:
         if not self.quantized:
             return "float"
         group = "row" if self.group_size is None else f"g{self.group_size}"
+        if self.kind != "int":
+            return self.kind if self.kind == "llm_int8" else f"{self.kind}_{group}"
         return f"int{self.bits}_{group}" + ("_sym" if self.bits == 4 and self.symmetric else "")
 
     def as_json(self) -> dict:
-        return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric}
+        d = {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric}
+        return d if self.kind == "int" else {**d, "format": self.kind}
 
     @classmethod
     def from_json(cls, d: dict) -> "QuantSpec":
-        return cls(int(d["bits"]), d.get("group_size"), bool(d.get("symmetric", True)))
+        return cls(int(d["bits"]), d.get("group_size"), bool(d.get("symmetric", True)), d.get("format", "int"))
 
 
 KEEP = QuantSpec(16)
@@ -130,7 +136,7 @@ class Preset:
             raise PresetError(f"{name} has rows of {K} values, which groups of {spec.group_size} do not divide "
                               f"({where}); pick a group size that divides {K} or set on_indivisible = \"fallback\"")
         smaller = [g for g in GROUP_SIZES if g < spec.group_size and K % g == 0]
-        fallback = QuantSpec(spec.bits, max(smaller), spec.symmetric) if smaller else KEEP
+        fallback = QuantSpec(spec.bits, max(smaller), spec.symmetric, spec.kind) if smaller else KEEP
         self.notes.append(f"{name}: rows of {K} are not divisible by {spec.group_size}; "
                           f"using {fallback.name() if fallback.quantized else 'no quantization'}")
         return fallback
@@ -209,11 +215,23 @@ def _parse_rule(raw: dict, line: int | None, index: int, fail) -> Rule:
     if not isinstance(layers, list) or not all(
             (isinstance(s, int) and not isinstance(s, bool)) or s in LAYER_SELECTORS for s in layers):
         bad(f"layers must be a list of layer indices or of {', '.join(LAYER_SELECTORS)}")
-    bits = raw.get("bits")
+    kind = raw.get("format", "int")
+    if kind not in FORMATS:
+        bad(f"format must be one of {', '.join(FORMATS)}, got {kind!r}")
+    bits = raw.get("bits", {"nf4": 4, "llm_int8": 8}.get(kind))
     if bits not in (4, 8, 16) or isinstance(bits, bool):
         bad(f"bits must be 4, 8 or 16, got {bits!r}")
     if bits == 16:
         return Rule(patterns, tuple(layers), KEEP, line or 0)
+    if kind == "nf4":
+        group = raw.get("group_size", 64)
+        if bits != 4 or group not in (64, 128, 256):
+            bad("format \"nf4\" is 4-bit with group_size 64, 128 or 256")
+        return Rule(patterns, tuple(layers), QuantSpec(4, group, True, "nf4"), line or 0)
+    if kind == "llm_int8":
+        if bits != 8 or raw.get("group_size", "row") != "row":
+            bad("format \"llm_int8\" is 8-bit with one scale per row (group_size = \"row\")")
+        return Rule(patterns, tuple(layers), QuantSpec(8, None, True, "llm_int8"), line or 0)
     group = raw.get("group_size", 32)
     if group == "row":
         if bits != 8:
