@@ -44,9 +44,8 @@ VARIANT_PRESETS = {
                     '[[rules]]\nmatch = "*"\nbits = 4\ngroup_size = 128\nsymmetric = true\n'),
     "q4_all": '[[rules]]\nmatch = "*"\nbits = 4\ngroup_size = 32\n',
 }
-VARIANTS = ["q8_row", "q4_all", "q4:requant", "q4:requant:minmax", "q4_mixed:requant"]
-for _name in ("q4_g128", "q4_sym", "q4_g128_sym"):
-    VARIANTS += [f"{_name}:{how}" for how in ("minmax", "plain", "weighted")]
+VARIANTS = ["q8_row", "q4_all", "q4:requant", "q4_mixed:requant", "q4_g128:minmax", "q4_g128:plain",
+            "q4_sym", "q4_sym:minmax"]
 
 
 def _preset(name: str):
@@ -134,7 +133,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=40)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--presets", default="q8,q4,q4_g128,q4_mixed,bf16,f16")
+    ap.add_argument("--presets", default="q8,q4,q4_g128,q4_mixed,bf16,f16,nf4,llm_int8")
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--speed", action="store_true", help="also measure pp512 / tg128")
     ap.add_argument("--no-quality", action="store_true")

@@ -94,28 +94,39 @@ def cpu_int4_pack(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
 
 
-def _cpu_unpack_t(flat: torch.Tensor, N: int, K: int, block_n: int, split: bool) -> torch.Tensor:
-    """Packed bytes (flat) of rows 0..N-1 -> codes transposed, (K, N) uint8."""
-    parts = []
+def _cpu_unpack_t(flat: torch.Tensor, N: int, K: int, block_n: int, split: bool,
+                  dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """Packed bytes (flat) of rows 0..N-1 -> codes transposed, (K, N) in `dtype` (written in place:
+    one masking pass and one converting copy per nibble)."""
+    out = torch.empty(K, N, dtype=dtype)
     n_full = N // block_n
     if n_full:
-        b = flat[: n_full * block_n * K // 2].view(n_full, K, block_n // 2)
-        lo, hi = b & 15, b >> 4
-        blocks = torch.cat((lo, hi), -1) if split else torch.stack((lo, hi), -1).view(n_full, K, block_n)
-        parts.append(blocks.transpose(0, 1).reshape(K, n_full * block_n))
+        b = flat[: n_full * block_n * K // 2].view(n_full, K, block_n // 2).transpose(0, 1)  # (K, blocks, BN/2)
+        dst = out[:, : n_full * block_n]
+        if split:  # row j of a block: byte j % (BN/2), high nibble for the second half
+            dst = dst.view(K, n_full, 2, block_n // 2)
+            dst[:, :, 0].copy_(b & 15)
+            dst[:, :, 1].copy_(b >> 4)
+        else:
+            dst = dst.view(K, n_full, block_n // 2, 2)
+            dst[..., 0].copy_(b & 15)
+            dst[..., 1].copy_(b >> 4)
     tail = N - n_full * block_n
     if tail:
         b = flat[n_full * block_n * K // 2:].view(K, tail // 2)
-        parts.append(torch.stack((b & 15, b >> 4), -1).view(K, tail))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        dst = out[:, n_full * block_n:].view(K, tail // 2, 2)
+        dst[..., 0].copy_(b & 15)
+        dst[..., 1].copy_(b >> 4)
+    return out
 
 
-def cpu_int4_codes_t(packed: torch.Tensor, N: int, K: int, start: int = 0, stop: int | None = None) -> torch.Tensor:
+def cpu_int4_codes_t(packed: torch.Tensor, N: int, K: int, start: int = 0, stop: int | None = None,
+                     dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """Codes of rows start..stop-1 (start a multiple of BLOCK_N), transposed: (K, stop - start)."""
     block_n, split = cpu_int4_layout()
     stop = N if stop is None else stop
     flat = packed.view(-1)[start * K // 2: stop * K // 2]
-    return _cpu_unpack_t(flat, stop - start, K, block_n, split)
+    return _cpu_unpack_t(flat, stop - start, K, block_n, split, dtype)
 
 
 def cpu_int4_rows(packed: torch.Tensor, N: int, K: int, ids: torch.Tensor) -> torch.Tensor:

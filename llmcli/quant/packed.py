@@ -80,37 +80,37 @@ class Int4Weight:
 
     # ---------------------------------------------------------------------------- portable view
 
-    def _codes_t(self, start: int, stop: int) -> torch.Tensor:
-        """(K, stop - start) uint8 codes of rows start..stop-1 (not for the tinygemm layout)."""
+    def _codes_t(self, start: int, stop: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """(K, stop - start) codes of rows start..stop-1 in `dtype` (not for the tinygemm layout)."""
         N, K = self.shape
         if self.backend == "cpu":
-            return kernels.cpu_int4_codes_t(self.packed, N, K, start, stop)
-        return unpack_int4(self.qweight[start:stop]).t().contiguous()
+            return kernels.cpu_int4_codes_t(self.packed, N, K, start, stop, dtype)
+        return unpack_int4(self.qweight[start:stop]).t().to(dtype, memory_format=torch.contiguous_format)
 
-    def _sz(self, start: int, stop: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Scales and zeros of rows start..stop-1 as contiguous (K/G, rows) in `dtype`."""
+    def _sz(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Scales and zeros of rows start..stop-1 as contiguous float32 (K/G, rows)."""
         if self.backend == "cpu":
-            sz = self.scales_and_zeros[:, start:stop].to(dtype)
+            sz = self.scales_and_zeros[:, start:stop].float()
             return sz[..., 0].contiguous(), None if self.symmetric else sz[..., 1].contiguous()
-        z = None if self.zeros is None else self.zeros[start:stop].t().to(dtype).contiguous()
-        return self.scales[start:stop].t().to(dtype).contiguous(), z
+        z = None if self.zeros is None else self.zeros[start:stop].t().float().contiguous()
+        return self.scales[start:stop].t().float().contiguous(), z
 
     def _tile_t(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        """W[start:stop].T dequantized, (K, stop - start)."""
+        """W[start:stop].T dequantized, (K, stop - start): q * s + (z - 8s) in one pass."""
         K, G, n = self.shape[1], self.group_size, stop - start
-        q = self._codes_t(start, stop).to(dtype).view(K // G, G, n).sub_(8)
-        s, z = self._sz(start, stop, dtype)
-        w = q.mul_(s[:, None, :]) if z is None else torch.addcmul(z[:, None, :], q, s[:, None, :])
-        return w.view(K, n)
+        q = self._codes_t(start, stop, dtype).view(K // G, G, n)
+        s, z = self._sz(start, stop)
+        offset = -8 * s if z is None else z - 8 * s
+        return torch.addcmul(offset.to(dtype)[:, None, :], q, s.to(dtype)[:, None, :]).view(K, n)
 
     def state(self) -> dict[str, torch.Tensor]:
-        if self.backend == "tinygemm":
-            raise NotImplementedError("weights packed for a GPU kernel are saved before packing")
+        if self.backend == "tinygemm":  # matmul-only layout; checkpoints are written before packing
+            raise RuntimeError("a weight packed for a GPU kernel cannot be read back; save the portable form")
         N, K = self.shape
-        s, z = self._sz(0, N, SCALE_DTYPE)
-        out = {"qweight": pack_int4(self._codes_t(0, N).t()).cpu(), "scales": s.t().contiguous().cpu()}
+        s, z = self._sz(0, N)
+        out = {"qweight": pack_int4(self._codes_t(0, N).t()).cpu(), "scales": s.t().to(SCALE_DTYPE).contiguous().cpu()}
         if z is not None:
-            out["zeros"] = z.t().contiguous().cpu()
+            out["zeros"] = z.t().to(SCALE_DTYPE).contiguous().cpu()
         return out
 
     # ------------------------------------------------------------------------------- compute
@@ -198,9 +198,14 @@ class Int8Weight:
         return q, s
 
     def _tile_t(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        K, G = self.shape[1], self.group_size
-        q, s = self._codes_scales(start, stop)
-        return (q.to(dtype).view(-1, K // G, G) * s.to(dtype)[..., None]).view(-1, K).t()
+        K, G, n = self.shape[1], self.group_size, stop - start
+        if self.halves is None:
+            q, s = self.qweight[start:stop], self.scales[start:stop]
+            return (q.to(dtype).view(n, K // G, G) * s.to(dtype)[..., None]).view(n, K).t()
+        c = self.halves._codes_t(start, stop, dtype)  # (2K, n): high nibbles, then low; exact integers
+        q = torch.add(c[K:], c[:K], alpha=16).sub_(128).view(K // G, G, n)  # the int8 codes, exact
+        s = self.halves.scales_and_zeros[: K // G, start:stop, 0].float() / 16
+        return q.mul_(s.to(dtype)[:, None, :]).view(K, n)
 
     def state(self) -> dict[str, torch.Tensor]:
         q, s = self._codes_scales(0, self.shape[0])
