@@ -49,6 +49,7 @@ System = Annotated[Optional[str], typer.Option("--system", help="System prompt."
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Timings and device decisions on stderr.")]
 RegistryFile = Annotated[Optional[Path], typer.Option("--registry", help="A models.toml read on top of the shipped one (and the one in LLMCLI_HOME).", show_default=False)]
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already downloaded; never touch the network.")]
+Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.", show_default=False)]
 
 
 @app.callback()
@@ -108,7 +109,7 @@ def run(
     seed: Seed = -1, max_tokens: MaxTokens = None, stop: Stop = None, ctx_size: CtxSize = None,
     system: System = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
-    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
+    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")] = False,
     verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
@@ -124,7 +125,7 @@ def run(
     err = _stderr()
     with download_progress(err) as progress:
         rt = open_model(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
-                        registry=registry, offline=offline, progress=progress)
+                        quant=quant, registry=registry, offline=offline, progress=progress)
     if verbose:
         err.print(f"[dim]{rt.placement.reason}[/dim]")
         a = rt.loaded.args

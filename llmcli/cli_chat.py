@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import (CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, Offline, PresencePenalty,
+from .cli import (CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, Offline, PresencePenalty, Quant,
                   RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, _stderr,
                   app, check_max_tokens, sampling_params)
 from .errors import InvalidParameterError
@@ -35,7 +35,7 @@ def chat(
                                                  show_default=False)] = None,
     single: Annotated[bool, typer.Option("--single", help="Piped: all of stdin is one message (default: one per line).")] = False,
     render: Annotated[bool, typer.Option("--render", help="Render replies as Markdown at a terminal.")] = False,
-    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
+    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     registry: RegistryFile = None, offline: Offline = False,
 ):
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
@@ -56,7 +56,7 @@ def chat(
         conv = _with_flags(conversation.load(load), conv, _given(ctx))
     with download_progress(_stderr()) as progress:
         rt = open_model(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
-                        registry=registry, offline=offline, progress=progress)
+                        quant=quant, registry=registry, offline=offline, progress=progress)
     raise typer.Exit(repl.run(ChatSession(rt, conv), render=render, single=single, check_model=load is not None))
 
 

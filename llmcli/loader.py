@@ -34,16 +34,17 @@ class LoadedModel:
         return self.metadata.get("name") or self.path.name
 
 
-def load_model(path: str | Path, placement: Placement) -> LoadedModel:
-    """Load weights in `placement.dtype` onto `placement.device`."""
+def load_model(path: str | Path, placement: Placement, preset=None) -> LoadedModel:
+    """Load weights in `placement.dtype` onto `placement.device`; `preset` (quant.presets.Preset)
+    quantizes them at load. An llmcli quantized checkpoint folder loads as it was saved."""
     t0 = time.perf_counter()
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelNotFoundError(f"{path} does not exist; pass a .gguf file or a model folder")
     if path.is_dir():
-        loaded = _load_folder(path, placement)
+        loaded = _load_folder(path, placement, preset)
     elif gguf_file.is_gguf(path):
-        loaded = _load_gguf(path, placement)
+        loaded = _load_gguf(path, placement, preset)
     elif path.suffix == ".safetensors":
         raise UnsupportedModelError(f"{path} is a bare weights file; pass the folder that holds it with config.json")
     else:
@@ -52,7 +53,7 @@ def load_model(path: str | Path, placement: Placement) -> LoadedModel:
     return loaded
 
 
-def _load_gguf(path: Path, placement: Placement) -> LoadedModel:
+def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
     from gguf import LlamaFileType
 
     reader = gguf_file.open_gguf(path)
@@ -61,25 +62,46 @@ def _load_gguf(path: Path, placement: Placement) -> LoadedModel:
     args = gguf_file.model_args(meta, names)
     args.rope_freq_factors = gguf_file.rope_freq_factors(reader)
     tokenizer = from_gguf_metadata(meta)
-    state = gguf_file.load_state_dict(reader, args, meta["general.architecture"], placement.dtype, placement.device)
-    model = models.build(args, state, placement.device)
     try:
         weights_type = LlamaFileType(meta.get("general.file_type", -1)).name.removeprefix("MOSTLY_")
     except ValueError:
         weights_type = "unknown"
+    if preset is None:
+        state = gguf_file.load_state_dict(reader, args, meta["general.architecture"], placement.dtype, placement.device)
+        model = models.build(args, state, placement.device)
+    else:  # quantize at load (--quant); GGUF blocks the preset can use are taken as they are
+        from .quant import convert, pipeline
+
+        sources = convert.gguf_sources(reader, args, meta["general.architecture"])
+        model, _ = pipeline.model_from_sources(sources, args, preset, placement)
+        weights_type = f"{preset.name} (from {weights_type})"
     return LoadedModel(model, tokenizer, args, meta.get("tokenizer.chat_template"), path, "gguf",
                        path.stat().st_size, weights_type, placement, 0.0,
                        {"name": meta.get("general.name"), "license": meta.get("general.license"),
                         "architecture": meta.get("general.architecture")})
 
 
-def _load_folder(path: Path, placement: Placement) -> LoadedModel:
+def _load_folder(path: Path, placement: Placement, preset=None) -> LoadedModel:
     config = hf_folder.read_config(path)
     files = hf_folder.safetensors_files(path)
     args = ModelArgs.from_hf_config(config)
     tokenizer = from_hf_folder(path, config)
-    state = hf_folder.load_state_dict(files, placement.dtype, placement.device)
-    model = models.build(args, state, placement.device)
+    weights_type = str(config.get("torch_dtype", config.get("dtype", "?")))
+    if "quantization" in config or preset is not None:  # structural: the config says how it is packed
+        from .quant import convert, pipeline
+
+        if "quantization" in config:
+            if preset is not None:
+                raise pipeline.AlreadyQuantizedError(
+                    f"{path} is already quantized (preset {config['quantization'].get('preset')!r}); drop --quant")
+            model = pipeline.model_from_checkpoint(files, config, args, placement)
+            weights_type = f"{config['quantization'].get('preset')} (llmcli)"
+        else:
+            model, _ = pipeline.model_from_sources(convert.folder_sources(files), args, preset, placement)
+            weights_type = f"{preset.name} (from {weights_type})"
+    else:
+        state = hf_folder.load_state_dict(files, placement.dtype, placement.device)
+        model = models.build(args, state, placement.device)
     return LoadedModel(model, tokenizer, args, hf_folder.chat_template(path), path, "safetensors",
-                       hf_folder.weights_bytes(files), str(config.get("torch_dtype", config.get("dtype", "?"))),
-                       placement, 0.0, {"architecture": config.get("model_type")})
+                       hf_folder.weights_bytes(files), weights_type, placement, 0.0,
+                       {"architecture": config.get("model_type")})

@@ -71,13 +71,19 @@ def locate(model: str, *, registry: Path | None = None, offline: bool = False, p
 
 
 def open_model(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
-               ctx_size: int | None = None, registry: Path | None = None, offline: bool = False,
-               progress=None) -> Runtime:
+               ctx_size: int | None = None, quant: str | None = None, registry: Path | None = None,
+               offline: bool = False, progress=None) -> Runtime:
+    """`quant`: a preset name or file to quantize the weights with at load (None: as stored)."""
     if ctx_size is not None and ctx_size < 1:
         raise InvalidParameterError(f"--ctx-size must be at least 1, got {ctx_size}")
+    preset = None
+    if quant is not None:
+        from .quant.presets import check_preset_name
+
+        preset = check_preset_name(quant)
     placement = place(device, dtype, threads)
     found = fetch.locate(model, registry_file=registry, offline=offline, progress=progress)
-    loaded = load_model(found.path, placement)
+    loaded = load_model(found.path, placement, preset)
     trained = loaded.args.max_position_embeddings
     entry = found.entry
     if entry is not None:  # the registry's overrides and default context

@@ -1,0 +1,165 @@
+"""A model's tensors -> the formats a preset asks for, one tensor at a time.
+
+Sources are read lazily (a memory-mapped GGUF file or safetensors shards), so converting never holds
+the whole float model. GGUF tensors already in a block format the preset wants (Q4_0, Q4_1 -> int4
+g32; Q8_0 -> int8 g32) are imported as they are (gguf_import.py); everything else is dequantized to
+float32 and quantized per the preset. The result is portable (CPU tensors, no device layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .gguf_import import direct_spec, import_block_quants
+from .presets import KEEP, Preset, QuantSpec
+from .primitives import SCALE_DTYPE, pack_int4, quantize
+
+EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+Progress = Callable[[int, int, str], None]  # (elements done, elements in all, tensor name)
+
+
+@dataclass
+class Source:
+    """One tensor of the source model, under its Hugging Face name."""
+
+    name: str
+    shape: tuple[int, ...]
+    values: Callable[[], torch.Tensor]  # float32 on the CPU, Q/K rows already un-permuted
+    gguf_type: str | None = None  # e.g. "Q4_1" for a GGUF tensor
+    raw: Callable[[], np.ndarray] | None = None  # the GGUF bytes, for a direct import
+    heads: int | None = None  # rows to un-permute after a direct import (llama Q/K in GGUF)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+
+@dataclass
+class QuantizedTensor:
+    spec: QuantSpec
+    state: dict[str, torch.Tensor]  # portable: qweight, scales (and zeros)
+    direct: bool = False  # imported from GGUF blocks without re-quantizing
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state.values())
+
+
+@dataclass
+class Converted:
+    floats: dict[str, torch.Tensor] = field(default_factory=dict)  # kept in floating point
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)  # by weight name
+    notes: list[str] = field(default_factory=list)  # group-size fallbacks, for the user
+
+    def formats(self) -> dict[str, dict]:
+        return {name: q.spec.as_json() for name, q in self.quantized.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return (sum(q.nbytes for q in self.quantized.values())
+                + sum(t.numel() * t.element_size() for t in self.floats.values()))
+
+
+def gguf_sources(reader, args, arch: str) -> list[Source]:
+    from .. import gguf_file
+
+    out = []
+    for name, t, heads in gguf_file.iter_tensors(reader, args, arch):
+        def values(t=t, heads=heads):
+            w = torch.from_numpy(gguf_file.dequantize(t))
+            return (gguf_file.unpermute_rows(w, heads) if heads is not None else w).float()
+
+        out.append(Source(name, gguf_file.tensor_shape(t), values, t.tensor_type.name, lambda t=t: t.data, heads))
+    return out
+
+
+def folder_sources(files: list[Path]) -> list[Source]:
+    from safetensors import safe_open
+
+    out = []
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue
+                shape = tuple(f.get_slice(name).get_shape())
+
+                def values(path=path, name=name):
+                    with safe_open(str(path), framework="pt", device="cpu") as g:
+                        return g.get_tensor(name).float()
+
+                out.append(Source(name, shape, values))
+    return out
+
+
+def stronger(a: QuantSpec, b: QuantSpec) -> QuantSpec:
+    """The more precise of two formats (more bits, then smaller groups)."""
+    def key(s: QuantSpec):
+        return (s.bits, s.kind == "int", -(s.group_size or 1 << 30), not s.symmetric)
+    return max(a, b, key=key)
+
+
+def plan(sources: list[Source], preset: Preset, n_layers: int, tied: bool) -> dict[str, QuantSpec]:
+    """Each source tensor's format. A tied embedding is also the output head: it takes the more
+    precise of the two rules."""
+    specs = {s.name: preset.spec_for(s.name, s.shape, n_layers) for s in sources}
+    if tied and EMBEDDING in specs:
+        shape = next(s.shape for s in sources if s.name == EMBEDDING)
+        specs[EMBEDDING] = stronger(specs[EMBEDDING], preset.spec_for(HEAD, shape, n_layers))
+        specs.pop(HEAD, None)
+    return specs
+
+
+def convert(sources: list[Source], preset: Preset, n_layers: int, tied: bool, *, search: bool = True,
+            progress: Progress | None = None) -> Converted:
+    """Quantize (or import) every source tensor as the preset says."""
+    specs = plan(sources, preset, n_layers, tied)
+    out = Converted(notes=list(dict.fromkeys(preset.notes)))
+    keep_dtype = torch.float16 if preset.dtype == "float16" else torch.bfloat16
+    total, done = sum(s.numel for s in sources if s.name in specs), 0
+    for s in sources:
+        if s.name not in specs:  # the tied head: the embedding is the same tensor
+            continue
+        spec = specs[s.name]
+        if spec == KEEP:
+            w = s.values()
+            out.floats[s.name] = w.to(keep_dtype) if w.dim() == 2 else w.float()
+        else:
+            out.quantized[s.name] = quantize_source(s, spec, search)
+        done += s.numel
+        if progress:
+            progress(done, total, s.name)
+    return out
+
+
+def quantize_source(s: Source, spec: QuantSpec, search: bool = True) -> QuantizedTensor:
+    N, K = s.shape
+    if s.gguf_type and s.raw is not None and direct_spec(s.gguf_type, spec):
+        imported = import_block_quants(s.raw(), s.gguf_type, N, K, spec)
+        codes, scales, zeros = imported["codes"], imported["scales"], imported["zeros"]
+        if s.heads is not None:
+            from ..gguf_file import unpermute_rows
+
+            codes, scales = unpermute_rows(codes, s.heads), unpermute_rows(scales, s.heads)
+            zeros = None if zeros is None else unpermute_rows(zeros, s.heads)
+        return QuantizedTensor(spec, _portable(codes, scales, zeros, spec.bits), direct=True)
+    if spec.kind == "nf4":
+        from .bnb_formats import pack_nf4, quantize_nf4
+
+        codes, absmax = quantize_nf4(s.values(), spec.group_size)
+        return QuantizedTensor(spec, {"qweight": pack_nf4(codes), "absmax": absmax})
+    q = quantize(s.values(), spec.bits, spec.group_size or K, spec.symmetric, search)
+    return QuantizedTensor(spec, _portable(q.codes, q.scales, q.zeros, spec.bits))
+
+
+def _portable(codes, scales, zeros, bits: int) -> dict[str, torch.Tensor]:
+    state = {"qweight": pack_int4(codes) if bits == 4 else codes.to(torch.int8).contiguous(),
+             "scales": scales.to(SCALE_DTYPE).contiguous()}
+    if zeros is not None:
+        state["zeros"] = zeros.to(SCALE_DTYPE).contiguous()
+    return state

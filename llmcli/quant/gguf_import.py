@@ -1,0 +1,64 @@
+"""GGUF blocks of 32 read straight into llmcli's formats, without dequantizing and re-quantizing.
+
+    Q4_0   [d: f16][16 bytes]          w = d * (q - 8)    -> int4 g32, scale d, zero 0
+    Q4_1   [d: f16][m: f16][16 bytes]  w = d * q + m      -> int4 g32, scale d, zero m + 8d
+    Q8_0   [d: f16][32 x int8]         w = d * q          -> int8 g32, scale d
+
+In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high nibble.
+The codes are kept as they are; only the scales are rounded (to bfloat16, what the kernels read).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .presets import QuantSpec
+
+BLOCK = 32
+
+
+def direct_spec(type_name: str, spec: QuantSpec) -> bool:
+    """Whether a tensor of this GGUF type imports into `spec` exactly (codes unchanged)."""
+    if spec.group_size != BLOCK or spec.kind != "int":
+        return False
+    if type_name == "Q4_0":
+        return spec.bits == 4
+    if type_name == "Q4_1":
+        return spec.bits == 4 and not spec.symmetric
+    return type_name == "Q8_0" and spec.bits == 8
+
+
+def _blocks(raw: np.ndarray, N: int, K: int, block_bytes: int) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.uint8).reshape(N, K // BLOCK, block_bytes)
+
+
+def _f16(b: np.ndarray) -> torch.Tensor:
+    """(..., 2) bytes -> float32 values of little-endian float16."""
+    return torch.from_numpy(np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32))
+
+
+def _nibbles(qs: np.ndarray, N: int, K: int) -> torch.Tensor:
+    """(N, K/32, 16) bytes -> (N, K) codes: element j low nibble, element j + 16 high nibble."""
+    q = torch.from_numpy(np.ascontiguousarray(qs))
+    return torch.cat((q & 15, q >> 4), dim=-1).reshape(N, K)
+
+
+def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: QuantSpec) -> dict[str, torch.Tensor]:
+    """Raw GGUF bytes of a (N, K) tensor -> codes (N, K), scales (N, K/32) float32 and zeros or None.
+
+    Callers check `direct_spec` first."""
+    if type_name == "Q4_0":
+        b = _blocks(raw, N, K, 18)
+        d = _f16(b[..., 0:2])
+        zeros = None if spec.symmetric else torch.zeros_like(d)
+        return {"codes": _nibbles(b[..., 2:], N, K), "scales": d, "zeros": zeros}
+    if type_name == "Q4_1":
+        b = _blocks(raw, N, K, 20)
+        d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        return {"codes": _nibbles(b[..., 4:], N, K), "scales": d, "zeros": m + 8 * d}
+    if type_name == "Q8_0":
+        b = _blocks(raw, N, K, 34)
+        codes = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(N, K))
+        return {"codes": codes, "scales": _f16(b[..., 0:2]), "zeros": None}
+    raise ValueError(f"no direct import for GGUF type {type_name}")

@@ -1,0 +1,91 @@
+"""The walker: put quantized modules into a model, by Hugging Face module name.
+
+    install(model, quantized, ...)   swap nn.Linear / nn.Embedding modules for packed ones
+    build(args, floats, quantized)   a model from converted tensors (loading, `--quant`)
+    apply_preset(model, preset)      quantize a float model in memory (tests, experiments)
+
+Modules keep their HF names (model.layers.3.self_attn.v_proj), nothing is fused.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import CorruptModelError
+from .convert import EMBEDDING, HEAD, Converted, QuantizedTensor, Source, convert
+from .modules import QuantEmbedding, linear_class
+from .packed import Int4Weight, Int8Weight
+from .presets import Preset
+
+
+def packed_weight(q: QuantizedTensor, device: torch.device, rows_needed: bool = False):
+    if q.spec.kind != "int":
+        from .bnb_formats import LLMInt8Weight, NF4Weight
+
+        cls = NF4Weight if q.spec.kind == "nf4" else LLMInt8Weight
+    else:
+        cls = Int4Weight if q.spec.bits == 4 else Int8Weight
+    return cls.from_state(q.state, device, rows_needed)
+
+
+def install(model: nn.Module, quantized: dict[str, QuantizedTensor], biases: dict[str, torch.Tensor],
+            device: torch.device, dtype: torch.dtype, tied: bool) -> None:
+    """Replace each quantized weight's module; `biases` (by bias name) are taken from as used."""
+    for weight_name, q in quantized.items():
+        module_name = weight_name.removesuffix(".weight")
+        current = model.get_submodule(module_name)
+        if isinstance(current, nn.Embedding):
+            packed = packed_weight(q, device, rows_needed=True)
+            model.set_submodule(module_name, QuantEmbedding(packed, dtype))
+            if tied:  # the output head reads the same packed table
+                model.set_submodule(HEAD.removesuffix(".weight"), linear_class(q.spec)(packed))
+        elif isinstance(current, nn.Linear):
+            bias = biases.pop(f"{module_name}.bias", None)
+            if bias is None and current.bias is not None and current.bias.device.type != "meta":
+                bias = current.bias.detach()
+            bias = None if bias is None else bias.to(device=device, dtype=dtype)
+            model.set_submodule(module_name, linear_class(q.spec)(packed_weight(q, device), bias))
+        else:
+            raise CorruptModelError(f"{weight_name} is quantized but {module_name} is a {type(current).__name__}; "
+                                    "the checkpoint does not match the model")
+
+
+def build(args, converted: Converted, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """A ready model from converted tensors: quantized modules installed, float tensors adopted."""
+    from .. import models
+
+    family = models.ARCHITECTURES[args.model_type]
+    with torch.device("meta"):
+        model = family.Transformer(args)
+    floats = {k: v.to(device=device, dtype=dtype) for k, v in converted.floats.items()}
+    tied = args.tie_word_embeddings
+    if tied:
+        floats.pop(HEAD, None)
+    install(model, converted.quantized, floats, device, dtype, tied and EMBEDDING in converted.quantized)
+    missing, unexpected = model.load_state_dict(floats, strict=False, assign=True)
+    missing = [m for m in missing if not (tied and m == HEAD)]
+    if missing or unexpected:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise CorruptModelError(f"the weights do not match the config ({what}); the checkpoint may be incomplete")
+    model.inv_freq = family.rope_inv_freq(args).to(device)
+    if tied and EMBEDDING not in converted.quantized:
+        model.tie_weights()
+    return model.eval().requires_grad_(False)
+
+
+def apply_preset(model: nn.Module, preset: Preset, *, search: bool = True, dtype: torch.dtype | None = None) -> Converted:
+    """Quantize a float model in place as `preset` says; returns what was done (formats, notes)."""
+    args = model.args
+    device = next(model.parameters()).device
+    dtype = dtype or next(model.parameters()).dtype
+    state = {k: v for k, v in model.state_dict().items()}
+    sources = [Source(name, tuple(t.shape), lambda t=t: t.detach().float().cpu()) for name, t in state.items()]
+    converted = convert(sources, preset, args.num_hidden_layers, args.tie_word_embeddings, search=search)
+    install(model, converted.quantized, {}, device, dtype, args.tie_word_embeddings)
+    # tensors the preset keeps at 16 bits are rounded as a saved checkpoint would hold them
+    with torch.no_grad():
+        for name, t in converted.floats.items():
+            if t.dim() == 2 and name in state:
+                state[name].copy_(t.to(state[name].dtype))
+    return converted

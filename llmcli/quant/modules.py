@@ -1,0 +1,122 @@
+"""Quantized modules: drop-in replacements for nn.Linear and nn.Embedding over a packed weight.
+
+One module per format (Int4Linear, Int8Linear) plus QuantEmbedding, which dequantizes only the rows
+it looks up. A tied output head is a linear module sharing its embedding's packed weight. The packed
+weight lives on the device it was made for: these modules are built in place, not moved with .to().
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .packed import Int4Weight, Int8Weight
+from .primitives import quantize
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + b with W held packed; the kernel is chosen per call (kernels.py)."""
+
+    def __init__(self, packed, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.packed = packed
+        self.out_features, self.in_features = packed.shape
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.packed.matmul(x)
+        if self.bias is None:
+            return y
+        return y + (self.bias if self.bias.dtype == y.dtype else self.bias.to(y.dtype))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.packed.dequantize(dtype)
+
+    def extra_repr(self) -> str:
+        p = self.packed
+        return f"in={self.in_features}, out={self.out_features}, group={p.group_size}, symmetric={p.symmetric}"
+
+
+class Int4Linear(QuantLinear):
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 32, symmetric: bool = False, search: bool = True,
+                    device: torch.device | None = None) -> "Int4Linear":
+        q = quantize(linear.weight, 4, group_size, symmetric, search)
+        device = device or linear.weight.device
+        bias = None if linear.bias is None else linear.bias.detach().to(device)
+        return cls(Int4Weight.from_codes(q.codes, q.scales, q.zeros, device), bias)
+
+
+class Int8Linear(QuantLinear):
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int | None = None, search: bool = True,
+                    device: torch.device | None = None) -> "Int8Linear":
+        """group_size None: one scale per output row."""
+        K = linear.in_features
+        q = quantize(linear.weight, 8, group_size or K, True, search)
+        device = device or linear.weight.device
+        bias = None if linear.bias is None else linear.bias.detach().to(device)
+        return cls(Int8Weight.from_codes(q.codes, q.scales, device), bias)
+
+
+class QuantEmbedding(nn.Module):
+    """Token ids -> rows of a packed table, dequantized to `dtype` on the fly."""
+
+    def __init__(self, packed, dtype: torch.dtype):
+        super().__init__()
+        self.packed = packed
+        self.num_embeddings, self.embedding_dim = packed.shape
+        self.dtype = dtype
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, bits: int, group_size: int | None = 32, symmetric: bool = True,
+                       search: bool = True, dtype: torch.dtype | None = None) -> "QuantEmbedding":
+        w = embedding.weight
+        q = quantize(w, bits, group_size or w.shape[1], symmetric, search)
+        if bits == 4:
+            packed = Int4Weight.from_codes(q.codes, q.scales, q.zeros, w.device, rows_needed=True)
+        else:
+            packed = Int8Weight.from_codes(q.codes, q.scales, w.device, rows_needed=True)
+        return cls(packed, dtype or w.dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.packed.rows(ids.reshape(-1), self.dtype).view(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, bits={self.packed.bits}, group={self.packed.group_size}"
+
+
+class NF4Linear(QuantLinear):
+    """bitsandbytes' NF4 (bnb_formats.py): its CUDA kernels there, dequantized tiles elsewhere."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 64, device: torch.device | None = None) -> "NF4Linear":
+        from .bnb_formats import NF4Weight, pack_nf4, quantize_nf4
+
+        codes, absmax = quantize_nf4(linear.weight, group_size)
+        device = device or linear.weight.device
+        bias = None if linear.bias is None else linear.bias.detach().to(device)
+        return cls(NF4Weight(pack_nf4(codes), absmax, device), bias)
+
+
+class LLMInt8Linear(QuantLinear):
+    """bitsandbytes' LLM.int8 (per-row int8, 16-bit outlier columns on CUDA)."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, search: bool = True, device: torch.device | None = None) -> "LLMInt8Linear":
+        from .bnb_formats import LLMInt8Weight
+
+        q = quantize(linear.weight, 8, linear.in_features, True, search)
+        device = device or linear.weight.device
+        bias = None if linear.bias is None else linear.bias.detach().to(device)
+        return cls(LLMInt8Weight(q.codes, q.scales, device), bias)
+
+
+def linear_class(spec) -> type[QuantLinear]:
+    """The module class for a QuantSpec (or a bit width, for llmcli's own formats)."""
+    kind, bits = ("int", spec) if isinstance(spec, int) else (spec.kind, spec.bits)
+    if kind == "nf4":
+        return NF4Linear
+    if kind == "llm_int8":
+        return LLMInt8Linear
+    return Int4Linear if bits == 4 else Int8Linear
