@@ -30,10 +30,11 @@ class Turn:
 
 
 class ChatSession:
-    def __init__(self, rt: Runtime, conv: Conversation | None = None):
+    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None):
         self.rt = rt
         self.conv = conv or Conversation()
         self.cache = rt.new_cache()
+        self.step = step  # what runs decode steps (a compiled model); None: the model
         self.last: Turn | None = None
         self.replies = 0
         self.generated = 0
@@ -95,7 +96,8 @@ class ChatSession:
         t0 = time.perf_counter()
         pieces, tokens, ttft, last = [], 0, None, None
         chunks = generate(loaded.model, loaded.tokenizer, prompt, self.conv.params, self.cache,
-                          max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device)
+                          max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device,
+                          step=self.step)
         try:
             for chunk in chunks:
                 if chunk.tokens and ttft is None:

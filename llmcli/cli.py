@@ -49,6 +49,7 @@ System = Annotated[Optional[str], typer.Option("--system", help="System prompt."
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Timings and device decisions on stderr.")]
 RegistryFile = Annotated[Optional[Path], typer.Option("--registry", help="A models.toml read on top of the shipped one (and the one in LLMCLI_HOME).", show_default=False)]
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already downloaded; never touch the network.")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="Compile the decode step with torch.compile (the first run compiles for ~30 s; later runs reuse the cache).")]
 Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.", show_default=False)]
 
 
@@ -110,6 +111,7 @@ def run(
     system: System = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
+    compile: Compile = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")] = False,
     verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
@@ -135,7 +137,8 @@ def run(
     ids = rt.prompt_ids(messages, raw=raw)
     pieces, last = [], None
     for chunk in generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
-                          max_tokens=max_tokens, stop=tuple(stop or ()), device=rt.placement.device):
+                          max_tokens=max_tokens, stop=tuple(stop or ()), device=rt.placement.device,
+                          step=rt.decode_step(compile)):
         if json_out:
             pieces.append(chunk.text)
         elif chunk.text:

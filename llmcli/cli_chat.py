@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import (CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, Offline, PresencePenalty, Quant,
+from .cli import (Compile, CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, Offline, PresencePenalty, Quant,
                   RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, _stderr,
                   app, check_max_tokens, sampling_params)
 from .errors import InvalidParameterError
@@ -36,7 +36,7 @@ def chat(
     single: Annotated[bool, typer.Option("--single", help="Piped: all of stdin is one message (default: one per line).")] = False,
     render: Annotated[bool, typer.Option("--render", help="Render replies as Markdown at a terminal.")] = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
-    registry: RegistryFile = None, offline: Offline = False,
+    compile: Compile = False, registry: RegistryFile = None, offline: Offline = False,
 ):
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
     from . import chat as repl
@@ -57,7 +57,7 @@ def chat(
     with download_progress(_stderr()) as progress:
         rt = open_model(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                         quant=quant, registry=registry, offline=offline, progress=progress)
-    raise typer.Exit(repl.run(ChatSession(rt, conv), render=render, single=single, check_model=load is not None))
+    raise typer.Exit(repl.run(ChatSession(rt, conv, rt.decode_step(compile)), render=render, single=single, check_model=load is not None))
 
 
 def _given(ctx: typer.Context) -> set[str]:

@@ -66,15 +66,19 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
         weights_type = LlamaFileType(meta.get("general.file_type", -1)).name.removeprefix("MOSTLY_")
     except ValueError:
         weights_type = "unknown"
+    from .quant import convert, pipeline
+    from .quant.gguf_import import as_stored_preset
+
+    sources = convert.gguf_sources(reader, args, meta["general.architecture"])
+    if preset is None and placement.dtype != torch.float32:
+        # keep the file's Q4_0/Q4_1/Q8_0 blocks packed (exact); float32 is the full-precision mode
+        preset = as_stored_preset(sources)
     if preset is None:
         state = gguf_file.load_state_dict(reader, args, meta["general.architecture"], placement.dtype, placement.device)
         model = models.build(args, state, placement.device)
-    else:  # quantize at load (--quant); GGUF blocks the preset can use are taken as they are
-        from .quant import convert, pipeline
-
-        sources = convert.gguf_sources(reader, args, meta["general.architecture"])
+    else:  # GGUF blocks the preset can use are taken as they are; the rest quantized or kept
         model, _ = pipeline.model_from_sources(sources, args, preset, placement)
-        weights_type = f"{preset.name} (from {weights_type})"
+        weights_type = weights_type if preset.name == "as-stored" else f"{preset.name} (from {weights_type})"
     return LoadedModel(model, tokenizer, args, meta.get("tokenizer.chat_template"), path, "gguf",
                        path.stat().st_size, weights_type, placement, 0.0,
                        {"name": meta.get("general.name"), "license": meta.get("general.license"),

@@ -116,3 +116,19 @@ def test_kernel_choice_by_rows():
     assert not kernels.use_kernel(CPU, kernels.DENSE_FROM_ROWS["cpu"])
     assert kernels.int4_backend(CPU, 100, 64, 32, False) == "portable"  # N not a multiple of 16
     assert kernels.int4_backend(CPU, 64, 96, 64, False) == "portable"  # group does not divide K
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 32), (8, None)])
+def test_concat_of_quantized_linears_equals_their_outputs_side_by_side(bits, group):
+    """Fusion (q/k/v, gate/up) stacks packed rows: the fused output is exactly the parts'."""
+    from llmcli.quant.modules import Int4Linear, Int8Linear
+
+    torch.manual_seed(0)
+    parts = [torch.nn.Linear(64, n, bias=True) for n in (64, 32, 32)]
+    cls = Int4Linear if bits == 4 else Int8Linear
+    mods = [cls.from_linear(p, group_size=group, search=False) for p in parts]
+    fused = cls.concat(mods)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    torch.testing.assert_close(fused(x), torch.cat([m(x) for m in mods], dim=-1), atol=0, rtol=0)
+    other = Int8Linear.from_linear(parts[0], search=False) if bits == 4 else Int4Linear.from_linear(parts[0], search=False)
+    assert cls.concat([mods[0], other]) is None  # different formats do not fuse

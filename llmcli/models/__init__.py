@@ -26,12 +26,17 @@ def _skip_init():
         nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
 
 
-def build(args, state_dict: dict, device: torch.device) -> torch.nn.Module:
-    """Instantiate with uninitialised CPU tensors (never touched, so never resident), then adopt the
-    loaded tensors, already on `device`, as the parameters."""
-    family = ARCHITECTURES[args.model_type]
+def skeleton(args) -> torch.nn.Module:
+    """The model's modules with uninitialised CPU tensors (never touched, so never resident), for
+    loaded tensors to replace."""
     with _skip_init():
-        model = family.Transformer(args)
+        return ARCHITECTURES[args.model_type].Transformer(args)
+
+
+def build(args, state_dict: dict, device: torch.device) -> torch.nn.Module:
+    """A skeleton that adopts the loaded tensors, already on `device`, as its parameters."""
+    family = ARCHITECTURES[args.model_type]
+    model = skeleton(args)
     if args.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)

@@ -62,3 +62,24 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
         codes = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(N, K))
         return {"codes": codes, "scales": _f16(b[..., 0:2]), "zeros": None}
     raise ValueError(f"no direct import for GGUF type {type_name}")
+
+
+# GGUF block types that map exactly onto llmcli's formats (codes unchanged)
+AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True)}
+
+
+def as_stored_preset(sources):
+    """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0 tensors stay packed (exactly,
+    see the table at the top), every other type is dequantized to the compute dtype. None when the
+    file has no such tensors."""
+    from .presets import Preset, Rule
+
+    rules = [Rule((s.name,), (), AS_STORED[s.gguf_type]) for s in sources
+             if s.gguf_type in AS_STORED and len(s.shape) == 2]
+    embedding = next((r for r in rules if r.patterns == ("model.embed_tokens.weight",)), None)
+    if embedding is not None and not any(s.name == "lm_head.weight" for s in sources):
+        # a tied output head is the embedding table itself: it keeps the same packed format
+        rules.append(Rule(("lm_head.weight",), (), embedding.spec))
+    if not rules:
+        return None
+    return Preset("as-stored", rules, description="the GGUF file's own Q4_0/Q4_1/Q8_0 blocks, unchanged")

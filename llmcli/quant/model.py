@@ -30,8 +30,9 @@ def packed_weight(q: QuantizedTensor, device: torch.device, rows_needed: bool = 
 
 
 def install(model: nn.Module, quantized: dict[str, QuantizedTensor], biases: dict[str, torch.Tensor],
-            device: torch.device, dtype: torch.dtype, tied: bool) -> None:
-    """Replace each quantized weight's module; `biases` (by bias name) are taken from as used."""
+            device: torch.device, dtype: torch.dtype, tied: bool, own_biases: bool = False) -> None:
+    """Replace each quantized weight's module; `biases` (by bias name) are taken from as used.
+    `own_biases`: a module's existing bias is real (a loaded float model), not a skeleton's."""
     for weight_name, q in quantized.items():
         module_name = weight_name.removesuffix(".weight")
         current = model.get_submodule(module_name)
@@ -42,7 +43,9 @@ def install(model: nn.Module, quantized: dict[str, QuantizedTensor], biases: dic
                 model.set_submodule(HEAD.removesuffix(".weight"), linear_class(q.spec)(packed))
         elif isinstance(current, nn.Linear):
             bias = biases.pop(f"{module_name}.bias", None)
-            if bias is None and current.bias is not None and current.bias.device.type != "meta":
+            if bias is None and current.bias is not None:
+                if not own_biases:
+                    raise CorruptModelError(f"{module_name}.bias is missing; the checkpoint does not match the model")
                 bias = current.bias.detach()
             bias = None if bias is None else bias.to(device=device, dtype=dtype)
             model.set_submodule(module_name, linear_class(q.spec)(packed_weight(q, device), bias))
@@ -56,8 +59,7 @@ def build(args, converted: Converted, device: torch.device, dtype: torch.dtype) 
     from .. import models
 
     family = models.ARCHITECTURES[args.model_type]
-    with torch.device("meta"):
-        model = family.Transformer(args)
+    model = models.skeleton(args)
     floats = {k: v.to(device=device, dtype=dtype) for k, v in converted.floats.items()}
     tied = args.tie_word_embeddings
     if tied:
@@ -82,7 +84,7 @@ def apply_preset(model: nn.Module, preset: Preset, *, search: bool = True, dtype
     state = {k: v for k, v in model.state_dict().items()}
     sources = [Source(name, tuple(t.shape), lambda t=t: t.detach().float().cpu()) for name, t in state.items()]
     converted = convert(sources, preset, args.num_hidden_layers, args.tie_word_embeddings, search=search)
-    install(model, converted.quantized, {}, device, dtype, args.tie_word_embeddings)
+    install(model, converted.quantized, {}, device, dtype, args.tie_word_embeddings, own_biases=True)
     # tensors the preset keeps at 16 bits are rounded as a saved checkpoint would hold them
     with torch.no_grad():
         for name, t in converted.floats.items():

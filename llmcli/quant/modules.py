@@ -32,6 +32,26 @@ class QuantLinear(nn.Module):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.packed.dequantize(dtype)
 
+    @classmethod
+    def concat(cls, modules: list["QuantLinear"]) -> "QuantLinear | None":
+        """One module computing all of `modules`' outputs side by side (models/fusion.py): rows are
+        independent, so the packed rows are simply stacked. None when the formats differ, or when a
+        weight is in a GPU kernel's layout, which cannot be read back."""
+        def key(p):
+            return type(p), p.group_size, p.symmetric, p.shape[1], p.device, getattr(p, "backend", None)
+
+        first = modules[0].packed
+        if type(first) not in (Int4Weight, Int8Weight) or getattr(first, "backend", None) == "tinygemm" \
+                or any(key(m.packed) != key(first) for m in modules):
+            return None
+        states = [m.packed.state() for m in modules]
+        packed = type(first).from_state({k: torch.cat([s[k] for s in states]) for k in states[0]}, first.device)
+        bias = None
+        if any(m.bias is not None for m in modules):
+            ref = next(m.bias for m in modules if m.bias is not None)
+            bias = torch.cat([m.bias if m.bias is not None else ref.new_zeros(m.out_features) for m in modules])
+        return cls(packed, bias)
+
     def extra_repr(self) -> str:
         p = self.packed
         return f"in={self.in_features}, out={self.out_features}, group={p.group_size}, symmetric={p.symmetric}"

@@ -1,0 +1,106 @@
+"""`llmcli bench` on a tiny model: formats agree, stddev is right, one row per preset and size."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import pytest
+from conftest import run_cli
+from tiny import hf_model, save_hf
+
+from llmcli.bench import Result, format_results, parse_sizes, stddev
+from llmcli.errors import InvalidParameterError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return save_hf(hf_model("llama"), tmp_path_factory.mktemp("bench") / "model")
+
+
+def test_stddev_of_known_samples():
+    assert stddev([2, 4, 4, 4, 5, 5, 7, 9]) == pytest.approx(math.sqrt(32 / 7))  # sample (n - 1) stddev
+    assert stddev([3.0]) == 0.0 and stddev([]) == 0.0
+    r = Result("m", 1, 1, "cpu", 2, "none", "tg8", samples=[10.0, 12.0, 14.0])
+    assert r.mean == 12.0 and r.stddev == pytest.approx(2.0)
+
+
+def test_parse_sizes():
+    assert parse_sizes("128,512", "-p") == [128, 512]
+    assert parse_sizes("0", "-p") == [0]
+    for bad in ("a,b", "-1", ""):
+        with pytest.raises(InvalidParameterError):
+            parse_sizes(bad, "-p")
+
+
+def _parse(text: str, fmt: str) -> list[dict]:
+    """Each format read back as (quant, test, t/s, stddev) rows."""
+    if fmt == "json":
+        return [{k: r[k] for k in ("quant", "test", "tokens_per_s", "stddev")} for r in json.loads(text)]
+    if fmt == "jsonl":
+        return [{k: r[k] for k in ("quant", "test", "tokens_per_s", "stddev")} for r in map(json.loads, text.splitlines())]
+    if fmt == "csv":
+        return [{"quant": r["quant"], "test": r["test"], "tokens_per_s": float(r["tokens_per_s"]),
+                 "stddev": float(r["stddev"])} for r in csv.DictReader(io.StringIO(text))]
+    lines = text.splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    out = []
+    for line in lines[2:]:
+        cells = dict(zip(head, (c.strip() for c in line.strip("|").split("|"))))
+        mean, sd = cells["t/s"].split(" ± ")
+        out.append({"quant": cells["quant"], "test": cells["test"], "tokens_per_s": float(mean), "stddev": float(sd)})
+    return out
+
+
+def test_every_format_holds_the_same_numbers(tiny):
+    """One measurement, written in each format and read back: the same rows and numbers."""
+    from llmcli.runtime import open_model
+    from llmcli import bench
+
+    results = []
+    for preset in ("none", "q8"):
+        rt = open_model(str(tiny), device="cpu", threads=1, ctx_size=64, quant=None if preset == "none" else preset)
+        results += [r for event, r in bench.run_tests(rt, "tiny", preset, [16, 32], [8], 0, 2) if event == "done"]
+    # one row per preset x test: 2 presets x (pp16, pp32, tg8)
+    assert [(r.quant, r.test) for r in results] == [(q, t) for q in ("none", "q8") for t in ("pp16", "pp32", "tg8")]
+    for r in results:
+        assert len(r.samples) == 2 and r.load_s > 0 and r.ttft_ms > 0 and r.peak_mem_bytes > 0
+    parsed = {fmt: _parse(format_results(results, fmt), fmt) for fmt in ("md", "csv", "json", "jsonl")}
+    for fmt, rows in parsed.items():
+        assert [(r["quant"], r["test"]) for r in rows] == [(r.quant, r.test) for r in results], fmt
+        for row, r in zip(rows, results):
+            assert row["tokens_per_s"] == pytest.approx(r.mean, abs=0.006), fmt  # md rounds to 2 decimals
+            assert row["stddev"] == pytest.approx(r.stddev, abs=0.006), fmt
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "json", "jsonl"])
+def test_cli_writes_each_format(tiny, fmt):
+    r = run_cli("bench", str(tiny), "-p", "16", "-n", "4", "-r", "2", "-q", "none,q4", "--no-compile", "-t", "1",
+                "-o", fmt)
+    assert r.returncode == 0, r.stderr
+    rows = _parse(r.stdout, fmt)
+    assert [(x["quant"], x["test"]) for x in rows] == [("none", "pp16"), ("none", "tg4"), ("q4", "pp16"), ("q4", "tg4")]
+    assert all(x["tokens_per_s"] > 0 for x in rows)
+
+
+def test_depth_names_the_test(tiny):
+    r = run_cli("bench", str(tiny), "-p", "8", "-n", "4", "-d", "16", "-r", "1", "--no-compile", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert [row["test"] for row in json.loads(r.stdout)] == ["pp8@d16", "tg4@d16"]
+
+
+@pytest.mark.parametrize("flags,needle", [(["-o", "xml"], "--output"), (["-r", "0"], "--repetitions"),
+                                          (["-p", "x"], "-p"), (["--baseline", "vllm"], "llama.cpp"),
+                                          (["-q", "q3"], "q3")])
+def test_bad_flags(tiny, flags, needle):
+    r = run_cli("bench", str(tiny), "-r", "1", "--no-compile", *flags)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
+
+
+def test_baseline_needs_a_gguf_or_says_how_to_install(tiny):
+    r = run_cli("bench", str(tiny), "-r", "1", "-p", "8", "-n", "0", "--no-compile", "--baseline", "llama.cpp")
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
+    assert "GGUF" in r.stderr or "pip install" in r.stderr
