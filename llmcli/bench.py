@@ -101,6 +101,22 @@ def peak_memory(device: torch.device) -> int:
     return rss if os.uname().sysname == "Darwin" else rss * 1024
 
 
+def weights_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights as held: parameters and buffers, plus packed quantized weights (which are
+    plain attributes of their modules), each shared tensor or packed weight counted once."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    for m in model.modules():
+        packed = getattr(m, "packed", None)
+        if packed is not None and id(packed) not in seen:
+            seen.add(id(packed))
+            total += packed.nbytes
+    return total
+
+
 # ------------------------------------------------------------------------------ timing
 
 
@@ -159,7 +175,7 @@ def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], d
     loaded = rt.loaded
     device, vocab = rt.placement.device, loaded.args.vocab_size
     model, step = loaded.model, step or loaded.model
-    size = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    size = weights_bytes(model)
     params = loaded.args.parameter_count()
     common = dict(model=label, size_bytes=size, params=params, backend=device.type, threads=rt.placement.threads,
                   quant=quant, load_s=loaded.load_seconds)
