@@ -77,7 +77,7 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
         state = gguf_file.load_state_dict(reader, args, meta["general.architecture"], placement.dtype, placement.device)
         model = models.build(args, state, placement.device)
     else:  # GGUF blocks the preset can use are taken as they are; the rest quantized or kept
-        model, _ = pipeline.model_from_sources(sources, args, preset, placement)
+        model = pipeline.model_from_sources(sources, args, preset, placement)
         weights_type = weights_type if preset.name == "as-stored" else f"{preset.name} (from {weights_type})"
     return LoadedModel(model, tokenizer, args, meta.get("tokenizer.chat_template"), path, "gguf",
                        path.stat().st_size, weights_type, placement, 0.0,
@@ -101,7 +101,7 @@ def _load_folder(path: Path, placement: Placement, preset=None) -> LoadedModel:
             model = pipeline.model_from_checkpoint(files, config, args, placement)
             weights_type = f"{config['quantization'].get('preset')} (llmcli)"
         else:
-            model, _ = pipeline.model_from_sources(convert.folder_sources(files), args, preset, placement)
+            model = pipeline.model_from_sources(convert.folder_sources(files), args, preset, placement)
             weights_type = f"{preset.name} (from {weights_type})"
     else:
         state = hf_folder.load_state_dict(files, placement.dtype, placement.device)

@@ -132,3 +132,14 @@ def test_concat_of_quantized_linears_equals_their_outputs_side_by_side(bits, gro
     torch.testing.assert_close(fused(x), torch.cat([m(x) for m in mods], dim=-1), atol=0, rtol=0)
     other = Int8Linear.from_linear(parts[0], search=False) if bits == 4 else Int4Linear.from_linear(parts[0], search=False)
     assert cls.concat([mods[0], other]) is None  # different formats do not fuse
+
+
+def test_cpu_int4_pack_in_slices_equals_one_pack(monkeypatch):
+    """Packing whole row blocks at a time (less memory) gives the kernel's bytes for the whole weight."""
+    if kernels.cpu_int4_layout() is None:
+        pytest.skip("no CPU int4 kernel here")
+    for N, K in ((1008, 576), (176, 64)):
+        codes = torch.randint(0, 16, (N, K), dtype=torch.int32)
+        whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        monkeypatch.setattr(kernels, "PACK_ELEMENTS", 64 * K * 2)  # slices of 128 rows
+        assert torch.equal(kernels.cpu_int4_pack(codes).view(-1), whole.view(-1))

@@ -89,9 +89,22 @@ def cpu_int4_layout() -> tuple[int, bool] | None:
     return None
 
 
+PACK_ELEMENTS = 1 << 22  # codes converted at a time (the op wants int32: 16 MiB, not 4 bytes per weight at once)
+
+
 def cpu_int4_pack(codes: torch.Tensor) -> torch.Tensor:
-    """(N, K) codes in 0..15 -> the CPU kernel's packed bytes."""
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+    """(N, K) codes in 0..15 -> the CPU kernel's packed bytes, (N, K/2) uint8.
+
+    Packed in slices of whole row blocks: blocks are laid out one after another, so the slices'
+    bytes concatenate to the whole weight's, without an int32 copy of all of it."""
+    N, K = codes.shape
+    block_n = cpu_int4_layout()[0]
+    step = max(block_n, PACK_ELEMENTS // K // block_n * block_n)
+    op = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+    if step >= N:
+        return op(codes.to(torch.int32).contiguous(), 1)
+    return torch.cat([op(codes[i:i + step].to(torch.int32).contiguous(), 1).view(-1, K // 2)
+                      for i in range(0, N, step)])
 
 
 def _cpu_unpack_t(flat: torch.Tensor, N: int, K: int, block_n: int, split: bool,

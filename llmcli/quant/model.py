@@ -58,20 +58,54 @@ def build(args, converted: Converted, device: torch.device, dtype: torch.dtype) 
     """A ready model from converted tensors: quantized modules installed, float tensors adopted."""
     from .. import models
 
-    family = models.ARCHITECTURES[args.model_type]
     model = models.skeleton(args)
     floats = {k: v.to(device=device, dtype=dtype) for k, v in converted.floats.items()}
+    install(model, converted.quantized, floats, device, dtype,
+            args.tie_word_embeddings and EMBEDDING in converted.quantized)
+    return _finish(model, args, floats, EMBEDDING in converted.quantized, device)
+
+
+def build_from_sources(args, sources: list[Source], preset: Preset, device: torch.device, dtype: torch.dtype,
+                       search: bool = True) -> nn.Module:
+    """build(convert(...)) one tensor at a time: each weight is packed for the device as soon as it
+    is converted, so the portable copies of all weights never exist at once (peak memory at load)."""
+    from .. import models
+    from .convert import KEEP, plan, quantize_source
+
+    specs = plan(sources, preset, args.num_hidden_layers, args.tie_word_embeddings)
+    keep_dtype = torch.float16 if preset.dtype == "float16" else torch.bfloat16
+    model = models.skeleton(args)
+    wanted = [s for s in sources if s.name in specs]
+    # 1-D tensors (norms, biases) first: a quantized module takes its bias when it is installed
+    floats = {s.name: s.values().to(device=device, dtype=dtype) for s in wanted if len(s.shape) == 1}
+    quantized_embedding = False
+    for s in wanted:
+        if len(s.shape) == 1:
+            continue
+        spec = specs[s.name]
+        if spec == KEEP:  # rounded as a saved checkpoint would hold it, then to the compute dtype
+            floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)
+            continue
+        quantized_embedding |= s.name == EMBEDDING
+        install(model, {s.name: quantize_source(s, spec, search)}, floats, device, dtype,
+                args.tie_word_embeddings and s.name == EMBEDDING)
+    return _finish(model, args, floats, quantized_embedding, device)
+
+
+def _finish(model: nn.Module, args, floats: dict, quantized_embedding: bool, device: torch.device) -> nn.Module:
+    """Adopt the float tensors, check nothing is missing, set up RoPE and a tied head."""
+    from .. import models
+
     tied = args.tie_word_embeddings
     if tied:
         floats.pop(HEAD, None)
-    install(model, converted.quantized, floats, device, dtype, tied and EMBEDDING in converted.quantized)
     missing, unexpected = model.load_state_dict(floats, strict=False, assign=True)
     missing = [m for m in missing if not (tied and m == HEAD)]
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise CorruptModelError(f"the weights do not match the config ({what}); the checkpoint may be incomplete")
-    model.inv_freq = family.rope_inv_freq(args).to(device)
-    if tied and EMBEDDING not in converted.quantized:
+    model.inv_freq = models.ARCHITECTURES[args.model_type].rope_inv_freq(args).to(device)
+    if tied and not quantized_embedding:
         model.tie_weights()
     return model.eval().requires_grad_(False)
 

@@ -19,7 +19,7 @@ from typing import Callable
 from ..errors import ModelNotFoundError, UnsupportedModelError
 from . import checkpoint
 from .convert import Converted, Progress, Source, convert, folder_sources, gguf_sources
-from .model import build
+from .model import build, build_from_sources
 from .presets import Preset, load_preset
 
 
@@ -155,9 +155,8 @@ def _cache_current(target: Path, source: Path, preset: Preset) -> bool:
 
 
 def model_from_sources(sources: list[Source], args, preset: Preset, placement, search: bool = True):
-    """A model quantized at load (`--quant`): (model, Converted)."""
-    converted = convert(sources, preset, args.num_hidden_layers, args.tie_word_embeddings, search=search)
-    return build(args, converted, placement.device, placement.dtype), converted
+    """A model quantized at load (`--quant`, or a GGUF's own blocks), one tensor at a time."""
+    return build_from_sources(args, sources, preset, placement.device, placement.dtype, search)
 
 
 def model_from_checkpoint(files: list[Path], config: dict, args, placement):
