@@ -190,6 +190,7 @@ def _show(session, rest):
         "info": [f"model       {loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, {loaded.weights_type}) "
                  f"from {loaded.path}",
                  f"device      {session.rt.placement.reason.removeprefix('device ')}",
+                 f"decode      {session.decode_mode()}",
                  f"context     {session.context_used()} of {session.ctx_size} tokens in use; "
                  f"{len(conv.messages)} messages" + (f", the oldest {conv.start} no longer in the context"
                                                      if conv.start else "")],

@@ -40,6 +40,15 @@ class ChatSession:
         self.generated = 0
         self._prompt: list[int] | None = None  # set by add_user / take_back_reply, used by reply()
 
+    def decode_mode(self) -> str:
+        """How decode steps run: eager, compiling (eager meanwhile), compiled, or why not compiled."""
+        step = self.step
+        if step is None or step is self.rt.loaded.model:
+            return "eager"
+        if step.fallback_reason:
+            return f"eager (compiling failed: {step.fallback_reason})"
+        return "compiled (torch.compile)" if step.ready.is_set() else "compiling in the background; eager meanwhile"
+
     @property
     def ctx_size(self) -> int:
         return self.rt.ctx_size

@@ -23,7 +23,7 @@ def bench(
     quant: Annotated[str, typer.Option("--quant", "-q", help="Presets, comma-separated (none = as stored), e.g. -q bf16,q8,q4.")] = "none",
     output: Annotated[str, typer.Option("--output", "-o", help="md | csv | json | jsonl.")] = "md",
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Also time llama.cpp on the same GGUF, interleaved: llama.cpp.", show_default=False)] = None,
-    compile: Compile = False,
+    compile: Compile = True,
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     registry: RegistryFile = None, offline: Offline = False,
 ):

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import (Compile, CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, Offline, PresencePenalty, Quant,
+from .cli import (CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, Offline, PresencePenalty, Quant,
                   RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, _stderr,
                   app, check_max_tokens, sampling_params)
 from .errors import InvalidParameterError
@@ -36,7 +36,8 @@ def chat(
     single: Annotated[bool, typer.Option("--single", help="Piped: all of stdin is one message (default: one per line).")] = False,
     render: Annotated[bool, typer.Option("--render", help="Render replies as Markdown at a terminal.")] = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
-    compile: Compile = False, registry: RegistryFile = None, offline: Offline = False,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compile the decode step with torch.compile; default: at a terminal, in the background while you type.", show_default=False)] = None,
+    registry: RegistryFile = None, offline: Offline = False,
 ):
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
     from . import chat as repl
@@ -57,7 +58,7 @@ def chat(
     with download_progress(_stderr()) as progress:
         rt = open_model(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                         quant=quant, registry=registry, offline=offline, progress=progress)
-    raise typer.Exit(repl.run(ChatSession(rt, conv, rt.decode_step(compile)), render=render, single=single, check_model=load is not None))
+    raise typer.Exit(repl.run(ChatSession(rt, conv, _decode_step(rt, compile)), render=render, single=single, check_model=load is not None))
 
 
 def _given(ctx: typer.Context) -> set[str]:
@@ -77,3 +78,12 @@ def _with_flags(saved, flags, given: set[str]):
     if "stop" in given:
         saved.stop = flags.stop
     return saved
+
+
+def _decode_step(rt, compile: bool | None):
+    """At a terminal the graph compiles in the background while the user types; piped input is
+    usually short, so it runs eagerly unless --compile asks."""
+    interactive = sys.stdin.isatty()
+    if compile is None:
+        compile = interactive
+    return rt.decode_step(compile, background=interactive)

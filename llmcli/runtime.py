@@ -27,16 +27,19 @@ class Runtime:
     def placement(self) -> Placement:
         return self.loaded.placement
 
-    def decode_step(self, compile: bool):
-        """What runs one-token steps: the compiled model, or the model itself."""
+    def decode_step(self, compile: bool, background: bool = False):
+        """What runs one-token steps: the compiled model (compiled on first use, or in a background
+        thread meanwhile running eagerly), or the model itself."""
         if not compile:
             return self.loaded.model
         from .compiled import CompiledStep
 
-        return CompiledStep(self.loaded.model)
+        return CompiledStep(self.loaded.model, self.new_cache(16) if background else None)
 
-    def new_cache(self):
-        return StaticKVCache.for_model(self.loaded.args, self.ctx_size, self.placement.device, self.placement.dtype)
+    def new_cache(self, max_len: int | None = None):
+        """A cache for the context (or `max_len` tokens, e.g. a scratch cache)."""
+        return StaticKVCache.for_model(self.loaded.args, max_len or self.ctx_size, self.placement.device,
+                                       self.placement.dtype)
 
     def prompt_ids(self, messages: list[dict], raw: bool = False) -> list[int]:
         """Token ids for a conversation: through the model's chat template unless `raw` or absent."""

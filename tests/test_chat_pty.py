@@ -27,9 +27,11 @@ def tiny_gguf(tmp_path_factory):
     return path
 
 
-def spawn(tmp_path, *args: str, timeout: float = 120, redirect: str = ""):
+def spawn(tmp_path, *args: str, timeout: float = 120, redirect: str = "", compile: bool = False):
     """`llmcli chat ARGS` in a fresh pty, inside `sh` so the terminal mode can be read before and
-    after (stty -g into tmp_path/before and /after)."""
+    after (stty -g into tmp_path/before and /after). Eager decoding unless `compile` (compiling
+    takes tens of seconds of CPU per fresh llmcli home)."""
+    args = args if compile else (*args, "--no-compile")
     env = {**os.environ, "PYTHONPATH": str(REPO), "LLMCLI_HOME": str(tmp_path / "home"), "TERM": "xterm",
            "PROMPT_TOOLKIT_NO_CPR": "1", "NO_COLOR": "1"}
     chat = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "llmcli", "chat", *args])
@@ -181,3 +183,21 @@ def test_stdout_redirected_gets_only_replies(tmp_path, tiny_gguf):
     leave(child, tmp_path)
     replies = (tmp_path / "replies.txt").read_text()
     assert replies.count("\n") == 1 and ">>>" not in replies and "tiny-test" not in replies
+
+
+def test_background_compile_takes_over_while_chatting(tmp_path, tiny_gguf):
+    """At a terminal the decode step compiles in the background: replies come at once (eagerly),
+    and once compiled the session says so and keeps answering."""
+    import time
+
+    child = spawn(tmp_path, str(tiny_gguf), "--temp", "0", "-n", "4", timeout=240, compile=True)
+    send(child, "Hello", "\\n")  # answered before compiling can have finished
+    deadline = time.time() + 200
+    while True:
+        mode = send(child, "/show info", "decode +(\\S[^\\r\\n]*)").group(1)
+        if mode.startswith("compiled") or time.time() > deadline or "failed" in mode:
+            break
+        time.sleep(5)
+    assert mode.startswith("compiled"), mode
+    send(child, "Hello again", "\\n")
+    leave(child, tmp_path)
