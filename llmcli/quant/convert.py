@@ -137,7 +137,9 @@ def convert(sources: list[Source], preset: Preset, n_layers: int, tied: bool, *,
     return out
 
 
-def quantize_source(s: Source, spec: QuantSpec, search: bool = True) -> QuantizedTensor:
+def quantize_source(s: Source, spec: QuantSpec, search: bool = True, portable: bool = True) -> QuantizedTensor:
+    """`portable=False`: 4-bit codes stay unpacked ("codes"), for packing straight into a device
+    layout (loading); the portable form ("qweight") is what checkpoints hold."""
     N, K = s.shape
     if s.gguf_type and s.raw is not None and direct_spec(s.gguf_type, spec):
         imported = import_block_quants(s.raw(), s.gguf_type, N, K, spec)
@@ -147,19 +149,22 @@ def quantize_source(s: Source, spec: QuantSpec, search: bool = True) -> Quantize
 
             codes, scales = unpermute_rows(codes, s.heads), unpermute_rows(scales, s.heads)
             zeros = None if zeros is None else unpermute_rows(zeros, s.heads)
-        return QuantizedTensor(spec, _portable(codes, scales, zeros, spec.bits), direct=True)
+        return QuantizedTensor(spec, _portable(codes, scales, zeros, spec.bits, portable), direct=True)
     if spec.kind == "nf4":
         from .bnb_formats import pack_nf4, quantize_nf4
 
         codes, absmax = quantize_nf4(s.values(), spec.group_size)
         return QuantizedTensor(spec, {"qweight": pack_nf4(codes), "absmax": absmax})
     q = quantize(s.values(), spec.bits, spec.group_size or K, spec.symmetric, search)
-    return QuantizedTensor(spec, _portable(q.codes, q.scales, q.zeros, spec.bits))
+    return QuantizedTensor(spec, _portable(q.codes, q.scales, q.zeros, spec.bits, portable))
 
 
-def _portable(codes, scales, zeros, bits: int) -> dict[str, torch.Tensor]:
-    state = {"qweight": pack_int4(codes) if bits == 4 else codes.to(torch.int8).contiguous(),
-             "scales": scales.to(SCALE_DTYPE).contiguous()}
+def _portable(codes, scales, zeros, bits: int, pack: bool = True) -> dict[str, torch.Tensor]:
+    if bits == 4:
+        state = {"qweight": pack_int4(codes)} if pack else {"codes": codes}
+    else:
+        state = {"qweight": codes.to(torch.int8).contiguous()}
+    state["scales"] = scales.to(SCALE_DTYPE).contiguous()
     if zeros is not None:
         state["zeros"] = zeros.to(SCALE_DTYPE).contiguous()
     return state

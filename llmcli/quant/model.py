@@ -87,7 +87,7 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
             floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)
             continue
         quantized_embedding |= s.name == EMBEDDING
-        install(model, {s.name: quantize_source(s, spec, search)}, floats, device, dtype,
+        install(model, {s.name: quantize_source(s, spec, search, portable=False)}, floats, device, dtype,
                 args.tie_word_embeddings and s.name == EMBEDDING)
     return _finish(model, args, floats, quantized_embedding, device)
 

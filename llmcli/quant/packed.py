@@ -43,26 +43,28 @@ class Int4Weight:
 
     bits = 4
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                 device: torch.device, rows_needed: bool = False):
-        N, K = qweight.shape[0], qweight.shape[1] * 2
+    def __init__(self, qweight: torch.Tensor | None, scales: torch.Tensor, zeros: torch.Tensor | None,
+                 device: torch.device, rows_needed: bool = False, codes: torch.Tensor | None = None):
+        """`qweight` (N, K/2) packed two per byte, or `codes` (N, K) unpacked (saves a round trip)."""
+        N, K = codes.shape if qweight is None else (qweight.shape[0], qweight.shape[1] * 2)
         self.shape, self.group_size, self.symmetric = (N, K), K // scales.shape[1], zeros is None
         self.device = device
         self.backend = kernels.int4_backend(device, N, K, self.group_size, rows_needed)
         if self.backend == "cpu":
-            self.packed = kernels.cpu_int4_pack(unpack_int4(qweight))
+            self.packed = kernels.cpu_int4_pack(unpack_int4(qweight) if codes is None else codes)
             self.scales_and_zeros = _scales_and_zeros(scales, zeros).to(SCALE_DTYPE)
         elif self.backend == "tinygemm":
-            self.packed = kernels.tinygemm_pack(qweight, device)
+            self.packed = kernels.tinygemm_pack(pack_int4(codes) if qweight is None else qweight, device)
             self.scales_and_zeros = _scales_and_zeros(scales, zeros).to(device=device, dtype=SCALE_DTYPE)
         else:
-            self.qweight = qweight.to(device)
+            self.qweight = (pack_int4(codes) if qweight is None else qweight).to(device)
             self.scales = scales.to(device)
             self.zeros = None if zeros is None else zeros.to(device)
 
     @classmethod
     def from_state(cls, state: dict, device: torch.device, rows_needed: bool = False) -> "Int4Weight":
-        return cls(state["qweight"], state["scales"], state.get("zeros"), device, rows_needed)
+        """`state` holds `qweight` (portable, as saved) or `codes` (unpacked, straight from a conversion)."""
+        return cls(state.get("qweight"), state["scales"], state.get("zeros"), device, rows_needed, state.get("codes"))
 
     @classmethod
     def cpu_packed(cls, codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> "Int4Weight":
@@ -75,8 +77,8 @@ class Int4Weight:
 
     @classmethod
     def from_codes(cls, codes, scales, zeros, device, rows_needed=False) -> "Int4Weight":
-        return cls(pack_int4(codes), scales.to(SCALE_DTYPE), None if zeros is None else zeros.to(SCALE_DTYPE),
-                   device, rows_needed)
+        return cls(None, scales.to(SCALE_DTYPE), None if zeros is None else zeros.to(SCALE_DTYPE),
+                   device, rows_needed, codes=codes)
 
     # ---------------------------------------------------------------------------- portable view
 
