@@ -8,8 +8,6 @@ message that cannot fit is refused. Nothing here touches a terminal or a model.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Callable
 
 from .errors import InvalidParameterError, LlmcliError, PromptTooLongError
 from .sampling import SamplingParams, parse_parameter
+from .store import atomic_write_text
 
 FORMAT = "llmcli-conversation"
 VERSION = 1
@@ -114,19 +113,10 @@ def save(conv: Conversation, path: str | Path) -> Path:
     if not path.parent.is_dir():
         raise ConversationFileError(f"cannot save to {path}: the folder {path.parent} does not exist; create it first")
     text = json.dumps(conv.to_dict(), ensure_ascii=False, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write_text(path, text)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise ConversationFileError(f"cannot save to {path}: {e.strerror or e}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

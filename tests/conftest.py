@@ -46,6 +46,24 @@ def smollm2_loaded(smollm2_gguf):
     return load_model(smollm2_gguf, place("cpu", "float32"))
 
 
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> Path:
+    """A tiny random llama written by transformers (safetensors, tokenizer, chat template)."""
+    from tiny import hf_model, save_hf
+
+    return save_hf(hf_model("llama"), tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """The same tiny llama as a Q8_0 GGUF written the way llama.cpp's converter writes one."""
+    from tiny import hf_model, write_gguf
+
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_gguf(hf_model("llama"), path, "Q8_0")
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

@@ -9,15 +9,9 @@ import math
 
 import pytest
 from conftest import run_cli
-from tiny import hf_model, save_hf
 
 from llmcli.bench import Result, format_results, parse_sizes, stddev
 from llmcli.errors import InvalidParameterError
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_hf(hf_model("llama"), tmp_path_factory.mktemp("bench") / "model")
 
 
 def test_stddev_of_known_samples():
@@ -54,14 +48,14 @@ def _parse(text: str, fmt: str) -> list[dict]:
     return out
 
 
-def test_every_format_holds_the_same_numbers(tiny):
+def test_every_format_holds_the_same_numbers(tiny_folder):
     """One measurement, written in each format and read back: the same rows and numbers."""
     from llmcli.runtime import open_model
     from llmcli import bench
 
     results = []
     for preset in ("none", "q8"):
-        rt = open_model(str(tiny), device="cpu", threads=1, ctx_size=64, quant=None if preset == "none" else preset)
+        rt = open_model(str(tiny_folder), device="cpu", threads=1, ctx_size=64, quant=None if preset == "none" else preset)
         results += [r for event, r in bench.run_tests(rt, "tiny", preset, [16, 32], [8], 0, 2) if event == "done"]
     # one row per preset x test: 2 presets x (pp16, pp32, tg8)
     assert [(r.quant, r.test) for r in results] == [(q, t) for q in ("none", "q8") for t in ("pp16", "pp32", "tg8")]
@@ -76,8 +70,8 @@ def test_every_format_holds_the_same_numbers(tiny):
 
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "json", "jsonl"])
-def test_cli_writes_each_format(tiny, fmt):
-    r = run_cli("bench", str(tiny), "-p", "16", "-n", "4", "-r", "2", "-q", "none,q4", "--no-compile", "-t", "1",
+def test_cli_writes_each_format(tiny_folder, fmt):
+    r = run_cli("bench", str(tiny_folder), "-p", "16", "-n", "4", "-r", "2", "-q", "none,q4", "--no-compile", "-t", "1",
                 "-o", fmt)
     assert r.returncode == 0, r.stderr
     rows = _parse(r.stdout, fmt)
@@ -85,8 +79,8 @@ def test_cli_writes_each_format(tiny, fmt):
     assert all(x["tokens_per_s"] > 0 for x in rows)
 
 
-def test_depth_names_the_test(tiny):
-    r = run_cli("bench", str(tiny), "-p", "8", "-n", "4", "-d", "16", "-r", "1", "--no-compile", "-o", "json")
+def test_depth_names_the_test(tiny_folder):
+    r = run_cli("bench", str(tiny_folder), "-p", "8", "-n", "4", "-d", "16", "-r", "1", "--no-compile", "-o", "json")
     assert r.returncode == 0, r.stderr
     assert [row["test"] for row in json.loads(r.stdout)] == ["pp8@d16", "tg4@d16"]
 
@@ -94,13 +88,13 @@ def test_depth_names_the_test(tiny):
 @pytest.mark.parametrize("flags,needle", [(["-o", "xml"], "--output"), (["-r", "0"], "--repetitions"),
                                           (["-p", "x"], "-p"), (["--baseline", "vllm"], "llama.cpp"),
                                           (["-q", "q3"], "q3")])
-def test_bad_flags(tiny, flags, needle):
-    r = run_cli("bench", str(tiny), "-r", "1", "--no-compile", *flags)
+def test_bad_flags(tiny_folder, flags, needle):
+    r = run_cli("bench", str(tiny_folder), "-r", "1", "--no-compile", *flags)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
 
 
-def test_baseline_needs_a_gguf_or_says_how_to_install(tiny):
-    r = run_cli("bench", str(tiny), "-r", "1", "-p", "8", "-n", "0", "--no-compile", "--baseline", "llama.cpp")
+def test_baseline_needs_a_gguf_or_says_how_to_install(tiny_folder):
+    r = run_cli("bench", str(tiny_folder), "-r", "1", "-p", "8", "-n", "0", "--no-compile", "--baseline", "llama.cpp")
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert "GGUF" in r.stderr or "pip install" in r.stderr

@@ -5,9 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-import pytest
 from conftest import run_cli
-from tiny import hf_model, write_gguf
 
 from llmcli import chat
 from llmcli.chat_session import ChatSession
@@ -16,13 +14,6 @@ from llmcli.device import place
 from llmcli.loader import load_model
 from llmcli.runtime import DEFAULT_MODEL, Runtime
 from llmcli.sampling import SamplingParams
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    write_gguf(hf_model("llama"), path, "Q8_0")
-    return path
 
 
 def test_piped_messages_get_only_replies(tiny_gguf, tmp_path):

@@ -10,7 +10,6 @@ import time
 
 import pytest
 from conftest import REPO
-from tiny import hf_model, write_gguf
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -18,13 +17,6 @@ PROMPT = ">>>"
 END_OF_INPUT = "\x1b[?2004l"  # prompt_toolkit turns bracketed paste off when a line is accepted
 STATS = r"tokens/s · context \d+/\d+"
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    write_gguf(hf_model("llama"), path, "Q8_0")
-    return path
 
 
 def spawn(tmp_path, *args: str, timeout: float = 120, redirect: str = "", compile: bool = False):

@@ -7,27 +7,22 @@ import json
 import pytest
 from conftest import run_cli
 from test_cli_run import assert_one_line_error
-from tiny import TRAINING_TEXT, hf_model, save_hf, write_gguf
+from tiny import TRAINING_TEXT, hf_model, write_gguf
 
 from llmcli.quant.presets import shipped_names
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    return save_hf(hf_model("llama"), tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
+def tiny_q4_gguf(tmp_path_factory):
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_gguf(hf_model("llama"), path, "Q4_1")
     return path
 
 
 @pytest.fixture(scope="module")
-def quantized(tiny_gguf, tmp_path_factory):
+def quantized(tiny_q4_gguf, tmp_path_factory):
     out = tmp_path_factory.mktemp("q") / "tiny-q4"
-    r = run_cli("quantize", str(tiny_gguf), "--preset", "q4", "-o", str(out), "--json")
+    r = run_cli("quantize", str(tiny_q4_gguf), "--preset", "q4", "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
     return out, json.loads(r.stdout)
 
@@ -55,10 +50,10 @@ def test_quantize_text_summary_goes_to_stdout(tiny_folder, tmp_path):
     assert "not divisible by 128" in r.stderr  # rows of 64: group 128 falls back, and says so
 
 
-def test_run_with_quant_matches_the_saved_checkpoint(tiny_gguf, quantized):
+def test_run_with_quant_matches_the_saved_checkpoint(tiny_q4_gguf, quantized):
     out, _ = quantized
     args = ("Tell me something", "--temp", "0", "-n", "10", "--json")
-    a = run_cli("run", str(tiny_gguf), "--quant", "q4", *args)
+    a = run_cli("run", str(tiny_q4_gguf), "--quant", "q4", *args)
     b = run_cli("run", str(out), *args)
     assert a.returncode == b.returncode == 0, a.stderr + b.stderr
     assert json.loads(a.stdout)["text"] == json.loads(b.stdout)["text"]

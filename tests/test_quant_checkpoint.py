@@ -33,12 +33,12 @@ TEXTS = ["Hello world! héllo 12345 🙂", "<|im_start|>user\nWhat is the capita
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
+def tiny_tied_folder(tmp_path_factory):
     return save_hf(hf_model("llama", tie_word_embeddings=True), tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
+def tiny_q4_gguf(tmp_path_factory):
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_gguf(hf_model("llama"), path, "Q4_1")
     return path
@@ -57,8 +57,8 @@ def _packed_modules(model):
 
 @pytest.mark.parametrize("preset,source", [(p, s) for p in ("q4", "q8", "q4_mixed") for s in ("folder", "gguf")]
                          + [("nf4", "folder"), ("llm_int8", "gguf"), ("q4_g128", "folder")])
-def test_save_load_is_bit_identical_and_generates_the_same(tmp_path, tiny_folder, tiny_gguf, preset, source):
-    path = tiny_folder if source == "folder" else tiny_gguf
+def test_save_load_is_bit_identical_and_generates_the_same(tmp_path, tiny_tied_folder, tiny_q4_gguf, preset, source):
+    path = tiny_tied_folder if source == "folder" else tiny_q4_gguf
     summary = quantize_to_folder(path, preset, tmp_path / "out")
     assert summary.output_bytes > 0 and summary.bits_per_weight < (7 if preset.startswith("q4") else 12)
     # the file holds exactly what the in-memory quantization produced
@@ -88,11 +88,11 @@ def test_save_load_is_bit_identical_and_generates_the_same(tmp_path, tiny_folder
     assert block["tensors"][f"{q_proj}.weight"]["bits"] in (4, 8)
 
 
-def test_q4_from_a_q4_1_gguf_is_imported_not_requantized(tmp_path, tiny_gguf):
-    summary = quantize_to_folder(tiny_gguf, "q4", tmp_path / "out")
+def test_q4_from_a_q4_1_gguf_is_imported_not_requantized(tmp_path, tiny_q4_gguf):
+    summary = quantize_to_folder(tiny_q4_gguf, "q4", tmp_path / "out")
     # the 14 layer matrices are Q4_1 blocks taken as they are; q4 keeps embedding and head at 8 bits
     assert (summary.imported_tensors, summary.quantized_tensors) == (14, 16)
-    base = load_model(tiny_gguf, CPU32)
+    base = load_model(tiny_q4_gguf, CPU32)
     quant = load_model(tmp_path / "out", CPU32)
     for name, m in quant.model.named_modules():
         if hasattr(m, "packed") and name.startswith("model.layers"):
@@ -137,7 +137,7 @@ def test_gguf_block_import_is_exact(tmp_path, qtype, spec):
     assert checked >= 14
 
 
-def test_killed_quantize_leaves_nothing_complete(tmp_path, tiny_folder):
+def test_killed_quantize_leaves_nothing_complete(tmp_path, tiny_tied_folder):
     """SIGKILL halfway through: no output folder, only a hidden partial one without config.json."""
     out = tmp_path / "out"
     script = (
@@ -150,7 +150,7 @@ def test_killed_quantize_leaves_nothing_complete(tmp_path, tiny_folder):
         "    (folder / 'model.safetensors').write_bytes(b'half')\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "checkpoint.write = dying\n"
-        f"quantize_to_folder({str(tiny_folder)!r}, 'q4', {str(out)!r})\n")
+        f"quantize_to_folder({str(tiny_tied_folder)!r}, 'q4', {str(out)!r})\n")
     r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True)
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert not out.exists()
@@ -158,33 +158,33 @@ def test_killed_quantize_leaves_nothing_complete(tmp_path, tiny_folder):
     assert all(p.name.startswith(".out.partial-") and not (p / "config.json").exists() for p in leftovers)
 
 
-def test_interrupted_quantize_cleans_up(tmp_path, tiny_folder, monkeypatch):
+def test_interrupted_quantize_cleans_up(tmp_path, tiny_tied_folder, monkeypatch):
     def interrupt(*a, **k):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(checkpoint, "write", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        quantize_to_folder(tiny_folder, "q4", tmp_path / "out")
+        quantize_to_folder(tiny_tied_folder, "q4", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_force_replaces_and_output_is_readable(tmp_path, tiny_folder):
+def test_force_replaces_and_output_is_readable(tmp_path, tiny_tied_folder):
     out = tmp_path / "out"
-    quantize_to_folder(tiny_folder, "q8", out)
+    quantize_to_folder(tiny_tied_folder, "q8", out)
     with pytest.raises(checkpoint.OutputExistsError, match="--force"):
-        quantize_to_folder(tiny_folder, "q4", out)
-    quantize_to_folder(tiny_folder, "q4", out, force=True)
+        quantize_to_folder(tiny_tied_folder, "q4", out)
+    quantize_to_folder(tiny_tied_folder, "q4", out, force=True)
     assert json.loads((out / "config.json").read_text())["quantization"]["preset"] == "q4"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert oct(out.stat().st_mode & 0o777) != oct(0o700)  # not mkdtemp's owner-only mode
 
 
-def test_cached_quantized_converts_once(tmp_path, tiny_gguf):
+def test_cached_quantized_converts_once(tmp_path, tiny_q4_gguf):
     from llmcli.quant.pipeline import cached_quantized
 
-    first = cached_quantized(tiny_gguf, "q4", tmp_path / "cache")
+    first = cached_quantized(tiny_q4_gguf, "q4", tmp_path / "cache")
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    again = cached_quantized(tiny_gguf, "q4", tmp_path / "cache")
+    again = cached_quantized(tiny_q4_gguf, "q4", tmp_path / "cache")
     assert again == first and (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert load_model(first, CPU).weights_type == "q4 (llmcli)"
 
