@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import (CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, Offline, PresencePenalty, Quant,
-                  RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, _stderr,
-                  app, check_max_tokens, sampling_params)
+from .cli import (ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, KvOffload, KvType, MaxTokens, MinP, Offline,
+                  PresencePenalty, Quant, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads,
+                  TopK, TopP, _stderr, app, check_max_tokens, report_plan, sampling_params)
 from .errors import InvalidParameterError
 
 # the default is runtime.DEFAULT_MODEL (not imported here: that would load torch for `--help`)
@@ -36,6 +36,7 @@ def chat(
     single: Annotated[bool, typer.Option("--single", help="Piped: all of stdin is one message (default: one per line).")] = False,
     render: Annotated[bool, typer.Option("--render", help="Render replies as Markdown at a terminal.")] = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
+    kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
     registry: RegistryFile = None, offline: Offline = False,
 ):
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
@@ -54,10 +55,14 @@ def chat(
     conv = conversation.Conversation(system, params=params, max_tokens=max_tokens, stop=tuple(stop or ()))
     if load is not None:  # read it before the model loads, so a bad file fails at once
         conv = _with_flags(conversation.load(load), conv, _given(ctx))
-    with download_progress(_stderr()) as progress:
+    err = _stderr()
+    with download_progress(err) as progress:
         rt = open_model(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
-                        quant=quant, registry=registry, offline=offline, progress=progress)
-    raise typer.Exit(repl.run(ChatSession(rt, conv), render=render, single=single, check_model=load is not None))
+                        quant=quant, registry=registry, offline=offline, progress=progress,
+                        kv_type=kv_type, kv_offload=kv_offload)
+    report_plan(err, rt, verbose=False)
+    session = ChatSession(rt, conv, context_shift=context_shift)
+    raise typer.Exit(repl.run(session, render=render, single=single, check_model=load is not None))
 
 
 def _given(ctx: typer.Context) -> set[str]:

@@ -178,6 +178,10 @@ def _parts(args, weights: int, weights_label: str, ctx: int, dtype, choice: Cach
                Part("headroom (allocator, kernels)", headroom_bytes(budget), d)])
 
 
+def _from(budget: Budget) -> str:
+    return f" ({budget.source})" if budget.source else ""
+
+
 def _fits(parts: list[Part], budget: Budget) -> bool:
     device = sum(p.nbytes for p in parts if p.where != "host")
     host = sum(p.nbytes for p in parts if p.where == "host")
@@ -244,7 +248,7 @@ def plan(args, weights: int, weights_label: str, budget: Budget, dtype: torch.dt
     if base > budget.free:
         raise NotEnoughMemoryError(
             f"the weights need {human(weights)} ({weights_label}), {human(base)} with activations and headroom, "
-            f"but {human(budget.free)} is free on {d} ({budget.source}); use a smaller --quant preset (q4) "
+            f"but {human(budget.free)} is free on {d}{_from(budget)}; use a smaller --quant preset (q4) "
             f"or another --device")
     # nothing keeps the context: the largest that fits, from the most compact choice of each kind
     compact = [c for c in choices if c.device_layers in (None, 0)]
@@ -260,7 +264,7 @@ def plan(args, weights: int, weights_label: str, budget: Budget, dtype: torch.dt
         fit = f"--ctx-size {best}{flags} fits" if best >= 1 else "no context fits"
         raise NotEnoughMemoryError(
             f"a context of {ctx} tokens needs at least {human(need)} but {human(budget.free)} is free on "
-            f"{budget.device} ({budget.source}); {fit}")
+            f"{d}{_from(budget)}; {fit}")
     if best_choice.device_layers == 0:  # as many layers on the device as fit at that context
         best_choice = next(c for c in choices if c.device_layers is not None and
                            _fits(_parts(args, weights, weights_label, best, dtype, c, budget), budget))

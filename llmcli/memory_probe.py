@@ -155,8 +155,10 @@ def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.dev
     from . import gguf_file, hf_folder
     from .models.llama import ModelArgs
 
+    from .loader import check_model_path
+
     name = str(dtype).removeprefix("torch.")
-    path = Path(path)
+    path = check_model_path(path)
     if path.is_dir():
         from .model_info import _safetensors_header
 
