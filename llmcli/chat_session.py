@@ -30,8 +30,9 @@ class Turn:
 
 
 class ChatSession:
-    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None):
+    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, context_shift: bool = False):
         self.rt = rt
+        self.context_shift = context_shift  # a reply may run past the context (context_shift.py)
         self.conv = conv or Conversation()
         self.cache = rt.new_cache()
         self.step = step  # what runs decode steps (a compiled model); None: the model
@@ -104,9 +105,10 @@ class ChatSession:
         loaded = self.rt.loaded
         t0 = time.perf_counter()
         pieces, tokens, ttft, last = [], 0, None, None
+        shift = self.rt.context_shift(self.conv.window()) if self.context_shift else None
         chunks = generate(loaded.model, loaded.tokenizer, prompt, self.conv.params, self.cache,
                           max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device,
-                          step=self.step)
+                          step=self.step, shift=shift)
         try:
             for chunk in chunks:
                 if chunk.tokens and ttft is None:
@@ -128,4 +130,4 @@ class ChatSession:
             self.generated += tokens
             self.last = Turn(text, last.finish_reason if last else "interrupted", tokens,
                              last.stats.ttft_s if last else ttft, last.stats if last else None,
-                             len(prompt) + tokens)
+                             len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1)

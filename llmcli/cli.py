@@ -50,6 +50,9 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Timings and devi
 RegistryFile = Annotated[Optional[Path], typer.Option("--registry", help="A models.toml read on top of the shipped one (and the one in LLMCLI_HOME).", show_default=False)]
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already downloaded; never touch the network.")]
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="Compile the decode step with torch.compile (the first run compiles for ~30 s; later runs reuse the cache).")]
+KvType = Annotated[str, typer.Option("--kv-type", help="KV cache type: auto | bf16 | f16 | int8 | int4 (auto: the compute dtype, quantized only when memory is short).")]
+KvOffload = Annotated[str, typer.Option("--kv-offload", help="KV cache of some layers in host memory: auto | on | off (auto: only when it fits no other way; CUDA and MPS).")]
+ContextShift = Annotated[bool, typer.Option("--context-shift", help="When the context is full, drop the oldest tokens after the system prompt and go on.")]
 Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.", show_default=False)]
 
 
@@ -112,6 +115,7 @@ def run(
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     compile: Compile = False,
+    kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")] = False,
     verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
@@ -127,7 +131,9 @@ def run(
     err = _stderr()
     with download_progress(err) as progress:
         rt = open_model(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
-                        quant=quant, registry=registry, offline=offline, progress=progress)
+                        quant=quant, registry=registry, offline=offline, progress=progress,
+                        kv_type=kv_type, kv_offload=kv_offload)
+    report_plan(err, rt, verbose)
     if verbose:
         err.print(f"[dim]{rt.placement.reason}[/dim]")
         a = rt.loaded.args
@@ -135,10 +141,11 @@ def run(
                   f"{rt.loaded.weights_type}) in {rt.loaded.load_seconds:.2f} s; context {rt.ctx_size}[/dim]")
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     ids = rt.prompt_ids(messages, raw=raw)
+    shift = rt.context_shift(messages, raw) if context_shift else None
     pieces, last = [], None
     for chunk in generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
                           max_tokens=max_tokens, stop=tuple(stop or ()), device=rt.placement.device,
-                          step=rt.decode_step(compile)):
+                          step=rt.decode_step(compile), shift=shift):
         if json_out:
             pieces.append(chunk.text)
         elif chunk.text:
@@ -159,6 +166,22 @@ def run(
         err.print(f"[dim]{stats.prompt_tokens} prompt tokens, {stats.completion_tokens} generated "
                   f"(finish: {last.finish_reason}); ttft {stats.ttft_s * 1000:.0f} ms; "
                   f"prefill {stats.prefill_tps:.1f} t/s; decode {stats.decode_tps:.1f} t/s; seed {stats.seed}[/dim]")
+        if shift is not None and shift.shifts:
+            err.print(f"[dim]context shifted {shift.shifts} times, {shift.dropped} tokens dropped "
+                      f"(the first {shift.keep} kept)[/dim]")
+
+
+def report_plan(err, rt, verbose: bool) -> None:
+    """The memory plan's table with --verbose; without it, only what the plan gave up (a smaller
+    context, a quantized or offloaded cache), so that nothing changes silently."""
+    plan = rt.plan
+    if plan is None:
+        return
+    if verbose:
+        err.print(plan.table(), markup=False, highlight=False)
+    else:
+        for note in plan.notes:
+            err.print(f"note: {note}", markup=False, highlight=False)
 
 
 # Commands that live in their own CLI modules register themselves on `app` when imported.

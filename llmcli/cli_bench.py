@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import Compile, CtxSize, Device, Dtype, Offline, RegistryFile, Threads, _stderr, app
+from .cli import Compile, CtxSize, Device, Dtype, KvOffload, KvType, Offline, RegistryFile, Threads, _stderr, app
 from .errors import InvalidParameterError
 
 FORMATS = ("md", "csv", "json", "jsonl")
@@ -25,6 +25,7 @@ def bench(
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Also time llama.cpp on the same GGUF, interleaved: llama.cpp.", show_default=False)] = None,
     compile: Compile = True,
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
+    kv_type: KvType = "auto", kv_offload: KvOffload = "auto",
     registry: RegistryFile = None, offline: Offline = False,
 ):
     """Measure prefill (ppN) and generation (tgN) speed, time to first token, load time and peak memory."""
@@ -51,7 +52,7 @@ def bench(
             with download_progress(err) as progress:
                 rt = open_model(name, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size or needed,
                                 quant=None if preset == "none" else preset, registry=registry, offline=offline,
-                                progress=progress)
+                                progress=progress, kv_type=kv_type, kv_offload=kv_offload)
             step = rt.decode_step(compile)
             base = None
             if baseline:

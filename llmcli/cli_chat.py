@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import (CtxSize, Device, Dtype, FrequencyPenalty, MaxTokens, MinP, Offline, PresencePenalty, Quant,
-                  RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, _stderr,
-                  app, check_max_tokens, sampling_params)
+from .cli import (ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, KvOffload, KvType, MaxTokens, MinP, Offline,
+                  PresencePenalty, Quant, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads,
+                  TopK, TopP, _stderr, app, check_max_tokens, report_plan, sampling_params)
 from .errors import InvalidParameterError
 
 # the default is runtime.DEFAULT_MODEL (not imported here: that would load torch for `--help`)
@@ -37,6 +37,7 @@ def chat(
     render: Annotated[bool, typer.Option("--render", help="Render replies as Markdown at a terminal.")] = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compile the decode step with torch.compile; default: at a terminal, in the background while you type.", show_default=False)] = None,
+    kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
     registry: RegistryFile = None, offline: Offline = False,
 ):
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
@@ -55,10 +56,14 @@ def chat(
     conv = conversation.Conversation(system, params=params, max_tokens=max_tokens, stop=tuple(stop or ()))
     if load is not None:  # read it before the model loads, so a bad file fails at once
         conv = _with_flags(conversation.load(load), conv, _given(ctx))
-    with download_progress(_stderr()) as progress:
+    err = _stderr()
+    with download_progress(err) as progress:
         rt = open_model(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
-                        quant=quant, registry=registry, offline=offline, progress=progress)
-    raise typer.Exit(repl.run(ChatSession(rt, conv, _decode_step(rt, compile)), render=render, single=single, check_model=load is not None))
+                        quant=quant, registry=registry, offline=offline, progress=progress,
+                        kv_type=kv_type, kv_offload=kv_offload)
+    report_plan(err, rt, verbose=False)
+    session = ChatSession(rt, conv, _decode_step(rt, compile), context_shift=context_shift)
+    raise typer.Exit(repl.run(session, render=render, single=single, check_model=load is not None))
 
 
 def _given(ctx: typer.Context) -> set[str]:

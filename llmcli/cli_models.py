@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .cli import ModelArg, Offline, RegistryFile, _stderr, app
+from .cli import CtxSize, Device, Dtype, KvOffload, KvType, ModelArg, Offline, Quant, RegistryFile, _stderr, app
 
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
@@ -66,7 +66,12 @@ def _form(entry, path) -> str:
 
 
 @app.command()
-def show(model: ModelArg, json_out: JsonOut = False, registry: RegistryFile = None):
+def show(
+    model: ModelArg, json_out: JsonOut = False, registry: RegistryFile = None,
+    memory: Annotated[bool, typer.Option("--memory", help="Print the memory plan instead: each part's size and where it lives.")] = False,
+    ctx_size: CtxSize = None, kv_type: KvType = "auto", kv_offload: KvOffload = "auto", quant: Quant = None,
+    device: Device = "auto", dtype: Dtype = "auto",
+):
     """Architecture, parameters, context length, quantization, template, licence and files of MODEL."""
     from .errors import NotCachedError
     from .fetch import locate
@@ -75,7 +80,12 @@ def show(model: ModelArg, json_out: JsonOut = False, registry: RegistryFile = No
     try:
         found = locate(model, registry_file=registry, offline=True)
     except NotCachedError:
+        if memory:
+            raise
         found = None
+    if memory:
+        _show_memory(found, json_out, ctx_size, kv_type, kv_offload, quant, device, dtype)
+        return
     entry = found.entry if found else _entry(model, registry)
     info = inspect(found.path).as_dict() if found else {"path": None, "files": [], "size": None}
     out = {"name": entry.name if entry else model, **info}
@@ -112,6 +122,20 @@ def show(model: ModelArg, json_out: JsonOut = False, registry: RegistryFile = No
                      ("(from the registry)" if reg.get("chat_template_override") else "(from the model)")) + "\n")
     if template:
         sys.stdout.write("".join(f"{'':17}{line}\n" for line in template.strip().splitlines()))
+
+
+def _show_memory(found, json_out: bool, ctx_size, kv_type, kv_offload, quant, device, dtype) -> None:
+    """`show --memory`: the plan `run` would make on this machine, from the model's headers."""
+    from .device import place
+    from .quant.presets import check_preset_name
+    from .runtime import plan_memory
+
+    preset = check_preset_name(quant)
+    plan = plan_memory(found.path, place(device, dtype), preset, ctx_size, found.entry, kv_type, kv_offload)
+    if json_out:
+        sys.stdout.write(json.dumps(plan.as_dict(), indent=1) + "\n")
+    else:
+        sys.stdout.write(plan.table() + "\n")
 
 
 def _entry(model: str, registry):

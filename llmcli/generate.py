@@ -11,6 +11,7 @@ The last chunk carries `finish_reason` ("stop" or "length") and the `Stats`.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
@@ -85,10 +86,11 @@ def prefill(model, ids: list[int], cache, device: torch.device, chunk: int | Non
 
 @torch.inference_mode()
 def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int,
-                 device: torch.device, stats: Stats, step=None) -> Iterator[int]:
+                 device: torch.device, stats: Stats, step=None, shift=None) -> Iterator[int]:
     """Yield up to `max_new` token ids. `cache.token_ids` lists the ids in the cache slots; the
     longest prefix shared with `prompt` is reused and only the rest is prefilled. `step` runs the
-    one-token decode steps (e.g. a compiled model); prefill always runs `model`."""
+    one-token decode steps (e.g. a compiled model); prefill always runs `model`. `shift`
+    (context_shift.ContextShift) makes room when the cache is full."""
     step = step or model
     t0 = time.perf_counter()
     held = getattr(cache, "token_ids", [])[: cache.length]
@@ -115,6 +117,8 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
         history.append(token)
         yield token
         if i + 1 < max_new:
+            if shift is not None and cache.length >= cache.max_len:
+                shift.make_room(cache)
             logits = step(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True)[0, -1]
             cache.token_ids.append(token)
 
@@ -167,13 +171,16 @@ def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> i
 
 def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
              max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None,
-             step=None) -> Iterator[Chunk]:
-    """Stream the completion of `prompt` (token ids) as Chunks; `step` runs decode steps (default: model)."""
+             step=None, shift=None) -> Iterator[Chunk]:
+    """Stream the completion of `prompt` (token ids) as Chunks; `step` runs decode steps (default: model).
+    With `shift` (context_shift.ContextShift) generation goes past the context: only `max_tokens` ends it."""
     if not prompt:
         raise ValueError("empty prompt")
     device = device or next(model.parameters()).device
     limit = output_limit(len(prompt), cache.max_len, max_tokens)
+    if shift is not None:
+        limit = max_tokens or sys.maxsize
     stats = Stats(prompt_tokens=len(prompt))
-    tokens = token_stream(model, prompt, cache, params, limit, device, stats, step)
+    tokens = token_stream(model, prompt, cache, params, limit, device, stats, step, shift)
     stops = tuple(s for s in stop if s)
     yield from text_stream(tokens, tokenizer, stops, prompt, stats)

@@ -8,35 +8,71 @@ Interface every cache kind implements:
                        part (B, KV, start+T, D) in the compute dtype, ready for attention
     reset()            forget everything (length = 0)
     truncate(n)        keep the first n tokens (a chat rolls back to a shared prefix)
+    shift(keep, drop, rerotate)
+                       drop slots [keep, keep+drop), move the rest down by `drop`; moved keys go
+                       through `rerotate(k, drop)` (context_shift.py) so their RoPE positions follow
     nbytes             bytes allocated
+generate.py also keeps `token_ids` on the cache: the ids in its slots.
+
+Kinds (new_cache picks one):
+    StaticKVCache      preallocated, in the compute dtype or a 16-bit storage dtype (kv-type bf16/f16)
+    QuantizedKVCache   int8 / int4 codes with scales (kv_quant.py)
+    OffloadedKVCache   the first N layers on the device, the rest in host memory (kv_offload.py)
 """
 
 from __future__ import annotations
 
 import torch
 
+KV_TYPES = ("bf16", "f16", "int8", "int4")
+KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+KV_BITS = {"int8": 8, "int4": 4}
+
 
 class StaticKVCache:
-    """Preallocated for the whole context in the compute dtype: (B, KV, max_len, D) per layer."""
+    """Preallocated for the whole context: (B, KV, max_len, D) per layer.
+
+    Stored in `dtype`; when the model computes in another `compute_dtype` (a bf16 cache under a
+    float32 model), update() converts the valid part into one buffer shared by all layers."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int,
-                 device: torch.device, dtype: torch.dtype, batch: int = 1):
+                 device: torch.device, dtype: torch.dtype, batch: int = 1, compute_dtype: torch.dtype | None = None):
         shape = (batch, n_kv_heads, max_len, head_dim)
         # torch.empty: pages are only touched as the context fills, and no slot is read before written
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.max_len = max_len
         self.length = 0
+        self.out = None  # (k, v) conversion buffers when the storage dtype is not the compute dtype
+        if compute_dtype is not None and compute_dtype != dtype:
+            self.out = (torch.empty(shape, device=device, dtype=compute_dtype),
+                        torch.empty(shape, device=device, dtype=compute_dtype))
 
     @classmethod
-    def for_model(cls, args, max_len: int, device: torch.device, dtype: torch.dtype, batch: int = 1):
-        return cls(args.num_hidden_layers, args.num_key_value_heads, args.head_dim, max_len, device, dtype, batch)
+    def for_model(cls, args, max_len: int, device: torch.device, dtype: torch.dtype, batch: int = 1,
+                  compute_dtype: torch.dtype | None = None):
+        return cls(args.num_hidden_layers, args.num_key_value_heads, args.head_dim, max_len, device, dtype, batch,
+                   compute_dtype)
 
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
         end = start + k.shape[2]
         self.k[layer][:, :, start:end] = k
         self.v[layer][:, :, start:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        if self.out is None:
+            return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        ko, vo = self.out
+        ko[:, :, :start] = self.k[layer][:, :, :start]
+        vo[:, :, :start] = self.v[layer][:, :, :start]
+        ko[:, :, start:end] = k  # the new tokens as computed
+        vo[:, :, start:end] = v
+        return ko[:, :, :end], vo[:, :, :end]
+
+    def shift(self, keep: int, drop: int, rerotate) -> None:
+        n = self.length
+        for k, v in zip(self.k, self.v):
+            k[:, :, keep:n - drop] = rerotate(k[:, :, keep + drop:n], drop)
+            v[:, :, keep:n - drop] = v[:, :, keep + drop:n].clone()  # the ranges overlap
+        self.length = n - drop
 
     def reset(self) -> None:
         self.length = 0
@@ -46,4 +82,36 @@ class StaticKVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        out = list(self.out) if self.out is not None else []
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + out)
+
+
+def check_kv_type(kv_type: str | None) -> str | None:
+    """For CLI options: None / "auto" (the planner decides) or one of KV_TYPES."""
+    from .errors import InvalidParameterError
+
+    if kv_type is None or kv_type == "auto":
+        return None
+    if kv_type not in KV_TYPES:
+        raise InvalidParameterError(f"unknown --kv-type {kv_type!r}; choose one of auto, {', '.join(KV_TYPES)}")
+    return kv_type
+
+
+def new_cache(args, max_len: int, device: torch.device, dtype: torch.dtype, kv_type: str | None = None,
+              device_layers: int | None = None, batch: int = 1):
+    """A cache of `kv_type` (None: static in the compute `dtype`) for `max_len` tokens.
+
+    `device_layers` below the layer count offloads the other layers to host memory (float kinds only)."""
+    bits = KV_BITS.get(kv_type)
+    store = KV_DTYPES.get(kv_type, dtype)
+    if device_layers is not None and device_layers < args.num_hidden_layers:
+        if bits:
+            raise ValueError("an offloaded cache stores floats; use kv_type bf16, f16 or None")
+        from .kv_offload import OffloadedKVCache
+
+        return OffloadedKVCache.for_model(args, max_len, device, store, device_layers, batch, compute_dtype=dtype)
+    if bits:
+        from .kv_quant import QuantizedKVCache
+
+        return QuantizedKVCache.for_model(args, max_len, device, dtype, bits, batch)
+    return StaticKVCache.for_model(args, max_len, device, store, batch, compute_dtype=dtype)

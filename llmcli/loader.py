@@ -38,19 +38,22 @@ def load_model(path: str | Path, placement: Placement, preset=None) -> LoadedMod
     """Load weights in `placement.dtype` onto `placement.device`; `preset` (quant.presets.Preset)
     quantizes them at load. An llmcli quantized checkpoint folder loads as it was saved."""
     t0 = time.perf_counter()
+    path = check_model_path(path)
+    loaded = _load_folder(path, placement, preset) if path.is_dir() else _load_gguf(path, placement, preset)
+    loaded.load_seconds = time.perf_counter() - t0
+    return loaded
+
+
+def check_model_path(path: str | Path) -> Path:
+    """A model folder or a .gguf file, or the error that says what to pass instead."""
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelNotFoundError(f"{path} does not exist; pass a .gguf file or a model folder")
-    if path.is_dir():
-        loaded = _load_folder(path, placement, preset)
-    elif gguf_file.is_gguf(path):
-        loaded = _load_gguf(path, placement, preset)
-    elif path.suffix == ".safetensors":
+    if path.is_dir() or gguf_file.is_gguf(path):
+        return path
+    if path.suffix == ".safetensors":
         raise UnsupportedModelError(f"{path} is a bare weights file; pass the folder that holds it with config.json")
-    else:
-        raise UnsupportedModelError(f"{path} is neither a GGUF file nor a model folder")
-    loaded.load_seconds = time.perf_counter() - t0
-    return loaded
+    raise UnsupportedModelError(f"{path} is neither a GGUF file nor a model folder")
 
 
 def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:

@@ -11,7 +11,7 @@ from pathlib import Path
 from . import chat_template, fetch
 from .device import Placement, place
 from .errors import InvalidParameterError
-from .kv_cache import StaticKVCache
+from .kv_cache import StaticKVCache, check_kv_type
 from .loader import LoadedModel, load_model
 
 # What `llmcli chat` runs when no model is named (a registry name, resolved by locate()).
@@ -22,6 +22,7 @@ DEFAULT_MODEL = "smollm2:135m"
 class Runtime:
     loaded: LoadedModel
     ctx_size: int
+    plan: object = None  # memory_plan.Plan: which cache new_cache() makes (None: static, compute dtype)
 
     @property
     def placement(self) -> Placement:
@@ -34,12 +35,21 @@ class Runtime:
             return self.loaded.model
         from .compiled import CompiledStep
 
-        return CompiledStep(self.loaded.model, self.new_cache(16) if background else None)
+        return CompiledStep(self.loaded.model, self.new_cache(64) if background else None)
 
     def new_cache(self, max_len: int | None = None):
-        """A cache for the context (or `max_len` tokens, e.g. a scratch cache)."""
+        """A cache of the planned kind for the context (or `max_len` tokens, e.g. a scratch cache)."""
+        if self.plan is not None:
+            return self.plan.new_cache(self.placement.device, max_len)
         return StaticKVCache.for_model(self.loaded.args, max_len or self.ctx_size, self.placement.device,
                                        self.placement.dtype)
+
+    def context_shift(self, messages: list[dict], raw: bool = False):
+        """A ContextShift that keeps the system prompt and template prefix of `messages`."""
+        from .context_shift import ContextShift, prefix_length
+
+        keep = prefix_length(lambda m: self.prompt_ids(m, raw=raw), messages)
+        return ContextShift(keep, self.loaded.model.inv_freq)
 
     def prompt_ids(self, messages: list[dict], raw: bool = False) -> list[int]:
         """Token ids for a conversation: through the model's chat template unless `raw` or absent."""
@@ -73,12 +83,38 @@ def locate(model: str, *, registry: Path | None = None, offline: bool = False, p
     return fetch.locate(model, registry_file=registry, offline=offline, progress=progress).path
 
 
+def plan_memory(path: Path, placement: Placement, preset=None, ctx_size: int | None = None, entry=None,
+                kv_type: str | None = None, kv_offload: str = "auto"):
+    """The memory plan for the model at `path` (read from headers, nothing loaded): the context and
+    the KV cache kind that fit what is free (memory_plan.py). `entry`: the registry's, for its default context."""
+    from .memory_plan import check_kv_offload, plan
+    from .memory_probe import detect_budget, weights_from_files
+
+    kv_type = check_kv_type(kv_type)
+    check_kv_offload(kv_offload, kv_type)
+    info = weights_from_files(path, preset, placement.dtype, placement.device)
+    trained = info.args.max_position_embeddings
+    ctx = check_ctx_size(ctx_size, trained)
+    source = "--ctx-size" if ctx_size is not None else "the model's trained context"
+    if ctx_size is None and entry is not None and entry.context_length:  # the registry's default, a soft one
+        ctx, source = min(entry.context_length, trained), "the registry's default context"
+    return plan(info.args, info.nbytes, info.label, detect_budget(placement.device), placement.dtype, ctx,
+                ctx_source=source, ctx_given=ctx_size is not None, kv_type=kv_type, kv_offload=kv_offload)
+
+
 def open_model(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
                ctx_size: int | None = None, quant: str | None = None, registry: Path | None = None,
-               offline: bool = False, progress=None) -> Runtime:
-    """`quant`: a preset name or file to quantize the weights with at load (None: as stored)."""
+               offline: bool = False, progress=None, kv_type: str | None = None, kv_offload: str = "auto") -> Runtime:
+    """`quant`: a preset name or file to quantize the weights with at load (None: as stored).
+    `kv_type` (None: the planner picks) and `kv_offload` (auto | on | off): the KV cache, planned
+    against free memory before loading; `ctx_size` None: the registry's or the model's own context,
+    made smaller (with a note in the plan) only if it cannot fit."""
     if ctx_size is not None and ctx_size < 1:
         raise InvalidParameterError(f"--ctx-size must be at least 1, got {ctx_size}")
+    kv_type = check_kv_type(kv_type)
+    from .memory_plan import check_kv_offload
+
+    check_kv_offload(kv_offload, kv_type)
     preset = None
     if quant is not None:
         from .quant.presets import check_preset_name
@@ -86,15 +122,12 @@ def open_model(model: str, *, device: str = "auto", dtype: str = "auto", threads
         preset = check_preset_name(quant)
     placement = place(device, dtype, threads)
     found = fetch.locate(model, registry_file=registry, offline=offline, progress=progress)
+    memory = plan_memory(found.path, placement, preset, ctx_size, found.entry, kv_type, kv_offload)
     loaded = load_model(found.path, placement, preset)
-    trained = loaded.args.max_position_embeddings
     entry = found.entry
-    if entry is not None:  # the registry's overrides and default context
+    if entry is not None:  # the registry's overrides
         loaded.chat_template = entry.chat_template or loaded.chat_template
         if entry.stop_tokens:
             loaded.tokenizer = loaded.tokenizer.with_extra_eos(entry.stop_tokens)
-        if ctx_size is None and entry.context_length:
-            ctx_size = min(entry.context_length, trained)
-    ctx = check_ctx_size(ctx_size, trained)
     loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
-    return Runtime(loaded, ctx)
+    return Runtime(loaded, memory.ctx, memory)
