@@ -102,18 +102,31 @@ def peak_memory(device: torch.device) -> int:
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the weights as held: parameters and buffers, plus packed quantized weights (which are
-    plain attributes of their modules), each shared tensor or packed weight counted once."""
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
+    """Bytes of the weights as held in memory: parameters and buffers, plus the tensors of packed
+    quantized weights (plain attributes of their modules, in the device's layout), each shared
+    tensor counted once."""
+    seen: set[int] = set()
+
+    def held(t: torch.Tensor) -> int:
+        if t.data_ptr() in seen:
+            return 0
+        seen.add(t.data_ptr())
+        return t.numel() * t.element_size()
+
+    def packed_bytes(obj) -> int:  # a packed weight's tensors, and those of the weights it holds
+        total = 0
+        for v in vars(obj).values():
+            if isinstance(v, torch.Tensor):
+                total += held(v)
+            elif hasattr(v, "nbytes") and hasattr(v, "shape") and not isinstance(v, tuple):
+                total += packed_bytes(v)
+        return total
+
+    total = sum(held(t) for t in list(model.parameters()) + list(model.buffers()))
     for m in model.modules():
         packed = getattr(m, "packed", None)
-        if packed is not None and id(packed) not in seen:
-            seen.add(id(packed))
-            total += packed.nbytes
+        if packed is not None and not isinstance(packed, torch.Tensor):
+            total += packed_bytes(packed)
     return total
 
 

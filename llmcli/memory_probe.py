@@ -7,8 +7,8 @@
     weights_from_files(path, preset, dtype, device)
                                  ModelArgs and the bytes the weights will take once loaded, read from
                                  headers only: per tensor, the format the preset gives it (GGUF
-                                 Q4_0/Q4_1/Q8_0 blocks a preset asks for are imported as they are, at
-                                 the same size), or the compute dtype when nothing quantizes it.
+                                 Q4_0/Q4_1/Q8_0 blocks are kept as they are, at the same size, unless
+                                 the dtype is float32), or the compute dtype when nothing quantizes it.
 """
 
 from __future__ import annotations
@@ -181,5 +181,12 @@ def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.dev
                   gguf_file.iter_tensors(reader, args, meta["general.architecture"])}
         kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
         source = "/".join(sorted(kinds))
+        if preset is None and dtype != torch.float32:  # loader.py keeps Q4_0/Q4_1/Q8_0 blocks packed
+            from .quant import convert
+            from .quant.gguf_import import as_stored_preset
+
+            preset = as_stored_preset(convert.gguf_sources(reader, args, meta["general.architecture"]))
+            if preset is not None:
+                return WeightsInfo(args, weights_bytes(shapes, args, preset, dtype, device), f"{source} as stored")
     label = f"{preset.name if preset is not None else name} from {source}"
     return WeightsInfo(args, weights_bytes(shapes, args, preset, dtype, device), label)

@@ -131,6 +131,19 @@ def test_quantized_weights_are_planned_at_their_packed_size(tmp_path, preset_nam
     assert weights_from_files(folder, preset, BF16, CPU).nbytes == sum(tensors.values())
 
 
+def test_gguf_blocks_kept_as_stored_are_planned_at_their_size(smollm2_gguf):
+    """The default 16-bit load keeps the file's Q4_1/Q8_0 blocks packed: the plan counts them so, and
+    bench's weight size (the tensors held) agrees."""
+    from llmcli.bench import weights_bytes
+    from llmcli.device import place
+    from llmcli.loader import load_model
+
+    loaded = load_model(smollm2_gguf, place("cpu", "bfloat16", threads=1))
+    info = weights_from_files(smollm2_gguf, None, BF16, CPU)
+    assert "as stored" in info.label
+    assert info.nbytes == weights_bytes(loaded.model) < 110 * 2**20  # not the ~260 MB of bfloat16
+
+
 def test_registry_default_context_is_kept_unless_it_does_not_fit(smollm2_gguf, monkeypatch):
     from llmcli.device import place
     from llmcli.runtime import plan_memory
@@ -142,7 +155,7 @@ def test_registry_default_context_is_kept_unless_it_does_not_fit(smollm2_gguf, m
     p = plan_memory(smollm2_gguf, placement, entry=Entry())
     assert (p.ctx, p.ctx_source) == (4096, "the registry's default context")
     assert plan_memory(smollm2_gguf, placement, ctx_size=8192, entry=Entry()).ctx == 8192
-    monkeypatch.setenv("LLMCLI_MEMORY_LIMIT", "330MiB")  # weights, activations, headroom and a little
+    monkeypatch.setenv("LLMCLI_MEMORY_LIMIT", "190MiB")  # weights, activations, headroom and a little
     p = plan_memory(smollm2_gguf, placement, entry=Entry())
     assert p.ctx < 4096 and "the registry's default context of 4096 tokens" in p.notes[0]
 
