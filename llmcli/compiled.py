@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 import threading
+from functools import partial
 
 import torch
 
 
 class CompiledStep:
-    """Callable like the model (`step(tokens, cache, positions, last_only)`), for one-token steps.
+    """Callable like the model (`step(tokens, cache, positions, last_only, hidden)`), for one-token steps.
 
     If compiling fails (no C++ compiler, an unsupported op), `fallback_reason` says why and every
     step runs eagerly from then on.
@@ -33,7 +34,10 @@ class CompiledStep:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_home() / "compile-cache"))
         self.model = model
         self.fallback_reason: str | None = None
-        self._compiled = torch.compile(model.forward, dynamic=True)
+        # one graph for every caller: it always returns (logits, hidden state); emulating eager's
+        # rounding of intermediates keeps its numbers close to the eager model's
+        self._compiled = torch.compile(partial(model.forward, hidden=True), dynamic=True,
+                                       options={"emulate_precision_casts": True})
         self.ready = threading.Event()
         self._thread = None
         if scratch_cache is not None:  # compile in the background; eager until then
@@ -57,15 +61,16 @@ class CompiledStep:
         """Block until a background compilation is done (tests, benchmarks); True if it is."""
         return self.ready.wait(timeout)
 
-    def __call__(self, tokens, cache, positions=None, last_only: bool = False):
+    def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False):
         if self.fallback_reason is None and self.ready.is_set():
             length = cache.length
             try:
-                return self._compiled(tokens, cache, positions, last_only)
+                out = self._compiled(tokens, cache, positions, last_only)
+                return out if hidden else out[0]
             except Exception as e:
                 self.fallback_reason = _reason(e)
                 cache.length = length  # a failed trace must not have advanced the cache
-        return self.model(tokens, cache, positions, last_only)
+        return self.model(tokens, cache, positions, last_only, hidden)
 
 
 def _reason(e: Exception) -> str:

@@ -74,14 +74,38 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 @torch.inference_mode()
-def prefill(model, ids: list[int], cache, device: torch.device, chunk: int | None = None) -> torch.Tensor:
-    """Run `ids` into the cache (after what it holds); logits (V,) of the last one."""
+def prefill(model, ids: list[int], cache, device: torch.device, chunk: int | None = None, hidden: bool = False):
+    """Run `ids` into the cache (after what it holds); logits (V,) of the last one (and with
+    `hidden`, its final hidden state (H,))."""
     chunk = chunk or PREFILL_CHUNK
-    logits = None
+    out = None
     for i in range(0, len(ids), chunk):
         piece = torch.tensor([ids[i:i + chunk]], dtype=torch.long, device=device)
-        logits = model(piece, cache, last_only=True)
-    return logits[0, -1]
+        out = model(piece, cache, last_only=True, hidden=hidden)
+    return (out[0][0, -1], out[1][0, -1]) if hidden else out[0, -1]
+
+
+NEAR_TIE = 2.0 ** -6  # relative gap under which half-precision rounding may have decided the top token
+RESCORED = 8  # candidates rescored in float32
+
+
+def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Logits (V,) with the best candidates recomputed in float32 when the top two are nearly tied.
+
+    Half-precision kernels give logits 8 significant bits: near 20 they are 0.125 apart, so near-ties
+    become ties and greedy decoding would turn on rounding (on SmolLM2 q4, one step in ~50), and on
+    which kernels ran (eager or compiled). Rescoring from the head's weight rows and the hidden state
+    `h` (H,) costs a few dot products, only then."""
+    if h.dtype == torch.float32 or logits.shape[-1] < 2 or getattr(head, "bias", None) is not None \
+            or not hasattr(head, "weight_rows"):
+        return logits
+    top = logits.topk(min(RESCORED, logits.shape[-1]))
+    if float(top.values[0] - top.values[1]) > NEAR_TIE * abs(float(top.values[0])):
+        return logits
+    rows = head.weight_rows(top.indices, torch.float32)
+    if rows is None:
+        return logits
+    return logits.index_put((top.indices,), rows @ h.float())
 
 
 @torch.inference_mode()
@@ -102,11 +126,15 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
     penalties = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
     history = list(prompt)
 
-    logits = prefill(model, prompt[reuse:], cache, device)
+    greedy = params.greedy  # near-ties are rescored exactly (rescore_near_ties), which needs the hidden state
+    logits, h = prefill(model, prompt[reuse:], cache, device, hidden=True) if greedy else \
+        (prefill(model, prompt[reuse:], cache, device), None)
     cache.token_ids.extend(prompt[reuse:])
     for i in range(max_new):
         hist = torch.tensor(history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history,
                             dtype=torch.long, device=device) if penalties else _EMPTY
+        if greedy:
+            logits = rescore_near_ties(getattr(model, "lm_head", None), logits, h)
         token = sample(logits, hist, params, generator)
         now = time.perf_counter()
         if i == 0:
@@ -119,7 +147,8 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
         if i + 1 < max_new:
             if shift is not None and cache.length >= cache.max_len:
                 shift.make_room(cache)
-            logits = step(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True)[0, -1]
+            out = step(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True, hidden=greedy)
+            logits, h = (out[0][0, -1], out[1][0, -1]) if greedy else (out[0, -1], None)
             cache.token_ids.append(token)
 
 

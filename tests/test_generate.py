@@ -27,14 +27,14 @@ class ScriptedModel(torch.nn.Module):
         self.prompt_len = None
         self.calls = []
 
-    def forward(self, tokens, cache, positions=None, last_only=False):
+    def forward(self, tokens, cache, positions=None, last_only=False, hidden=False):
         T = tokens.shape[1]
         self.calls.append(T)
         step = cache.length + T - self.prompt_len  # how many script tokens were produced so far
         cache.length += T
         logits = torch.full((1, 1 if last_only else T, self.vocab), -10.0)
         logits[0, -1, self.script[max(0, min(step, len(self.script) - 1))]] = 10.0
-        return logits
+        return (logits, torch.zeros(logits.shape[:-1] + (4,))) if hidden else logits
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +123,31 @@ def test_stats_are_filled(tok):
     assert s.prompt_tokens == len(tok.encode("Hello")) and s.completion_tokens >= 2
     assert s.ttft_s > 0 and s.prefill_tps > 0
     json.dumps(s.as_dict())
+
+
+def test_greedy_rescores_a_tie_made_by_half_precision_rounding():
+    """Exact logits 20.03125 < 20.0625 both round to 20.0 in bfloat16; argmax of the rounded ones
+    would take the first, the rescored ones the right one. Far apart logits are left alone."""
+    from llmcli.generate import rescore_near_ties
+    from llmcli.models.linear import Linear
+
+    head = Linear(4, 3, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[5, 5, 5, 5.03125], [5, 5, 5, 5.0625], [1, 1, 1, 1]]))
+    h = torch.ones(4, dtype=torch.bfloat16)
+    rounded = head(h).float()
+    assert rounded[0] == rounded[1] == 20.0 and int(rounded.argmax()) == 0
+    rescored = rescore_near_ties(head, rounded, h)
+    assert rescored[:2].tolist() == [20.03125, 20.0625] and int(rescored.argmax()) == 1
+    apart = torch.tensor([20.0, 10.0, 0.0])
+    assert rescore_near_ties(head, apart, h) is apart  # a clear winner: nothing recomputed
+
+
+def test_quantized_heads_read_back_their_rows(smollm2_gguf):
+    """The real model's Q8_0 output head (shared with the embedding) gives its dequantized rows."""
+    from llmcli.device import place
+    from llmcli.loader import load_model
+
+    head = load_model(smollm2_gguf, place("cpu", "bfloat16", threads=1)).model.lm_head
+    ids = torch.tensor([0, 17, 49151])
+    assert torch.equal(head.weight_rows(ids, torch.float32), head.dequantize(torch.float32)[ids])

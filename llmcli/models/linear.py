@@ -20,3 +20,6 @@ class Linear(nn.Linear):
                 y = y + self.bias
             return y.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
+
+    def weight_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.weight[ids].to(dtype)

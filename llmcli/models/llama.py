@@ -255,8 +255,9 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """tokens (B, T) -> logits (B, T, vocab) float32, or (B, 1, vocab) with last_only.
+                last_only: bool = False, hidden: bool = False):
+        """tokens (B, T) -> logits (B, T, vocab) float32, or (B, 1, vocab) with last_only; with
+        `hidden`, (logits, the final normed hidden states) for exact_top() to rescore.
 
         The new tokens take cache slots [cache.length, cache.length + T); `positions` (T,) are their
         RoPE positions (default: the slots themselves).
@@ -277,4 +278,6 @@ class Transformer(nn.Module):
         cache.length = start + T
         if last_only:
             x = x[:, -1:, :]
-        return self.lm_head(self.model.norm(x)).float()
+        h = self.model.norm(x)
+        logits = self.lm_head(h).float()
+        return (logits, h) if hidden else logits

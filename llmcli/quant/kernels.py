@@ -15,7 +15,6 @@ memory); where no known layout matches, weights stay in the portable form and us
 
 from __future__ import annotations
 
-from functools import lru_cache
 
 import torch
 
@@ -71,9 +70,19 @@ def kernel_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 # neighbouring rows in one byte ("pairs": row j in byte j // 2, the high nibble for odd j).
 
 
-@lru_cache(maxsize=1)
+_UNPROBED = "unprobed"
+_cpu_layout = _UNPROBED  # cpu_int4_layout()'s answer, probed once (a plain global: torch.compile reads it)
+
+
 def cpu_int4_layout() -> tuple[int, bool] | None:
     """(BLOCK_N, split) of this CPU's int4 layout, or None when the kernel is missing or unknown."""
+    global _cpu_layout
+    if _cpu_layout is _UNPROBED:
+        _cpu_layout = _probe_cpu_int4_layout()
+    return _cpu_layout
+
+
+def _probe_cpu_int4_layout() -> tuple[int, bool] | None:
     op = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
     if op is None:
         return None

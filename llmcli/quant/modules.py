@@ -32,6 +32,12 @@ class QuantLinear(nn.Module):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.packed.dequantize(dtype)
 
+    def weight_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """Rows `ids` of W in `dtype`, or None where the packed layout cannot be read back."""
+        if not getattr(self.packed, "rows_readable", False):
+            return None
+        return self.packed.rows(ids, dtype)
+
     @classmethod
     def concat(cls, modules: list["QuantLinear"]) -> "QuantLinear | None":
         """One module computing all of `modules`' outputs side by side (models/fusion.py): rows are

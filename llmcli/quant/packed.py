@@ -128,6 +128,11 @@ class Int4Weight:
             return mm(x2, self.packed, self.group_size, sz).to(x.dtype).view(*x.shape[:-1], N)
         return _dense_tiles(x, N, K, self._tile_t)
 
+    @property
+    def rows_readable(self) -> bool:
+        """Whether rows() works: not in tinygemm's layout, which cannot be read back."""
+        return self.backend != "tinygemm"
+
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         N, K = self.shape
         G = self.group_size
@@ -223,6 +228,8 @@ class Int8Weight:
             y = kernels.int8_row_mm(x.reshape(rows, K).to(kd), self.qweight, self.scales.view(N).to(kd))
             return y.to(x.dtype).view(*x.shape[:-1], N)
         return _dense_tiles(x, N, K, self._tile_t)
+
+    rows_readable = True
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         K, G = self.shape[1], self.group_size
