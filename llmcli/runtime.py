@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import chat_template, fetch
+from . import chat_template, fetch, heap
 from .device import Placement, place
 from .errors import InvalidParameterError
 from .kv_cache import StaticKVCache, check_kv_type
@@ -130,4 +130,5 @@ def open_model(model: str, *, device: str = "auto", dtype: str = "auto", threads
         if entry.stop_tokens:
             loaded.tokenizer = loaded.tokenizer.with_extra_eos(entry.stop_tokens)
     loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
+    heap.trim()  # what loading freed goes back to the system before the cache fills
     return Runtime(loaded, memory.ctx, memory)

@@ -118,18 +118,25 @@ def test_kernel_choice_by_rows():
     assert kernels.int4_backend(CPU, 64, 96, 64, False) == "portable"  # group does not divide K
 
 
+@pytest.mark.parametrize("sizes", [(64, 32, 32), (128, 64, 64)])
 @pytest.mark.parametrize("bits,group", [(4, 32), (8, 32), (8, None)])
-def test_concat_of_quantized_linears_equals_their_outputs_side_by_side(bits, group):
-    """Fusion (q/k/v, gate/up) stacks packed rows: the fused output is exactly the parts'."""
+def test_concat_of_quantized_linears_equals_their_outputs_side_by_side(bits, group, sizes):
+    """Fusion (q/k/v, gate/up) stacks packed rows: the fused output is exactly the parts', whether
+    the CPU layout's bytes concatenate (whole row blocks) or go through the portable form."""
     from llmcli.quant.modules import Int4Linear, Int8Linear
 
     torch.manual_seed(0)
-    parts = [torch.nn.Linear(64, n, bias=True) for n in (64, 32, 32)]
+    parts = [torch.nn.Linear(64, n, bias=True) for n in sizes]
     cls = Int4Linear if bits == 4 else Int8Linear
     mods = [cls.from_linear(p, group_size=group, search=False) for p in parts]
     fused = cls.concat(mods)
-    x = torch.randn(3, 64, dtype=torch.bfloat16)
-    torch.testing.assert_close(fused(x), torch.cat([m(x) for m in mods], dim=-1), atol=0, rtol=0)
+    for rows in (3, 40):  # the kernel, and dense tiles read back from the fused layout
+        x = torch.randn(rows, 64, dtype=torch.bfloat16)
+        torch.testing.assert_close(fused(x), torch.cat([m(x) for m in mods], dim=-1), atol=0, rtol=0)
+    torch.testing.assert_close(fused.dequantize(), torch.cat([m.dequantize() for m in mods]), atol=0, rtol=0)
+    layout = kernels.cpu_int4_layout()
+    if sizes == (128, 64, 64) and layout is not None and (bits == 4 or group):
+        assert type(mods[0].packed).stacked([m.packed for m in mods]) is not None  # no unpack and repack
     other = Int8Linear.from_linear(parts[0], search=False) if bits == 4 else Int4Linear.from_linear(parts[0], search=False)
     assert cls.concat([mods[0], other]) is None  # different formats do not fuse
 

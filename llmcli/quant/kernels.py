@@ -98,22 +98,28 @@ def _probe_cpu_int4_layout() -> tuple[int, bool] | None:
     return None
 
 
-PACK_ELEMENTS = 1 << 22  # codes converted at a time (the op wants int32: 16 MiB, not 4 bytes per weight at once)
+PACK_ELEMENTS = 1 << 20  # codes converted at a time: the op wants int32, 4 MiB of it, not 4 bytes per weight at once
 
 
-def cpu_int4_pack(codes: torch.Tensor) -> torch.Tensor:
+def cpu_int4_pack(codes, N: int | None = None, K: int | None = None) -> torch.Tensor:
     """(N, K) codes in 0..15 -> the CPU kernel's packed bytes, (N, K/2) uint8.
 
-    Packed in slices of whole row blocks: blocks are laid out one after another, so the slices'
-    bytes concatenate to the whole weight's, without an int32 copy of all of it."""
-    N, K = codes.shape
+    `codes` is a tensor, or a function (start, stop) -> the codes of those rows, so that a caller
+    can make them a slice at a time. Packed in slices of whole row blocks: blocks are laid out one
+    after another, so the slices' bytes are the whole weight's, without an int32 copy of all of it
+    (and with no large temporaries, which the allocator would keep as fragmented free memory)."""
+    rows = codes if callable(codes) else (lambda start, stop: codes[start:stop])
+    if not callable(codes):
+        N, K = codes.shape
     block_n = cpu_int4_layout()[0]
     step = max(block_n, PACK_ELEMENTS // K // block_n * block_n)
     op = torch.ops.aten._convert_weight_to_int4pack_for_cpu
     if step >= N:
-        return op(codes.to(torch.int32).contiguous(), 1)
-    return torch.cat([op(codes[i:i + step].to(torch.int32).contiguous(), 1).view(-1, K // 2)
-                      for i in range(0, N, step)])
+        return op(rows(0, N).to(torch.int32).contiguous(), 1)
+    out = torch.empty(N, K // 2, dtype=torch.uint8)
+    for i in range(0, N, step):
+        out[i:i + step] = op(rows(i, min(N, i + step)).to(torch.int32).contiguous(), 1).view(-1, K // 2)
+    return out
 
 
 def _cpu_unpack_t(flat: torch.Tensor, N: int, K: int, block_n: int, split: bool,

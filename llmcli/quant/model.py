@@ -69,7 +69,7 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
                        search: bool = True) -> nn.Module:
     """build(convert(...)) one tensor at a time: each weight is packed for the device as soon as it
     is converted, so the portable copies of all weights never exist at once (peak memory at load)."""
-    from .. import models
+    from .. import heap, models
     from .convert import KEEP, plan, quantize_source
 
     specs = plan(sources, preset, args.num_hidden_layers, args.tie_word_embeddings)
@@ -79,9 +79,11 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
     # 1-D tensors (norms, biases) first: a quantized module takes its bias when it is installed
     floats = {s.name: s.values().to(device=device, dtype=dtype) for s in wanted if len(s.shape) == 1}
     quantized_embedding = False
-    for s in wanted:
+    for i, s in enumerate(wanted):
         if len(s.shape) == 1:
             continue
+        if i % 8 == 0:  # about once a layer: freed temporaries go back to the system (heap.py)
+            heap.trim()
         spec = specs[s.name]
         if spec == KEEP:  # rounded as a saved checkpoint would hold it, then to the compute dtype
             floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)

@@ -50,8 +50,10 @@ class QuantLinear(nn.Module):
         if type(first) not in (Int4Weight, Int8Weight) or getattr(first, "backend", None) == "tinygemm" \
                 or any(key(m.packed) != key(first) for m in modules):
             return None
-        states = [m.packed.state() for m in modules]
-        packed = type(first).from_state({k: torch.cat([s[k] for s in states]) for k in states[0]}, first.device)
+        packed = type(first).stacked([m.packed for m in modules])
+        if packed is None:  # through the portable form: unpack, concatenate, pack again
+            states = [m.packed.state() for m in modules]
+            packed = type(first).from_state({k: torch.cat([s[k] for s in states]) for k in states[0]}, first.device)
         bias = None
         if any(m.bias is not None for m in modules):
             ref = next(m.bias for m in modules if m.bias is not None)

@@ -51,7 +51,8 @@ class Int4Weight:
         self.device = device
         self.backend = kernels.int4_backend(device, N, K, self.group_size, rows_needed)
         if self.backend == "cpu":
-            self.packed = kernels.cpu_int4_pack(unpack_int4(qweight) if codes is None else codes)
+            rows = codes if qweight is None else (lambda start, stop: unpack_int4(qweight[start:stop]))
+            self.packed = kernels.cpu_int4_pack(rows, N, K)  # a slice at a time
             self.scales_and_zeros = _scales_and_zeros(scales, zeros).to(SCALE_DTYPE)
         elif self.backend == "tinygemm":
             self.packed = kernels.tinygemm_pack(pack_int4(codes) if qweight is None else qweight, device)
@@ -67,12 +68,32 @@ class Int4Weight:
         return cls(state.get("qweight"), state["scales"], state.get("zeros"), device, rows_needed, state.get("codes"))
 
     @classmethod
-    def cpu_packed(cls, codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> "Int4Weight":
-        """Codes (N, K) packed for the CPU kernel with ready (K/G, N, 2) scales and zeros."""
+    def cpu_packed(cls, codes, scales_and_zeros: torch.Tensor, group_size: int,
+                   shape: tuple[int, int] | None = None) -> "Int4Weight":
+        """Codes (N, K) packed for the CPU kernel with ready (K/G, N, 2) scales and zeros; `codes` may
+        be a function of (start, stop) giving those rows' codes, with `shape` (kernels.cpu_int4_pack)."""
         w = cls.__new__(cls)
-        w.shape, w.group_size, w.symmetric = tuple(codes.shape), group_size, False
+        w.shape = tuple(shape or codes.shape)
+        w.group_size, w.symmetric = group_size, False
         w.device, w.backend = torch.device("cpu"), "cpu"
-        w.packed, w.scales_and_zeros = kernels.cpu_int4_pack(codes), scales_and_zeros
+        w.packed, w.scales_and_zeros = kernels.cpu_int4_pack(codes, *w.shape), scales_and_zeros
+        return w
+
+    @classmethod
+    def stacked(cls, weights: list["Int4Weight"]) -> "Int4Weight | None":
+        """The rows of `weights` (same K, group size and symmetry) stacked, or None when their layout
+        does not allow it without unpacking. The CPU layout stores blocks of BLOCK_N rows one after
+        another, so when every weight but the last fills whole blocks, the packed bytes concatenate
+        (fusing q/k/v or gate/up at load then costs no unpack and repack, and no peak of memory)."""
+        layout = kernels.cpu_int4_layout()
+        if layout is None or any(w.backend != "cpu" for w in weights) or any(w.shape[0] % layout[0] for w in weights[:-1]):
+            return None
+        first = weights[0]
+        w = cls.__new__(cls)
+        w.shape = (sum(x.shape[0] for x in weights), first.shape[1])
+        w.group_size, w.symmetric, w.device, w.backend = first.group_size, first.symmetric, first.device, "cpu"
+        w.packed = torch.cat([x.packed.reshape(-1) for x in weights]).view(w.shape[0], -1)
+        w.scales_and_zeros = torch.cat([x.scales_and_zeros for x in weights], dim=1)
         return w
 
     @classmethod
@@ -178,13 +199,30 @@ class Int8Weight:
         else:
             self.row_kernel = False
             if device.type == "cpu" and kernels.int4_backend(device, N, 2 * K, self.group_size, True) == "cpu":
-                u = (qweight.to(torch.int16) + 128).to(torch.uint8)
+                def halves(start: int, stop: int) -> torch.Tensor:  # codes of rows start..stop-1, (rows, 2K)
+                    u = qweight[start:stop].view(torch.uint8) ^ 128  # q + 128 as a byte
+                    return torch.cat((u >> 4, u & 15), dim=1)
+
                 s = scales.to(SCALE_DTYPE)
                 sz = torch.cat((_scales_and_zeros(s * 16, None), _scales_and_zeros(s, s * 8)), dim=0)
-                self.halves = Int4Weight.cpu_packed(torch.cat((u >> 4, u & 15), dim=1), sz, self.group_size)
+                self.halves = Int4Weight.cpu_packed(halves, sz, self.group_size, (N, 2 * K))
                 return
         self.qweight = qweight.to(device)
         self.scales = scales.to(device)
+
+    @classmethod
+    def stacked(cls, weights: list["Int8Weight"]) -> "Int8Weight | None":
+        """As Int4Weight.stacked, for group-wise weights riding the CPU int4 kernel (two halves)."""
+        if any(w.halves is None for w in weights):
+            return None
+        halves = Int4Weight.stacked([w.halves for w in weights])
+        if halves is None:
+            return None
+        first = weights[0]
+        w = cls.__new__(cls)
+        w.shape = (sum(x.shape[0] for x in weights), first.shape[1])
+        w.group_size, w.device, w.symmetric, w.row_kernel, w.halves = first.group_size, first.device, True, False, halves
+        return w
 
     @classmethod
     def from_state(cls, state: dict, device: torch.device, rows_needed: bool = False) -> "Int8Weight":
