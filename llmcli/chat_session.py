@@ -45,7 +45,7 @@ class ChatSession:
         """How decode steps run: eager, compiling (eager meanwhile), compiled, or why not compiled."""
         step = self.step
         if step is None or step is self.rt.loaded.model:
-            return "eager"
+            return "eager" if self.rt.compiles_well else "eager (compiling does not pay with this KV cache)"
         if step.fallback_reason:
             return f"eager (compiling failed: {step.fallback_reason})"
         return "compiled (torch.compile)" if step.ready.is_set() else "compiling in the background; eager meanwhile"

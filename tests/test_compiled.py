@@ -58,3 +58,24 @@ def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
         loaded.model(torch.tensor([[5, 6, 7]]), cache)
         out = step(torch.tensor([[8]]), cache, last_only=True)
     assert step.fallback_reason.startswith("RuntimeError") and cache.length == 4 and out.shape == (1, 1, loaded.args.vocab_size)
+
+
+def test_quantized_and_offloaded_caches_decode_eagerly(tmp_path):
+    """Compiling does not pay with them (measured slower): --compile keeps the eager model there."""
+    from tiny import hf_model, save_hf
+
+    from llmcli.device import place
+    from llmcli.loader import load_model
+    from llmcli.memory_plan import CacheChoice
+
+    loaded = load_model(save_hf(hf_model("llama"), tmp_path / "m"), place("cpu", "float32"))
+
+    class Plan:
+        def __init__(self, choice):
+            self.choice = choice
+
+    for choice, compiles in ((CacheChoice(), True), (CacheChoice("f16"), True), (CacheChoice("int8"), False),
+                             (CacheChoice("int4"), False), (CacheChoice(None, 1), False)):
+        rt = Runtime(loaded, 64, Plan(choice))
+        assert rt.compiles_well is compiles
+        assert (rt.decode_step(True) is loaded.model) is not compiles
