@@ -3,7 +3,7 @@
 Same process, same threads, same dtype, interleaved repetitions (the machine is noisy), medians.
 Not a test: it prints figures. Example:
 
-    python benchmarks/engine_vs_transformers.py MODEL.gguf --threads 2 --dtype bfloat16 -p 128 -n 64 -r 5
+    python benchmarks/engine_vs_transformers.py MODEL.gguf --threads 2 --dtype bfloat16 -p 128 -n 64 -r 5 [--compile]
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from llmcli.loader import load_model
 from llmcli.sampling import SamplingParams
 
 
-def llmcli_once(loaded, prompt: list[int], n: int, ctx: int) -> tuple[float, float]:
+def llmcli_once(loaded, prompt: list[int], n: int, ctx: int, step=None) -> tuple[float, float]:
     from llmcli.kv_cache import StaticKVCache
 
     tok = replace(loaded.tokenizer, eos_ids=frozenset())  # always generate n tokens
     cache = StaticKVCache.for_model(loaded.args, ctx, loaded.placement.device, loaded.placement.dtype)
     last = None
-    for chunk in generate(loaded.model, tok, prompt, SamplingParams(temperature=0), cache, max_tokens=n):
+    for chunk in generate(loaded.model, tok, prompt, SamplingParams(temperature=0), cache, max_tokens=n, step=step):
         last = chunk
     s = last.stats
     assert s.completion_tokens == n
@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("-p", "--prompt-tokens", type=int, default=128)
     ap.add_argument("-n", "--gen-tokens", type=int, default=64)
     ap.add_argument("-r", "--reps", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="also llmcli with the compiled decode step")
     a = ap.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -64,6 +65,7 @@ def main() -> None:
     placement = place("cpu", a.dtype, a.threads)
     t0 = time.perf_counter()
     ours = load_model(a.gguf, placement)
+    ours.model.fuse()  # as runtime.open_model does
     ours_load = time.perf_counter() - t0
     t0 = time.perf_counter()
     theirs = AutoModelForCausalLM.from_pretrained(str(a.gguf.parent), gguf_file=a.gguf.name,
@@ -73,11 +75,19 @@ def main() -> None:
     prompt = torch.randint(100, ours.args.vocab_size - 100, (a.prompt_tokens,), generator=g).tolist()
     ctx = a.prompt_tokens + a.gen_tokens
 
-    llmcli_once(ours, prompt, 4, ctx)  # warm-up, not counted
+    steps = {"llmcli": None}
+    if a.compile:
+        from llmcli.compiled import CompiledStep
+
+        steps["llmcli compiled"] = CompiledStep(ours.model)
+    for step in steps.values():
+        llmcli_once(ours, prompt, 4, ctx, step)  # warm-up (and compilation), not counted
     transformers_once(theirs, prompt, 4)
-    rows = {"llmcli": [], "transformers": []}
+    rows = {name: [] for name in [*steps, "transformers"]}
+    loads = {name: ours_load for name in steps} | {"transformers": theirs_load}
     for rep in range(a.reps):
-        rows["llmcli"].append(llmcli_once(ours, prompt, a.gen_tokens, ctx))
+        for name, step in steps.items():
+            rows[name].append(llmcli_once(ours, prompt, a.gen_tokens, ctx, step))
         rows["transformers"].append(transformers_once(theirs, prompt, a.gen_tokens))
         print(f"rep {rep + 1}/{a.reps}: llmcli decode {rows['llmcli'][-1][1]:.1f} t/s, "
               f"transformers decode {rows['transformers'][-1][1]:.1f} t/s", flush=True)
@@ -87,13 +97,14 @@ def main() -> None:
     print("| engine | load s | prefill t/s | decode t/s |")
     print("|---|---|---|---|")
     med = {}
-    for name, load in (("llmcli", ours_load), ("transformers", theirs_load)):
+    for name, load in loads.items():
         pre = statistics.median(r[0] for r in rows[name])
         dec = statistics.median(r[1] for r in rows[name])
         med[name] = (pre, dec)
         print(f"| {name} | {load:.1f} | {pre:.0f} | {dec:.1f} |")
-    print(f"\nllmcli / transformers: prefill {med['llmcli'][0] / med['transformers'][0]:.2f}x, "
-          f"decode {med['llmcli'][1] / med['transformers'][1]:.2f}x")
+    for name in steps:
+        print(f"\n{name} / transformers: prefill {med[name][0] / med['transformers'][0]:.2f}x, "
+              f"decode {med[name][1] / med['transformers'][1]:.2f}x")
 
 
 if __name__ == "__main__":
