@@ -68,11 +68,8 @@ class StaticKVCache:
         return ko[:, :, :end], vo[:, :, :end]
 
     def shift(self, keep: int, drop: int, rerotate) -> None:
-        n = self.length
-        for k, v in zip(self.k, self.v):
-            k[:, :, keep:n - drop] = rerotate(k[:, :, keep + drop:n], drop)
-            v[:, :, keep:n - drop] = v[:, :, keep + drop:n].clone()  # the ranges overlap
-        self.length = n - drop
+        shift_layers(self.k, self.v, keep, drop, self.length, rerotate)
+        self.length -= drop
 
     def reset(self) -> None:
         self.length = 0
@@ -84,6 +81,14 @@ class StaticKVCache:
     def nbytes(self) -> int:
         out = list(self.out) if self.out is not None else []
         return sum(t.numel() * t.element_size() for t in self.k + self.v + out)
+
+
+def shift_layers(ks: list[torch.Tensor], vs: list[torch.Tensor], keep: int, drop: int, n: int, rerotate) -> None:
+    """Drop slots keep..keep+drop-1 of (B, H, S, D) layers holding n slots: the later ones move down,
+    keys re-rotated by -drop positions (context_shift.py)."""
+    for k, v in zip(ks, vs):
+        k[:, :, keep:n - drop] = rerotate(k[:, :, keep + drop:n], drop)
+        v[:, :, keep:n - drop] = v[:, :, keep + drop:n].clone()  # the ranges overlap
 
 
 def check_kv_type(kv_type: str | None) -> str | None:

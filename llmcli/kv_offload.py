@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .kv_cache import shift_layers
+
 
 def _copy_rows(dst: torch.Tensor, src: torch.Tensor, start: int, end: int, non_blocking: bool) -> None:
     """dst[b, h, start:end] <- src[b, h, start:end] for (B, KV, S, D) tensors, one contiguous block per
@@ -173,11 +175,8 @@ class OffloadedKVCache:
     def shift(self, keep: int, drop: int, rerotate) -> None:
         self.transfer.synchronize()
         self.pending.clear()
-        n = self.length
-        for k, v in zip(self.k, self.v):
-            k[:, :, keep:n - drop] = rerotate(k[:, :, keep + drop:n], drop)
-            v[:, :, keep:n - drop] = v[:, :, keep + drop:n].clone()
-        self.length = n - drop
+        shift_layers(self.k, self.v, keep, drop, self.length, rerotate)
+        self.length -= drop
 
     def reset(self) -> None:
         self.length = 0

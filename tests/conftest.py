@@ -92,3 +92,12 @@ def spm_model() -> Path:
         tmp.write_bytes(z.read("mistral_common/data/tokenizer.model.v1"))
     tmp.replace(target)
     return target
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one thread is faster, and steady when other work shares the machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

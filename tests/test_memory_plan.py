@@ -16,13 +16,7 @@ MIB = 2**20
 HEADROOM = 64 * MIB  # budgets below 1.25 GiB keep 64 MiB free
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small tensors: one thread is faster, and steady when other work shares the machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
