@@ -127,8 +127,8 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
     history = list(prompt)
 
     greedy = params.greedy  # near-ties are rescored exactly (rescore_near_ties), which needs the hidden state
-    logits, h = prefill(model, prompt[reuse:], cache, device, hidden=True) if greedy else \
-        (prefill(model, prompt[reuse:], cache, device), None)
+    out = prefill(model, prompt[reuse:], cache, device, hidden=greedy)
+    logits, h = out if greedy else (out, None)
     cache.token_ids.extend(prompt[reuse:])
     for i in range(max_new):
         hist = torch.tensor(history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history,
