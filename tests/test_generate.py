@@ -135,7 +135,8 @@ def test_greedy_rescores_a_tie_made_by_half_precision_rounding():
     with torch.no_grad():
         head.weight.copy_(torch.tensor([[5, 5, 5, 5.03125], [5, 5, 5, 5.0625], [1, 1, 1, 1]]))
     h = torch.ones(4, dtype=torch.bfloat16)
-    rounded = head(h).float()
+    with torch.no_grad():  # as under generate's inference mode
+        rounded = head(h).float()
     assert rounded[0] == rounded[1] == 20.0 and int(rounded.argmax()) == 0
     rescored = rescore_near_ties(head, rounded, h)
     assert rescored[:2].tolist() == [20.03125, 20.0625] and int(rescored.argmax()) == 1
