@@ -29,7 +29,19 @@ KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 KV_BITS = {"int8": 8, "int4": 4}
 
 
-class StaticKVCache:
+class CacheSlots:
+    """What every cache kind shares: the first `length` of its `max_len` slots hold tokens."""
+
+    length: int
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def truncate(self, n: int) -> None:
+        self.length = min(self.length, max(0, n))
+
+
+class StaticKVCache(CacheSlots):
     """Preallocated for the whole context: (B, KV, max_len, D) per layer.
 
     Stored in `dtype`; when the model computes in another `compute_dtype` (a bf16 cache under a
@@ -70,12 +82,6 @@ class StaticKVCache:
     def shift(self, keep: int, drop: int, rerotate) -> None:
         shift_layers(self.k, self.v, keep, drop, self.length, rerotate)
         self.length -= drop
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def truncate(self, n: int) -> None:
-        self.length = min(self.length, max(0, n))
 
     @property
     def nbytes(self) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .kv_cache import shift_layers
+from .kv_cache import CacheSlots, shift_layers
 
 
 def _copy_rows(dst: torch.Tensor, src: torch.Tensor, start: int, end: int, non_blocking: bool) -> None:
@@ -97,7 +97,7 @@ def transfer_for(device: torch.device, slots: int) -> Transfer:
     return CudaTransfer(device, slots) if device.type == "cuda" else Transfer(device)
 
 
-class OffloadedKVCache:
+class OffloadedKVCache(CacheSlots):
     """Layers [0, device_layers) on the device like StaticKVCache; the rest on the host, each brought
     into one of two device slots one layer ahead of use."""
 
@@ -177,12 +177,6 @@ class OffloadedKVCache:
         self.pending.clear()
         shift_layers(self.k, self.v, keep, drop, self.length, rerotate)
         self.length -= drop
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def truncate(self, n: int) -> None:
-        self.length = min(self.length, max(0, n))
 
     @property
     def device_nbytes(self) -> int:

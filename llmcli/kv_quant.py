@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .kv_cache import CacheSlots
+
 GROUP = 32  # tokens per key scale group
 CHANNEL_GROUP = 32  # channels per value scale group (the whole head when it does not divide)
 _EPS = 1e-8
@@ -93,7 +95,7 @@ def dequantize_values_into(out, codes, scale, zero, bits: int) -> None:
         g.add_(zero.unsqueeze(4))
 
 
-class QuantizedKVCache:
+class QuantizedKVCache(CacheSlots):
     """int8 or int4 codes for whole groups of GROUP tokens, the last group in the compute dtype."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int, device: torch.device,
@@ -211,11 +213,7 @@ class QuantizedKVCache:
             self._store(layer, 0, k, v)
         self.length = n - drop
 
-    def reset(self) -> None:
-        self.length = 0
-
-    def truncate(self, n: int) -> None:
-        self.length = min(self.length, max(0, n))  # update() restores a cut group into the tail
+    # truncate() (CacheSlots) only moves `length`: update() restores a cut group into the tail
 
     @property
     def nbytes(self) -> int:
