@@ -26,10 +26,18 @@ class Placement:
     dtype: torch.dtype
     threads: int
     reason: str  # one line for --verbose: why this device and dtype
+    full_precision: bool = False  # float32 asked for: a GGUF's blocks are dequantized, not kept packed
 
     @property
     def backend(self) -> str:
         return self.device.type
+
+    @property
+    def keeps_blocks(self) -> bool:
+        """Whether a GGUF file's quantized blocks stay packed. Only an explicit `--dtype float32`
+        dequantizes them: a CPU without native bf16 computes in float32 by default, and its
+        quantized kernels still read the packed weights (a fifth of the memory)."""
+        return not self.full_precision
 
 
 def _mps_available() -> bool:
@@ -140,7 +148,7 @@ def place(device: str = "auto", dtype: str = "auto", threads: int | None = None)
     dt_how = "asked for" if dtype not in (None, "auto") else (
         "native bf16 on this CPU" if dev.type == "cpu" and dt == torch.bfloat16 else "default for the device")
     reason = f"device {dev} ({how}), dtype {str(dt).removeprefix('torch.')} ({dt_how}), {n} threads"
-    return Placement(dev, dt, n, reason)
+    return Placement(dev, dt, n, reason, full_precision=dtype not in (None, "auto") and dt == torch.float32)
 
 
 def synchronize(device: torch.device) -> None:

@@ -95,9 +95,10 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tens
     Half-precision kernels give logits 8 significant bits: near 20 they are 0.125 apart, so near-ties
     become ties and greedy decoding would turn on rounding (on SmolLM2 q4, one step in ~50), and on
     which kernels ran (eager or compiled). Rescoring from the head's weight rows and the hidden state
-    `h` (H,) costs a few dot products, only then."""
-    if h.dtype == torch.float32 or logits.shape[-1] < 2 or getattr(head, "bias", None) is not None \
-            or not hasattr(head, "weight_rows"):
+    `h` (H,) costs a few dot products, only then. A quantized head rounds too, whatever the compute
+    dtype: its kernels take bfloat16 activations (a float32 model on a CPU without native bf16)."""
+    exact = h.dtype == torch.float32 and getattr(getattr(head, "weight", None), "dtype", None) == torch.float32
+    if exact or logits.shape[-1] < 2 or getattr(head, "bias", None) is not None or not hasattr(head, "weight_rows"):
         return logits
     top = logits.topk(min(RESCORED, logits.shape[-1]))
     if float(top.values[0] - top.values[1]) > NEAR_TIE * abs(float(top.values[0])):
