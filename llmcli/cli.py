@@ -76,13 +76,15 @@ def _stderr():
 
 
 def _read_prompt(prompt: str | None) -> str:
+    from .text_input import check_text, read_stdin
+
     if prompt is not None and prompt != "-":
         if not prompt.strip():
             raise InvalidParameterError("the prompt is empty; pass some text")
-        return prompt
+        return check_text(prompt, "the prompt")
     if sys.stdin is None or sys.stdin.isatty():
         raise InvalidParameterError("no prompt: pass PROMPT as an argument or pipe it on stdin (or use `llmcli chat`)")
-    text = sys.stdin.read()
+    text = read_stdin()
     if not text.strip():
         raise InvalidParameterError("stdin was empty; pipe some text in or pass PROMPT as an argument")
     return text
@@ -101,6 +103,16 @@ def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, pr
 def check_max_tokens(max_tokens: int | None) -> None:
     if max_tokens is not None and max_tokens < 1:
         raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
+
+
+def check_text_options(system: str | None, stop: list[str] | None) -> None:
+    """--system and --stop arrive from argv like the prompt: UTF-8 text or an error."""
+    from .text_input import check_text
+
+    if system is not None:
+        check_text(system, "--system")
+    for s in stop or ():
+        check_text(s, "--stop")
 
 
 @app.command()
@@ -127,6 +139,7 @@ def run(
     params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
     check_max_tokens(max_tokens)
+    check_text_options(system, stop)
     text = _read_prompt(prompt)
     err = _stderr()
     with download_progress(err) as progress:
