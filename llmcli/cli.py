@@ -247,9 +247,9 @@ def _stopped(what: str, code: int) -> None:
         if sys.stdout.isatty():
             sys.stdout.write("\n")
             sys.stdout.flush()
-    except (OSError, ValueError):
+        print(f"error: {what}", file=sys.stderr)
+    except (OSError, ValueError):  # the terminal may be gone (SIGHUP)
         pass
-    print(f"error: {what}", file=sys.stderr)
     sys.exit(code)
 
 
