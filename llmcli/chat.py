@@ -18,6 +18,7 @@ import time
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+from . import text_input
 from .chat_commands import MessageAssembler, Outcome, run_command, take
 from .chat_session import ChatSession
 from .conversation import ConversationFileError
@@ -224,14 +225,20 @@ def run(session: ChatSession, *, render: bool = False, single: bool = False, che
     if check_model:
         _refuse_other_model(session)
     if single:
-        text = sys.stdin.read()
+        text = text_input.read_stdin()
         if not text.strip():
             raise LlmcliError("stdin was empty; pipe a message in")
         stream_reply(session, ui, session.add_user(text))
         return 0
     assembler = MessageAssembler()
-    for raw in sys.stdin:
-        taken = take(assembler, raw.rstrip("\r\n"))
+    for number, raw in text_input.stdin_lines():
+        try:
+            line = text_input.line_text(number, raw)
+        except LlmcliError as e:  # refused like a bad command: the session goes on, the exit code says so
+            ui.error(str(e))
+            ui.failures += 1
+            continue
+        taken = take(assembler, line.rstrip("\r\n"))
         if taken and not handle(session, ui, *taken, lambda question: _no_confirm(ui, question)):
             break
     return 1 if ui.failures else 0

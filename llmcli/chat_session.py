@@ -15,6 +15,7 @@ from .conversation import Conversation, fit
 from .errors import InvalidParameterError
 from .generate import Stats, generate
 from .runtime import Runtime
+from .text_input import check_text
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ChatSession:
         to make room (usually none). A message that cannot fit is refused and not added."""
         if not text.strip():
             raise InvalidParameterError("the message is empty; type some text")
+        check_text(text, "the message")
         self.conv.messages.append({"role": "user", "content": text})
         try:
             fitted = fit(self.conv, self.encode, self.ctx_size)

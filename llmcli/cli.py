@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from .errors import InvalidParameterError, LlmcliError
+from .errors import InvalidParameterError, LlmcliError, LlmcliWarning
 
 app = typer.Typer(
     name="llmcli",
@@ -76,13 +78,15 @@ def _stderr():
 
 
 def _read_prompt(prompt: str | None) -> str:
+    from .text_input import check_text, read_stdin
+
     if prompt is not None and prompt != "-":
         if not prompt.strip():
             raise InvalidParameterError("the prompt is empty; pass some text")
-        return prompt
+        return check_text(prompt, "the prompt")
     if sys.stdin is None or sys.stdin.isatty():
         raise InvalidParameterError("no prompt: pass PROMPT as an argument or pipe it on stdin (or use `llmcli chat`)")
-    text = sys.stdin.read()
+    text = read_stdin()
     if not text.strip():
         raise InvalidParameterError("stdin was empty; pipe some text in or pass PROMPT as an argument")
     return text
@@ -101,6 +105,16 @@ def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, pr
 def check_max_tokens(max_tokens: int | None) -> None:
     if max_tokens is not None and max_tokens < 1:
         raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
+
+
+def check_text_options(system: str | None, stop: list[str] | None) -> None:
+    """--system and --stop arrive from argv like the prompt: UTF-8 text or an error."""
+    from .text_input import check_text
+
+    if system is not None:
+        check_text(system, "--system")
+    for s in stop or ():
+        check_text(s, "--stop")
 
 
 @app.command()
@@ -127,6 +141,7 @@ def run(
     params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
     check_max_tokens(max_tokens)
+    check_text_options(system, stop)
     text = _read_prompt(prompt)
     err = _stderr()
     with download_progress(err) as progress:
@@ -188,8 +203,60 @@ def report_plan(err, rt, verbose: bool) -> None:
 from . import cli_modules  # noqa: E402,F401
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised where the program is, so that the cleanup Ctrl-C runs runs too
+    (`except BaseException`/`finally` in atomic_folder, atomic_write_text, downloads). Not a
+    KeyboardInterrupt: chat's "Ctrl-C stops the reply" must not catch it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, frame):
+    for s in _STOP_SIGNALS:  # a second signal must not cut the cleanup short
+        signal.signal(s, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
+
+
+def _install_signal_handlers() -> None:
+    try:
+        for s in _STOP_SIGNALS:
+            if signal.getsignal(s) == signal.SIG_DFL:  # keep `nohup`'s ignored SIGHUP, and the like
+                signal.signal(s, _terminate)
+    except ValueError:  # not the main thread (tests calling main): leave signals alone
+        pass
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, LlmcliWarning):  # one line, like errors
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
+def _stopped(what: str, code: int) -> None:
+    """End on a signal: one line (the reply's line ended first at a terminal), exit 128 + signal."""
+    try:
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        print(f"error: {what}", file=sys.stderr)
+    except (OSError, ValueError):  # the terminal may be gone (SIGHUP)
+        pass
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the app and turns every user error into one line and an exit code."""
+    _install_signal_handlers()
+    warnings.showwarning = _show_warning
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("LLMCLI_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
@@ -197,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     click_errors = _click_exceptions()
     try:
         code = command.main(args=argv, prog_name="llmcli", standalone_mode=False)
+        if code == 130:  # typer turns a KeyboardInterrupt into a silent return of 130
+            _stopped("interrupted (Ctrl-C)", 130)
         if isinstance(code, int) and code:  # without standalone mode, click returns `typer.Exit(code)`'s code
             sys.exit(code)
     except typer.Exit as e:
@@ -214,8 +283,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e.format_message()}", file=sys.stderr)
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        print("\ninterrupted", file=sys.stderr)
-        sys.exit(130)
+        _stopped("interrupted (Ctrl-C)", 130)
+    except Terminated as e:
+        _stopped(f"terminated ({signal.Signals(e.signum).name})", 128 + e.signum)
     except LlmcliError as e:
         if debug:
             raise

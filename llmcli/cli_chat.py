@@ -10,7 +10,7 @@ import typer
 
 from .cli import (ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, KvOffload, KvType, MaxTokens, MinP, Offline,
                   PresencePenalty, Quant, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads,
-                  TopK, TopP, _stderr, app, check_max_tokens, report_plan, sampling_params)
+                  TopK, TopP, _stderr, app, check_max_tokens, check_text_options, report_plan, sampling_params)
 from .errors import InvalidParameterError
 
 # the default is runtime.DEFAULT_MODEL (not imported here: that would load torch for `--help`)
@@ -50,6 +50,7 @@ def chat(
     params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
     check_max_tokens(max_tokens)
+    check_text_options(system, stop)
     if single and sys.stdin.isatty():  # before the model loads, to fail at once
         raise InvalidParameterError("--single reads the message from stdin; pipe it in, "
                                     "e.g. `cat notes.txt | llmcli chat --single`")

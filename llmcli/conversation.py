@@ -16,6 +16,7 @@ from typing import Callable
 from .errors import InvalidParameterError, LlmcliError, PromptTooLongError
 from .sampling import SamplingParams, parse_parameter
 from .store import atomic_write_text
+from .text_input import check_text
 
 FORMAT = "llmcli-conversation"
 VERSION = 1
@@ -68,7 +69,7 @@ class Conversation:
             raise ConversationFileError(f"{bad}: \"messages\" must be a list of "
                                         "{\"role\": \"user\"|\"assistant\", \"content\": text}")
         system = data.get("system")
-        if system is not None and not isinstance(system, str):
+        if system is not None and not _is_text(system):
             raise ConversationFileError(f"{bad}: \"system\" must be text or null")
         raw = data.get("parameters") or {}
         if not isinstance(raw, dict):
@@ -91,8 +92,19 @@ class Conversation:
 
 
 def _valid_message(m) -> bool:
-    return (isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)
+    return (isinstance(m, dict) and m.get("role") in ("user", "assistant") and _is_text(m.get("content"))
             and isinstance(m.get("interrupted", False), bool))
+
+
+def _is_text(value) -> bool:
+    """A str that is UTF-8 text (JSON's \\udcxx escapes can carry lone surrogates, which tokenizers refuse)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        check_text(value, "text")
+    except InvalidParameterError:
+        return False
+    return True
 
 
 def check_max_tokens(value) -> int | None:

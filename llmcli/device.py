@@ -7,11 +7,12 @@ other module asks torch which accelerators exist.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
 
-from .errors import DeviceUnavailableError, InvalidParameterError
+from .errors import DeviceUnavailableError, InvalidParameterError, LlmcliWarning
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -56,6 +57,14 @@ def _cpu_has_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def available_cpus() -> int:
+    """Logical CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
 
 
 def physical_cores() -> int:
@@ -139,6 +148,10 @@ def place(device: str = "auto", dtype: str = "auto", threads: int | None = None)
     """Decide once, at the edge, where the model runs; also sets torch's CPU thread count."""
     if threads is not None and threads < 1:
         raise InvalidParameterError(f"--threads must be at least 1, got {threads}")
+    if threads is not None and threads > (available := available_cpus()):  # more only oversubscribes
+        warnings.warn(LlmcliWarning(f"--threads {threads} is more than the {available} CPUs available; "
+                                    f"using {available}"), stacklevel=2)
+        threads = available
     dev = resolve_device(device)
     dt = resolve_dtype(dev, dtype)
     n = threads or physical_cores()

@@ -57,3 +57,8 @@ class NotCachedError(DownloadError):
 
 class DiskFullError(DownloadError):
     """The disk filled up during a download; the partial file has been removed."""
+
+
+class LlmcliWarning(UserWarning):
+    """Something the user asked for was adjusted (e.g. --threads above the CPU count); the CLI prints
+    `warning: <message>` on stderr, one line. Library code issues these with warnings.warn."""

@@ -10,6 +10,7 @@ their Q/K rows un-permuted back to HF's rotary layout.
 
 from __future__ import annotations
 
+import math
 import mmap
 import re
 import struct
@@ -38,6 +39,8 @@ _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
 def is_gguf(path: Path) -> bool:
+    if not Path(path).is_file():  # opening a FIFO blocks until someone writes to it
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == GGUF_MAGIC
@@ -103,15 +106,23 @@ class GGUFFile:
         for _ in range(n_tensors):
             name = self._string()
             (n_dims,) = self._unpack("<I")
+            if n_dims > 4:  # GGML_MAX_DIMS
+                raise _Corrupt(f"tensor {name} has {n_dims} dimensions")
             dims = np.array(self._unpack(f"<{n_dims}Q"), dtype=np.uint64)
             kind, offset = self._unpack("<IQ")
             infos.append((name, dims, GGMLQuantizationType(kind), offset))
-        align = int(self.metadata.get("general.alignment", 32))
+        align = self.metadata.get("general.alignment", 32)
+        if not isinstance(align, int) or align < 1 or align & (align - 1):
+            raise _Corrupt(f"general.alignment is {align!r}, not a power of two")
         start = (self.pos + align - 1) // align * align
         self.tensors = []
         for name, dims, kind, offset in infos:
-            n = int(np.prod(dims.astype(np.int64)))
+            n = math.prod(int(d) for d in dims)  # Python ints: no silent overflow
             block, size = GGML_QUANT_SIZES[kind]
+            if offset % align:  # as llama.cpp's gguf_init checks
+                raise _Corrupt(f"tensor {name}'s data offset {offset} is not aligned to {align} bytes")
+            if n % block:
+                raise _Corrupt(f"tensor {name} has {n} values, not whole blocks of {block} for {kind.name}")
             self.tensors.append(TensorInfo(name, kind, dims, n, n * size // block, start + offset, self._map))
 
     def _unpack(self, fmt: str):
@@ -125,7 +136,10 @@ class GGUFFile:
         self.pos = start + n
         if self.pos > len(self._map):
             raise ValueError("string runs past the end of the file")
-        return self._map[start:self.pos].decode("utf-8", errors="replace")
+        try:  # GGUF strings are UTF-8 (gguf-py decodes them strictly too): anything else is damage
+            return self._map[start:self.pos].decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Corrupt(f"the text at byte {start} is not UTF-8") from None
 
     def _value(self, kind: int):
         if kind == 8:
@@ -144,10 +158,16 @@ class GGUFFile:
         return value
 
 
+class _Corrupt(ValueError):
+    """Damage the parser can name."""
+
+
 def open_gguf(path: Path) -> GGUFFile:
     """Parse the header; a truncated or corrupt file is one clear error."""
     try:
         reader = GGUFFile(path)
+    except _Corrupt as e:
+        raise CorruptModelError(f"{path} is corrupt: {e}; download it again") from None
     except Exception as e:  # struct.error, ValueError, KeyError ... on bad bytes
         raise CorruptModelError(f"{path} is truncated or corrupt ({type(e).__name__}); download it again") from None
     size = path.stat().st_size
@@ -183,24 +203,29 @@ def model_args(meta: dict, tensor_names: set[str]) -> ModelArgs:
     elif kind not in ("none", None):
         raise UnsupportedModelError(f"rope scaling {kind!r} in this GGUF is not supported; supported: none, linear")
     vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())) or None
-    return ModelArgs(
-        model_type="qwen2" if arch == "qwen2" else "llama",
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=get("feed_forward_length"),
-        num_hidden_layers=get("block_count"),
-        num_attention_heads=n_heads,
-        num_key_value_heads=n_kv,
-        head_dim=get("attention.key_length") or get("rope.dimension_count") or hidden // n_heads,
-        rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
-        rope_theta=get("rope.freq_base", 10000.0),
-        rope_scaling=scaling,
-        max_position_embeddings=get("context_length", 4096),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_output.bias" in tensor_names,
-        qkv_bias="blk.0.attn_q.bias" in tensor_names and "blk.0.attn_output.bias" not in tensor_names,
-        sliding_window=get("attention.sliding_window"),
-    )
+    head_dim = get("attention.key_length", get("rope.dimension_count"))  # None: hidden / heads
+    try:  # ModelArgs checks every value (0 heads, NaN rope base, ...)
+        return ModelArgs(
+            model_type="qwen2" if arch == "qwen2" else "llama",
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=get("feed_forward_length"),
+            num_hidden_layers=get("block_count"),
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_kv,
+            head_dim=head_dim,
+            rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
+            rope_theta=get("rope.freq_base", 10000.0),
+            rope_scaling=scaling,
+            max_position_embeddings=get("context_length", 4096),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            attention_bias="blk.0.attn_output.bias" in tensor_names,
+            qkv_bias="blk.0.attn_q.bias" in tensor_names and "blk.0.attn_output.bias" not in tensor_names,
+            sliding_window=get("attention.sliding_window"),
+        )
+    except CorruptModelError as e:
+        raise CorruptModelError(f"the GGUF metadata is invalid ({arch}: {e}); the file is corrupt, "
+                                "download it again") from None
 
 
 def hf_name(gguf_name: str) -> str | None:

@@ -26,6 +26,9 @@ def read_config(folder: Path) -> dict:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CorruptModelError(f"{path} is not valid JSON ({e}); download the model again") from None
+    if not isinstance(config, dict):
+        raise CorruptModelError(f"{path} is not a JSON object (it holds a {type(config).__name__}); "
+                                "download the model again")
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -83,15 +86,23 @@ def chat_template(folder: Path) -> str | None:
     """The template from `chat_template.jinja` or `tokenizer_config.json` (the default one of several)."""
     jinja = folder / "chat_template.jinja"
     if jinja.exists():
-        return jinja.read_text(encoding="utf-8")
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise CorruptModelError(f"{jinja} is not UTF-8 text (byte {e.start}); download the model again") from None
+        except OSError as e:
+            raise CorruptModelError(f"cannot read {jinja}: {e.strerror or e}") from None
     path = folder / "tokenizer_config.json"
     if not path.exists():
         return None
     try:
-        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, json.JSONDecodeError) as e:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CorruptModelError(f"{path} is not valid JSON ({e}); download the model again") from None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if not isinstance(template, (str, list, type(None))):
+        raise CorruptModelError(f"{path} has a chat_template that is not text; download the model again")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
-        named = {t.get("name"): t.get("template") for t in template}
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
     return template

@@ -49,7 +49,12 @@ def check_model_path(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelNotFoundError(f"{path} does not exist; pass a .gguf file or a model folder")
-    if path.is_dir() or gguf_file.is_gguf(path):
+    if path.is_dir():
+        return path
+    if not path.is_file():  # a FIFO would block the first read, a device never end
+        raise UnsupportedModelError(f"{path} is not a regular file (a FIFO or a device?); "
+                                    "pass a .gguf file or a model folder")
+    if gguf_file.is_gguf(path):
         return path
     if path.suffix == ".safetensors":
         raise UnsupportedModelError(f"{path} is a bare weights file; pass the folder that holds it with config.json")

@@ -15,6 +15,9 @@ import torch
 from .errors import InvalidParameterError
 
 
+MAX_SEED = 2 ** 64 - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Defaults as llama.cpp's. 0 / 1.0 / -1 mean "off" as users of those tools expect."""
@@ -39,6 +42,8 @@ class SamplingParams:
             (self.repeat_last_n >= -1, "repeat-last-n", "must be >= -1 (-1 = whole context, 0 = off)"),
             (-2 <= self.presence_penalty <= 2, "presence-penalty", "must be in [-2, 2] (0 = off)"),
             (-2 <= self.frequency_penalty <= 2, "frequency-penalty", "must be in [-2, 2] (0 = off)"),
+            # torch.Generator.manual_seed takes 64 bits; llama.cpp's 32-bit seeds fit
+            (-1 <= self.seed <= MAX_SEED, "seed", f"must be -1 (random) or a whole number from 0 to {MAX_SEED}"),
         ]
         for ok, name, rule in checks:
             if not ok:

@@ -159,14 +159,52 @@ def _add_typed_tokens(backend: Backend, pieces: list[str], types: list[int]) -> 
 
 def from_gguf_metadata(meta: dict) -> Tokenizer:
     """Build from `tokenizer.ggml.*` keys (values already decoded to Python types)."""
+    try:
+        return _from_gguf_metadata(meta)
+    except (CorruptModelError, UnsupportedModelError):
+        raise
+    except BaseException as e:  # the tokenizers library raises bare Exceptions (or panics) on bad input
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
+        raise CorruptModelError(f"the GGUF tokenizer cannot be built ({' '.join(str(e).split())[:200]}); "
+                                "the file is corrupt, download it again") from None
+
+
+def _corrupt_vocab(what: str) -> CorruptModelError:
+    return CorruptModelError(f"the GGUF tokenizer is corrupt: {what}; download the file again")
+
+
+def _checked_list(meta: dict, key: str, kind, n: int | None = None) -> list | None:
+    values = meta.get(key)
+    if values is None:
+        return None
+    if not isinstance(values, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+        raise _corrupt_vocab(f"{key} is not a list of {getattr(kind, '__name__', 'numbers')}")
+    if n is not None and len(values) != n:
+        raise _corrupt_vocab(f"{key} has {len(values)} entries for {n} tokens")
+    return values
+
+
+def _gguf_merges(meta: dict, vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """`a b` pairs whose parts and result are tokens (tokenizers panics on a merge that is not)."""
+    merges = []
+    for i, m in enumerate(_checked_list(meta, "tokenizer.ggml.merges", str) or ()):
+        a, space, b = m.partition(" ")
+        if not space or a not in vocab or b not in vocab or a + b not in vocab:
+            raise _corrupt_vocab(f"merge {i} ({m[:40]!r}) is not two tokens that join into a third")
+        merges.append((a, b))
+    return merges
+
+
+def _from_gguf_metadata(meta: dict) -> Tokenizer:
     kind = meta.get("tokenizer.ggml.model")
-    pieces = meta.get("tokenizer.ggml.tokens")
+    pieces = _checked_list(meta, "tokenizer.ggml.tokens", str)
     if not pieces:
         raise UnsupportedModelError("the GGUF file has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-    types = meta.get("tokenizer.ggml.token_type") or [_NORMAL] * len(pieces)
+    types = _checked_list(meta, "tokenizer.ggml.token_type", int, len(pieces)) or [_NORMAL] * len(pieces)
     if kind == "gpt2":
         vocab = {p: i for i, p in enumerate(pieces)}
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+        merges = _gguf_merges(meta, vocab)
         pre = meta.get("tokenizer.ggml.pre", "default")
         backend = Backend(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _IGNORE_MERGES))
         splits = PRE_TOKENIZER_SPLITS.get(pre, (_GPT2_SPLIT,))
@@ -176,7 +214,7 @@ def from_gguf_metadata(meta: dict) -> Tokenizer:
         backend.decoder = decoders.ByteLevel()
         add_bos_default = False
     elif kind == "llama":
-        scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(pieces)
+        scores = _checked_list(meta, "tokenizer.ggml.scores", (int, float), len(pieces)) or [0.0] * len(pieces)
         backend = _sentencepiece_bpe(pieces, scores, types, meta.get("tokenizer.ggml.add_space_prefix", True),
                                      meta.get("tokenizer.ggml.unknown_token_id"))
         add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
@@ -202,9 +240,12 @@ def _token_content(value) -> str | None:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CorruptModelError(f"{path} is not valid JSON ({e}); re-download the model") from None
+    if not isinstance(data, dict):
+        raise CorruptModelError(f"{path} is not a JSON object; re-download the model")
+    return data
 
 
 def from_hf_folder(folder: Path, config: dict) -> Tokenizer:

@@ -109,8 +109,10 @@ def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None) -> dict[str, np.ndarray]:
+def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None,
+               metadata: dict | None = None) -> dict[str, np.ndarray]:
     """Write `model` as llama.cpp would; 2-D weights in `qtype`, norms and biases in F32.
+    `metadata`: keys to overwrite (keeping each key's GGUF type) or, with None, to leave out.
 
     Returns the float32 weights the file actually holds (dequantized, HF layout), to build the
     reference model from.
@@ -172,6 +174,10 @@ def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None) -
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             back = back.reshape(heads, back.shape[0] // heads // 2, 2, *back.shape[1:]).swapaxes(1, 2).reshape(back.shape)
         held[name] = np.asarray(back, dtype=np.float32)
+    for key, value in (metadata or {}).items():  # bad files for tests: same type, other value
+        old = w.kv_data[0].pop(key)
+        if value is not None:
+            w.kv_data[0][key] = gguf.GGUFValue(value, old.type, old.sub_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import CorruptModelError, UnsupportedModelError
 from .fusion import fuse_linears
 from .linear import Linear
 
@@ -44,10 +44,28 @@ class ModelArgs:
     layer_types: list[str] | None = None  # transformers 5.x: "sliding_attention" | "full_attention" per layer
 
     def __post_init__(self):
+        """The one check of the hyperparameters, wherever they come from (config.json, GGUF metadata):
+        a zero, a NaN or a missing value would otherwise fail deep inside torch, or divide by zero."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "max_position_embeddings"):
+            _check_count(name, getattr(self, name))
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
+        _check_count("num_key_value_heads", self.num_key_value_heads)
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
+        _check_count("head_dim", self.head_dim)
+        if self.head_dim % 2:
+            raise CorruptModelError(f"head_dim is {self.head_dim}; rotary embeddings need an even number")
+        for name in ("rms_norm_eps", "rope_theta"):
+            _check_positive(name, getattr(self, name))
+        if self.sliding_window:  # 0 and None: no window
+            _check_count("sliding_window", self.sliding_window)
+        if isinstance(self.rope_scaling, dict) and "factor" in self.rope_scaling:
+            _check_positive("rope_scaling.factor", self.rope_scaling["factor"])
+        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+            raise CorruptModelError(f"layer_types lists {len(self.layer_types)} layers, "
+                                    f"not num_hidden_layers = {self.num_hidden_layers}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise UnsupportedModelError(
                 f"{self.num_attention_heads} attention heads cannot be grouped over {self.num_key_value_heads} KV heads")
@@ -75,7 +93,13 @@ class ModelArgs:
                 kw["sliding_window"] = None
         elif model_type != "mistral":
             kw["sliding_window"] = None
-        return cls(**kw)
+        missing = [k for k in _REQUIRED_HF_KEYS if k not in config]
+        if missing:
+            raise CorruptModelError(f"config.json has no {', '.join(missing)}; download the model again")
+        try:
+            return cls(**kw)
+        except CorruptModelError as e:
+            raise CorruptModelError(f"config.json is invalid: {e}; download the model again") from None
 
     @property
     def n_rep(self) -> int:
@@ -94,6 +118,21 @@ class ModelArgs:
         per_layer = attn + 3 * h * i + 2 * h
         head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_hidden_layers * per_layer + h + head
+
+
+_REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+MAX_COUNT = 2 ** 31 - 1
+
+
+def _check_count(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
+        what = "missing" if value is None else f"{value!r}"
+        raise CorruptModelError(f"{name} is {what}; it must be a whole number from 1 to {MAX_COUNT}")
+
+
+def _check_positive(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
+        raise CorruptModelError(f"{name} is {value!r}; it must be a positive finite number")
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:

@@ -1,0 +1,338 @@
+"""Bad input found by a sweep (issue 11): each ends in one `error:` line, a non-zero exit (130/143
+for signals), no traceback and no hang. Library checks are tested directly (fast); each kind of
+input also goes through the CLI at least once."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+from tiny import hf_model, write_gguf
+
+from llmcli import chat_template
+from llmcli.device import place
+from llmcli.errors import CorruptModelError, InvalidParameterError, UnsupportedModelError
+from llmcli.loader import check_model_path, load_model
+
+CPU = place("cpu", "float32", threads=1)
+BIG_SEED = str(2 ** 64)
+
+
+def cli(*args, input: bytes = b"", timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
+    """Like run_cli, but argv and stdin may be bytes that are not UTF-8."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "llmcli", *args], input=input, capture_output=True,
+                          env=env, timeout=timeout, cwd=cwd)
+
+
+def error_line(r, code: int | None = None, *needles: str) -> str:
+    """The one `error:` line at the end of stderr; no traceback; the exit code."""
+    err = r.stderr.decode("utf-8", "replace") if isinstance(r.stderr, bytes) else r.stderr
+    assert "Traceback" not in err, err
+    assert r.returncode != 0 if code is None else r.returncode == code, (r.returncode, err)
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), err
+    assert sum(line.startswith("error:") for line in lines) == 1, err
+    for needle in needles:
+        assert needle in lines[-1], lines[-1]
+    return lines[-1]
+
+
+# ------------------------------------------------------------------------------------ seeds
+
+def test_seed_range_is_checked_in_one_place():
+    from llmcli.conversation import Conversation, ConversationFileError
+    from llmcli.sampling import SamplingParams, parse_parameter
+
+    for ok in (-1, 0, 2 ** 64 - 1):
+        assert SamplingParams(seed=ok).seed == ok
+    for bad in (2 ** 64, -2, 10 ** 30):
+        with pytest.raises(InvalidParameterError, match="--seed must be"):
+            SamplingParams(seed=bad)
+    with pytest.raises(InvalidParameterError, match="--seed must be"):  # chat's /set parameter seed
+        parse_parameter(SamplingParams(), "seed", BIG_SEED)
+    data = {"format": "llmcli-conversation", "version": 1, "messages": [], "parameters": {"seed": 2 ** 64}}
+    with pytest.raises(ConversationFileError, match="seed"):  # a --load'ed transcript
+        Conversation.from_dict(data)
+
+
+def test_seed_too_big_through_the_cli(tiny_gguf, tmp_path):
+    error_line(run_cli("run", str(tiny_gguf), "hi", "--seed", BIG_SEED), 2, "--seed must be")
+    saved = tmp_path / "chat.json"
+    saved.write_text(json.dumps({"format": "llmcli-conversation", "version": 1, "messages": [],
+                                 "parameters": {"seed": 2 ** 64}}))
+    error_line(run_cli("chat", str(tiny_gguf), "--load", str(saved)), None, "seed")
+    # piped chat: the bad /set and the non-UTF-8 line are refused, the session goes on, exit 1
+    r = cli("chat", str(tiny_gguf), "--temp", "0", "-n", "2",
+            input=f"/set parameter seed {BIG_SEED}\nbad \xff\xfe line\n/show parameters\n".encode("latin-1"))
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and "--seed must be" in errors[0] and "UTF-8" in errors[1], err
+    assert "seed -1" in err  # the seed did not change
+
+
+# ---------------------------------------------------------------------------------- prompts
+
+def test_prompt_not_utf8_or_binary(tiny_gguf):
+    gguf = str(tiny_gguf)
+    error_line(cli("run", gguf, input=b"hi \xff\xfe there"), 2, "stdin", "UTF-8")
+    error_line(cli("run", gguf, b"hi \xff there"), 2, "prompt", "UTF-8")
+    error_line(cli("run", gguf, input=b"\x7fELF\x02\x01\x01\x00" + bytes(range(256))), 2, "UTF-8")
+    error_line(cli("run", gguf, input=b"text\x00with a NUL"), 2, "binary")
+    error_line(cli("run", gguf, "hi", "--system", b"sys \xc3("), 2, "--system", "UTF-8")
+
+
+# -------------------------------------------------------------------------------- templates
+
+LOOP = "{% set r = range(100000) %}{% for a in r %}{% for b in r %}{% for c in r %}{% endfor %}{% endfor %}{% endfor %}"
+BAD_TEMPLATES = {
+    "loop": LOOP,
+    "recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "power": "{{ 10 ** (10 ** 10) }}",
+    "product": "{% set ns = namespace(x=3) %}{% for i in range(64) %}{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x }}",
+    "repeat": "{{ 'a' * 10 ** 11 }}",
+    "doubling": "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    "plus": "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "method": "{{ 'x'.ljust(10 ** 11) }}",
+    "filter": "{{ 'x'|center(10 ** 11) }}",
+    "format": "{{ '%99999999999d' % 1 }}",
+    "str.format": "{{ '{:>99999999999}'.format(1) }}",
+    "macro output": ("{% macro m(s) %}{% for i in range(100000) %}{{ s }}{% endfor %}{% endmacro %}"
+                     "{% set x = m('y' * 1000000) %}{{ x|length }}"),
+    "output": "{% for i in range(100000) %}{{ 'z' * 1000000 }}{% endfor %}",
+    "lipsum": "{{ lipsum(n=10 ** 6) }}",
+    "division": "{{ 1 / 0 }}",
+    "type": "{{ 'a' + 1 }}",
+}
+
+
+@pytest.mark.parametrize("name", BAD_TEMPLATES)
+def test_template_bounded(name, monkeypatch):
+    monkeypatch.setattr(chat_template, "RENDER_SECONDS", 0.5)
+    t0 = time.monotonic()
+    with pytest.raises(chat_template.TemplateError) as e:
+        chat_template.render(BAD_TEMPLATES[name], [{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 5
+    assert "\n" not in str(e.value)
+
+
+def test_normal_template_still_renders():
+    from tiny import CHAT_TEMPLATE
+
+    text = chat_template.render(CHAT_TEMPLATE, [{"role": "user", "content": "hi " * 100000}])
+    assert text.startswith("<|im_start|>user\nhi hi") and text.endswith("<|im_start|>assistant\n")
+    # the watchdog of a finished render never fires later
+    time.sleep(0.1)
+
+
+@pytest.fixture
+def folder_copy(tiny_folder, tmp_path):
+    import shutil
+
+    def copy(name: str) -> Path:
+        return Path(shutil.copytree(tiny_folder, tmp_path / name))
+    return copy
+
+
+def test_looping_template_through_the_cli(folder_copy):
+    looping = folder_copy("looping")
+    (looping / "chat_template.jinja").write_text(LOOP)
+    t0 = time.monotonic()
+    error_line(run_cli("run", str(looping), "hi", "-n", "2", timeout=60), 1, "chat template")
+    assert time.monotonic() - t0 < 40
+    deep = folder_copy("deep")
+    (deep / "chat_template.jinja").write_text(BAD_TEMPLATES["recursion"])
+    error_line(run_cli("run", str(deep), "hi", "-n", "2", timeout=60), 1, "chat template")
+
+
+# ------------------------------------------------------------------------------------- GGUF
+
+GGUF_BAD_METADATA = {
+    "0 heads": {"llama.attention.head_count": 0},
+    "0 kv heads": {"llama.attention.head_count_kv": 0},
+    "0 layers": {"llama.block_count": 0},
+    "0 dims": {"llama.embedding_length": 0},
+    "0 ffn": {"llama.feed_forward_length": 0},
+    "0 head dim": {"llama.attention.key_length": 0, "llama.rope.dimension_count": 0},
+    "odd head dim": {"llama.attention.key_length": 15},
+    "0 context": {"llama.context_length": 0},
+    "no dims": {"llama.embedding_length": None},
+    "nan rope base": {"llama.rope.freq_base": math.nan},
+    "0 rope base": {"llama.rope.freq_base": 0.0},
+    "inf rope base": {"llama.rope.freq_base": math.inf},
+    "nan eps": {"llama.attention.layer_norm_rms_epsilon": math.nan},
+    "0 eps": {"llama.attention.layer_norm_rms_epsilon": 0.0},
+    "negative eps": {"llama.attention.layer_norm_rms_epsilon": -1e-5},
+    "bad token text": "tokens",
+    "merge without a space": {"tokenizer.ggml.merges": ["abc"]},
+    "merge of unknown tokens": {"tokenizer.ggml.merges": ["qqqq zzzz"]},
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return hf_model("llama")
+
+
+def bad_gguf(model, path: Path, what) -> Path:
+    if what == "tokens":  # a token that is not UTF-8
+        import json as _json
+
+        from tiny import tokenizer_json
+        vocab = _json.loads(tokenizer_json())["model"]["vocab"]
+        tokens = [t.encode() for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+        tokens[100] = b"\xff\xfe"
+        what = {"tokenizer.ggml.tokens": tokens}
+    write_gguf(model, path, "F32", metadata=what)
+    return path
+
+
+@pytest.mark.parametrize("name", GGUF_BAD_METADATA)
+def test_gguf_bad_metadata(name, tiny_model, tmp_path):
+    path = bad_gguf(tiny_model, tmp_path / "bad.gguf", GGUF_BAD_METADATA[name])
+    with pytest.raises((CorruptModelError, UnsupportedModelError)) as e:
+        load_model(path, CPU)
+    assert "corrupt" in str(e.value) and "\n" not in str(e.value)
+
+
+def misaligned(path: Path) -> Path:
+    """Move the last tensor's data offset off the file's alignment (its info ends the header)."""
+    from llmcli.gguf_file import GGUFFile
+
+    reader = GGUFFile(path)
+    end = reader.pos
+    del reader
+    data = bytearray(path.read_bytes())
+    (offset,) = struct.unpack_from("<Q", data, end - 8)
+    struct.pack_into("<Q", data, end - 8, offset + 4)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_gguf_misaligned_tensor(tiny_model, tmp_path):
+    path = misaligned(bad_gguf(tiny_model, tmp_path / "bad.gguf", {}))
+    with pytest.raises(CorruptModelError, match="aligned"):
+        load_model(path, CPU)
+
+
+def test_bad_gguf_through_the_cli(tiny_model, tmp_path):
+    heads = bad_gguf(tiny_model, tmp_path / "heads.gguf", GGUF_BAD_METADATA["0 heads"])
+    error_line(run_cli("run", str(heads), "hi"), 1, "num_attention_heads")
+    off = misaligned(bad_gguf(tiny_model, tmp_path / "off.gguf", {}))
+    error_line(run_cli("run", str(off), "hi"), 1, "aligned")
+    tokens = bad_gguf(tiny_model, tmp_path / "tokens.gguf", "tokens")
+    error_line(run_cli("run", str(tokens), "hi"), 1, "UTF-8")
+
+
+# -------------------------------------------------------------------------------- HF folder
+
+def test_hf_folder_bad_files(folder_copy):
+    listed = folder_copy("listed")
+    (listed / "config.json").write_text("[1, 2]")
+    with pytest.raises(CorruptModelError, match="JSON object"):
+        load_model(listed, CPU)
+    hidden = folder_copy("hidden")
+    config = json.loads((hidden / "config.json").read_text())
+    del config["hidden_size"]
+    (hidden / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CorruptModelError, match="hidden_size"):
+        load_model(hidden, CPU)
+    zero = folder_copy("zero")
+    (zero / "config.json").write_text(json.dumps({**config, "hidden_size": 64, "num_attention_heads": 0}))
+    with pytest.raises(CorruptModelError, match="num_attention_heads"):
+        load_model(zero, CPU)
+    latin = folder_copy("latin")
+    (latin / "chat_template.jinja").write_bytes(b"{{ 'caf\xe9' }}")
+    with pytest.raises(CorruptModelError, match="UTF-8"):
+        load_model(latin, CPU)
+    error_line(run_cli("run", str(listed), "hi"), 1, "config.json")
+    error_line(run_cli("run", str(latin), "hi"), 1, "chat_template.jinja")
+
+
+# ------------------------------------------------------------------------- paths and flags
+
+def test_fifo_as_model_path_does_not_hang(tmp_path):
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(UnsupportedModelError, match="not a regular file"):
+        check_model_path(fifo)
+    error_line(run_cli("run", str(fifo), "hi", timeout=60), 1, "not a regular file")
+
+
+def test_threads_above_the_cpu_count_are_clamped(tiny_gguf):
+    with pytest.warns(UserWarning, match="--threads 1000"):
+        placement = place("cpu", "float32", threads=1000)
+    assert placement.threads == len(os.sched_getaffinity(0))
+    place("cpu", "float32", threads=1)
+    r = run_cli("run", str(tiny_gguf), "hi", "-n", "2", "--temp", "0", "-t", "1000")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("warning: --threads 1000 is more than") and r.stderr.count("\n") == 1, r.stderr
+
+
+# ---------------------------------------------------------------------------------- signals
+
+def wait_for(predicate, timeout: float = 120, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_while_quantize_writes(sig, code, tiny_folder, tmp_path):
+    """The real CLI entry point, with the checkpoint writer held up once the temporary folder has a file."""
+    script = ("import time, sys\n"
+              "from llmcli.quant import checkpoint\n"
+              "def slow(folder, *a, **k):\n"
+              "    (folder / 'model.safetensors').write_bytes(b'half')\n"
+              "    time.sleep(120)\n"
+              "checkpoint.write = slow\n"
+              "from llmcli.cli import main\n"
+              f"main(['quantize', {str(tiny_folder)!r}, '--preset', 'q8', '-o', {str(tmp_path / 'out')!r}])\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: any(tmp_path.glob(".out.partial-*/model.safetensors")) or proc.poll() is not None,
+                 what="the temporary folder")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    error_line(r, code, "terminated" if sig == signal.SIGTERM else "interrupted")
+    assert list(tmp_path.iterdir()) == []  # no .partial-* folder, no output
+
+
+def test_signal_during_real_quantize_and_run(smollm2_gguf, tmp_path):
+    """SmolLM2 quantized with q4_g128 takes a while: stopped midway (SIGTERM), it leaves nothing
+    behind; a run stopped while it streams (Ctrl-C) ends the same way."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    quant = subprocess.Popen([sys.executable, "-m", "llmcli", "quantize", str(smollm2_gguf), "--preset", "q4_g128",
+                              "-o", str(tmp_path / "out")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run = subprocess.Popen([sys.executable, "-m", "llmcli", "run", str(smollm2_gguf), "Count from 1 to 1000:",
+                            "--temp", "0", "-n", "4000", "--ctx-size", "4096", "-t", "1"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(6)  # inside loading or converting
+        quant.send_signal(signal.SIGTERM)
+        out, err = quant.communicate(timeout=60)
+        error_line(subprocess.CompletedProcess(quant.args, quant.returncode, out, err), 143, "terminated (SIGTERM)")
+        assert list(tmp_path.iterdir()) == []
+        first = run.stdout.read(1)  # the reply has started streaming
+        assert first, run.stderr.read().decode()
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+        error_line(subprocess.CompletedProcess(run.args, run.returncode, out, err), 130, "interrupted")
+    finally:
+        quant.kill()
+        run.kill()
