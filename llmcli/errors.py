@@ -57,3 +57,18 @@ class NotCachedError(DownloadError):
 
 class DiskFullError(DownloadError):
     """The disk filled up during a download; the partial file has been removed."""
+
+
+class GrammarError(LlmcliError):
+    """A --json-schema, --regex or --grammar that cannot be used: not JSON, not a valid schema, a
+    keyword the constraint engine does not implement, a regex or grammar that does not parse."""
+
+    exit_code = 2
+
+
+class IncompleteOutputError(LlmcliError):
+    """Constrained output that ended (at --max-tokens or a full context) before the grammar was satisfied."""
+
+
+class InvalidOutputError(LlmcliError):
+    """Constrained output that does not parse or validate: a bug in the constraint path, never expected."""
