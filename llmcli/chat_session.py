@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .conversation import Conversation, fit
-from .errors import InvalidParameterError
+from .errors import IncompleteOutputError, InvalidParameterError
 from .generate import Stats, generate
 from .runtime import Runtime
 
@@ -30,8 +30,11 @@ class Turn:
 
 
 class ChatSession:
-    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, context_shift: bool = False):
+    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, context_shift: bool = False,
+                 grammar=None):
         self.rt = rt
+        self.grammar = grammar  # constrained.Grammar every reply must follow (None: free text)
+        self._compiler = None  # its GrammarCompiler, built with the first constrained reply
         self.context_shift = context_shift  # a reply may run past the context (context_shift.py)
         self.conv = conv or Conversation()
         self.cache = rt.new_cache()
@@ -108,7 +111,7 @@ class ChatSession:
         shift = self.rt.context_shift(self.conv.window()) if self.context_shift else None
         chunks = generate(loaded.model, loaded.tokenizer, prompt, self.conv.params, self.cache,
                           max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device,
-                          step=self.step, shift=shift)
+                          step=self.step, shift=shift, constraint=self._constraint())
         try:
             for chunk in chunks:
                 if chunk.tokens and ttft is None:
@@ -131,3 +134,28 @@ class ChatSession:
             self.last = Turn(text, last.finish_reason if last else "interrupted", tokens,
                              last.stats.ttft_s if last else ttft, last.stats if last else None,
                              len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1)
+
+    def _constraint(self):
+        """A fresh per-reply matcher for the session's grammar (None without one)."""
+        if self.grammar is None:
+            return None
+        if self.conv.stop:
+            raise InvalidParameterError("stop texts do not combine with --json-schema, --regex or --grammar "
+                                        "(the grammar decides where a reply ends); /set parameter stop none")
+        if self._compiler is None:
+            from .constrained import GrammarCompiler
+
+            self._compiler = GrammarCompiler(self.rt.loaded.tokenizer)
+        return self._compiler.constraint(self.grammar)
+
+    def check_reply(self) -> None:
+        """With a grammar: raise unless the last reply is complete and valid (an interrupted one is
+        left as it is: the user stopped it)."""
+        turn = self.last
+        if self.grammar is None or turn is None or turn.finish == "interrupted":
+            return
+        if turn.finish == "length":
+            from .constrained import incomplete_message
+
+            raise IncompleteOutputError(incomplete_message(self.grammar, turn.tokens, self.conv.max_tokens))
+        self.grammar.check_output(turn.text)
