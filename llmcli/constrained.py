@@ -33,6 +33,10 @@ from .errors import GrammarError, InvalidOutputError, InvalidParameterError, Uns
 from .tokenizer import Tokenizer
 
 KINDS = {"json_schema": "--json-schema", "regex": "--regex", "grammar": "--grammar"}
+# JSON comes out on one line, spaced as Python's json.dumps: with llguidance's default (any whitespace
+# between tokens) a sampled SmolLM2 wrote `{\n  "name"  \n:  \n"Mara"...` and could pad until -n ran
+# out. A schema's own "x-guidance" options take precedence.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ def from_json_schema(text: str, name: str = "the schema") -> Grammar:
         where = "/".join(str(p) for p in e.path)
         raise GrammarError(f"{name} is not a valid JSON Schema: {_one_line(e.message)}"
                            + (f" (at {where})" if where else "")) from None
-    compiled = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    compiled = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     _check(compiled, f"{name} cannot be used for constrained output")
     return Grammar("json_schema", text, compiled, schema)
 
