@@ -76,6 +76,7 @@ class ChatSession:
         to make room (usually none). A message that cannot fit is refused and not added."""
         if not text.strip():
             raise InvalidParameterError("the message is empty; type some text")
+        self._check_stop()
         self.conv.messages.append({"role": "user", "content": text})
         try:
             fitted = fit(self.conv, self.encode, self.ctx_size)
@@ -90,6 +91,7 @@ class ChatSession:
         reply = self.conv.last_reply
         if reply is None:
             raise InvalidParameterError("there is no reply to generate again; send a message first")
+        self._check_stop()
         self.conv.messages.pop()
         try:
             fitted = fit(self.conv, self.encode, self.ctx_size)
@@ -139,14 +141,17 @@ class ChatSession:
         """A fresh per-reply matcher for the session's grammar (None without one)."""
         if self.grammar is None:
             return None
-        if self.conv.stop:
-            raise InvalidParameterError("stop texts do not combine with --json-schema, --regex or --grammar "
-                                        "(the grammar decides where a reply ends); /set parameter stop none")
         if self._compiler is None:
             from .constrained import GrammarCompiler
 
             self._compiler = GrammarCompiler(self.rt.loaded.tokenizer)
         return self._compiler.constraint(self.grammar)
+
+    def _check_stop(self) -> None:
+        """Before a message is added: stop texts could cut a reply the grammar must complete."""
+        if self.grammar is not None and self.conv.stop:
+            raise InvalidParameterError("stop texts do not combine with --json-schema, --regex or --grammar "
+                                        "(the grammar decides where a reply ends); /set parameter stop none")
 
     def check_reply(self) -> None:
         """With a grammar: raise unless the last reply is complete and valid (an interrupted one is

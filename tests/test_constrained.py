@@ -100,6 +100,22 @@ def test_max_tokens_before_the_grammar_is_complete_gives_length(tok, compiler):
     assert message == "the output was cut at 3 tokens before the JSON was complete; raise -n/--max-tokens"
 
 
+def test_a_sentencepiece_vocabulary_is_read_with_its_spaces(spm_model, tmp_path):
+    # our SentencePiece tokenizers are rebuilt as byte-fallback BPEs with "▁" for spaces: llguidance
+    # must see "▁{" as " {" (not JSON's first byte) and "{\"" as a valid start
+    import shutil
+
+    shutil.copy(spm_model, tmp_path / "tokenizer.model")
+    tok = from_hf_folder(tmp_path, {"eos_token_id": 2, "bos_token_id": 1})
+    c = constrained.GrammarCompiler(tok).constraint(constrained.from_json_schema(json.dumps(PERSON)))
+    out = c.mask(torch.zeros(tok.vocab_size))
+    piece = tok.backend.token_to_id
+    assert out[piece('{"')] == 0 and out[piece("▁{")] == float("-inf")
+    for token in [piece(p) for p in ['{"', "name", '":', "▁\"", "Z", "o", "ë"]]:
+        c.advance(token)
+        c.mask(torch.zeros(tok.vocab_size))
+
+
 def test_output_checks():
     g = constrained.from_json_schema(json.dumps(PERSON))
     g.check_output('{"name": "Al", "age": 3}')
@@ -279,3 +295,14 @@ def test_chat_every_reply_follows_the_schema(smollm2_gguf, tiny_gguf, tmp_path):
         jsonschema.validate(json.loads(reply), PERSON)
     r = run_cli("chat", str(tiny_gguf), "--json-schema", str(schema), "-n", "3", input="Describe Alice.\n")
     assert r.returncode == 1 and "error: the output was cut at 3 tokens before the JSON was complete" in r.stderr
+
+
+def test_chat_refuses_stop_texts_with_a_grammar_before_adding_the_message(tok):
+    from llmcli.chat_session import ChatSession
+    from llmcli.conversation import Conversation
+
+    rt = type("Rt", (), {"new_cache": lambda self: None, "ctx_size": 64})()
+    session = ChatSession(rt, Conversation(stop=("}",)), grammar=constrained.from_regex("[0-9]+"))
+    with pytest.raises(InvalidParameterError, match="stop texts do not combine"):
+        session.add_user("hi")
+    assert session.conv.messages == []
