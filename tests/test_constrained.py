@@ -143,10 +143,15 @@ def test_token_logprobs_on_hand_built_logits():
 # ------------------------------------------------------------------------- bad input
 
 
-def cli(capsys, *args):
-    """`llmcli ARGS` in this process (bad flags fail before torch work, so no subprocess is needed)."""
+def cli(capsys, *args, input: str | None = None, monkeypatch=None):
+    """`llmcli ARGS` in this process: a subprocess would spend seconds importing torch again (each
+    subprocess test took 8-20 s on the shared machine). `input` (with `monkeypatch`) is stdin."""
+    import io
+
     from llmcli.cli import main
 
+    if input is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(input))
     with pytest.raises(SystemExit) as e:
         main(list(args))
     out, err = capsys.readouterr()
@@ -180,8 +185,7 @@ def test_bad_flags_are_one_line(capsys, args, needles):
     assert_one_line_error(cli(capsys, "run", "/nonexistent/model.gguf", "hi", *args), *needles, code=2)
 
 
-def test_bad_input_in_a_subprocess_and_in_chat(tmp_path):
-    assert_one_line_error(run_cli("run", "/nonexistent/model.gguf", "hi", "--regex", "(abc"), "unclosed group", code=2)
+def test_bad_input_in_a_subprocess_and_in_chat(tmp_path):  # one real process, to see its exit code
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "object", "dependentSchemas": {"a": {}}}')
     assert_one_line_error(run_cli("chat", "/nonexistent/model.gguf", "--json-schema", str(schema)),
@@ -255,10 +259,10 @@ def test_real_model_logprobs_match_a_full_forward(smol):
 
 
 @pytest.mark.slow
-def test_cli_json_schema_with_logprobs(smollm2_gguf, tmp_path):
+def test_cli_json_schema_with_logprobs(capsys, smollm2_gguf, tmp_path):
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
-    r = run_cli("run", str(smollm2_gguf), "Describe Bob, 41, as JSON.", "--json-schema", str(schema),
+    r = cli(capsys, "run", str(smollm2_gguf), "Describe Bob, 41, as JSON.", "--json-schema", str(schema),
                 "--temp", "0", "--json", "--logprobs", "2", "-v")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -269,31 +273,32 @@ def test_cli_json_schema_with_logprobs(smollm2_gguf, tmp_path):
     assert "constraint (json_schema): mask + advance" in r.stderr
 
 
-def test_cli_cut_by_max_tokens_is_an_error(tiny_gguf, tmp_path):
+def test_cli_cut_by_max_tokens_is_an_error(capsys, tiny_gguf, tmp_path):
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
     # nothing on stdout (it would not parse), one error line, a non-zero exit
-    r = run_cli("run", str(tiny_gguf), "Describe Bob", "--json-schema", str(schema), "-n", "4")
+    r = cli(capsys, "run", str(tiny_gguf), "Describe Bob", "--json-schema", str(schema), "-n", "4")
     assert_one_line_error(r, "cut at 4 tokens before the JSON was complete", "raise -n", code=1)
     # --json keeps the partial text and says why it ended
-    r = run_cli("run", str(tiny_gguf), "Describe Bob", "--json-schema", str(schema), "-n", "4", "--json")
+    r = cli(capsys, "run", str(tiny_gguf), "Describe Bob", "--json-schema", str(schema), "-n", "4", "--json")
     assert r.returncode == 1 and "cut at 4 tokens" in r.stderr
     out = json.loads(r.stdout)
     assert out["finish_reason"] == "length" and out["text"].startswith('{"n')
 
 
 @pytest.mark.slow
-def test_chat_every_reply_follows_the_schema(smollm2_gguf, tiny_gguf, tmp_path):
+def test_chat_every_reply_follows_the_schema(capsys, monkeypatch, smollm2_gguf, tiny_gguf, tmp_path):
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
-    r = run_cli("chat", str(smollm2_gguf), "--json-schema", str(schema), "--temp", "0", "-n", "40",
-                input="Describe Alice, 30.\nNow her brother Tom, 35.\n")
+    r = cli(capsys, "chat", str(smollm2_gguf), "--json-schema", str(schema), "--temp", "0", "-n", "40",
+            input="Describe Alice, 30.\nNow her brother Tom, 35.\n", monkeypatch=monkeypatch)
     assert r.returncode == 0, r.stderr
     replies = r.stdout.strip().splitlines()
     assert len(replies) == 2
     for reply in replies:
         jsonschema.validate(json.loads(reply), PERSON)
-    r = run_cli("chat", str(tiny_gguf), "--json-schema", str(schema), "-n", "3", input="Describe Alice.\n")
+    r = cli(capsys, "chat", str(tiny_gguf), "--json-schema", str(schema), "-n", "3", input="Describe Alice.\n",
+            monkeypatch=monkeypatch)
     assert r.returncode == 1 and "error: the output was cut at 3 tokens before the JSON was complete" in r.stderr
 
 
