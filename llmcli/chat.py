@@ -189,6 +189,7 @@ def stream_reply(session: ChatSession, ui: Ui, dropped: list[dict]) -> None:
         ui.note(stats)
     if why and (ui.interactive or always):
         ui.note(why, style="yellow")
+    session.check_reply()  # with --json-schema/--regex/--grammar: a cut reply is an error
 
 
 # ------------------------------------------------------------------------------------- loop

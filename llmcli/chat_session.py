@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .conversation import Conversation, fit
-from .errors import InvalidParameterError
+from .errors import IncompleteOutputError, InvalidParameterError
 from .generate import Stats, generate
 from .runtime import Runtime
 from .text_input import check_text
@@ -31,8 +31,11 @@ class Turn:
 
 
 class ChatSession:
-    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, context_shift: bool = False):
+    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, context_shift: bool = False,
+                 grammar=None):
         self.rt = rt
+        self.grammar = grammar  # constrained.Grammar every reply must follow (None: free text)
+        self._compiler = None  # its GrammarCompiler, built with the first constrained reply
         self.context_shift = context_shift  # a reply may run past the context (context_shift.py)
         self.conv = conv or Conversation()
         self.cache = rt.new_cache()
@@ -75,6 +78,7 @@ class ChatSession:
         if not text.strip():
             raise InvalidParameterError("the message is empty; type some text")
         check_text(text, "the message")
+        self._check_stop()
         self.conv.messages.append({"role": "user", "content": text})
         try:
             fitted = fit(self.conv, self.encode, self.ctx_size)
@@ -89,6 +93,7 @@ class ChatSession:
         reply = self.conv.last_reply
         if reply is None:
             raise InvalidParameterError("there is no reply to generate again; send a message first")
+        self._check_stop()
         self.conv.messages.pop()
         try:
             fitted = fit(self.conv, self.encode, self.ctx_size)
@@ -110,7 +115,7 @@ class ChatSession:
         shift = self.rt.context_shift(self.conv.window()) if self.context_shift else None
         chunks = generate(loaded.model, loaded.tokenizer, prompt, self.conv.params, self.cache,
                           max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device,
-                          step=self.step, shift=shift)
+                          step=self.step, shift=shift, constraint=self._constraint())
         try:
             for chunk in chunks:
                 if chunk.tokens and ttft is None:
@@ -133,3 +138,31 @@ class ChatSession:
             self.last = Turn(text, last.finish_reason if last else "interrupted", tokens,
                              last.stats.ttft_s if last else ttft, last.stats if last else None,
                              len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1)
+
+    def _constraint(self):
+        """A fresh per-reply matcher for the session's grammar (None without one)."""
+        if self.grammar is None:
+            return None
+        if self._compiler is None:
+            from .constrained import GrammarCompiler
+
+            self._compiler = GrammarCompiler(self.rt.loaded.tokenizer)
+        return self._compiler.constraint(self.grammar)
+
+    def _check_stop(self) -> None:
+        """Before a message is added: stop texts could cut a reply the grammar must complete."""
+        if self.grammar is not None and self.conv.stop:
+            raise InvalidParameterError("stop texts do not combine with --json-schema, --regex or --grammar "
+                                        "(the grammar decides where a reply ends); /set parameter stop none")
+
+    def check_reply(self) -> None:
+        """With a grammar: raise unless the last reply is complete and valid (an interrupted one is
+        left as it is: the user stopped it)."""
+        turn = self.last
+        if self.grammar is None or turn is None or turn.finish == "interrupted":
+            return
+        if turn.finish == "length":
+            from .constrained import incomplete_message
+
+            raise IncompleteOutputError(incomplete_message(self.grammar, turn.tokens, self.conv.max_tokens))
+        self.grammar.check_output(turn.text)

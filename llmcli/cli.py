@@ -55,6 +55,9 @@ Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="Compile t
 KvType = Annotated[str, typer.Option("--kv-type", help="KV cache type: auto | bf16 | f16 | int8 | int4 (auto: the compute dtype, quantized only when memory is short).")]
 KvOffload = Annotated[str, typer.Option("--kv-offload", help="KV cache of some layers in host memory: auto | on | off (auto: only when it fits no other way; CUDA and MPS).")]
 ContextShift = Annotated[bool, typer.Option("--context-shift", help="When the context is full, drop the oldest tokens after the system prompt and go on.")]
+JsonSchema = Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON valid under this JSON Schema file.", show_default=False)]
+Regex = Annotated[Optional[str], typer.Option("--regex", help="Constrain the output to text that fully matches this regex (Rust syntax, no look-around).", show_default=False)]
+GrammarFile = Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this Lark grammar file (llguidance's dialect; start: is the top rule).", show_default=False)]
 Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.", show_default=False)]
 
 
@@ -117,6 +120,19 @@ def check_text_options(system: str | None, stop: list[str] | None) -> None:
         check_text(s, "--stop")
 
 
+def read_grammar(json_schema: Path | None, regex: str | None, grammar: Path | None, stop):
+    """The --json-schema / --regex / --grammar constraint, read and checked before the model loads."""
+    if json_schema is None and regex is None and grammar is None:
+        return None
+    from .constrained import from_flags
+
+    found = from_flags(json_schema, regex, grammar)
+    if stop:
+        raise InvalidParameterError("--stop does not combine with --json-schema, --regex or --grammar: "
+                                    "the grammar decides where the output ends")
+    return found
+
+
 @app.command()
 def run(
     model: ModelArg,
@@ -131,17 +147,24 @@ def run(
     compile: Compile = False,
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")] = False,
+    json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
+    logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="With --json: each token's log-probability and the N (0-20) most likely alternatives.", show_default=False)] = None,
     verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
     """Generate one answer to PROMPT and stream it to stdout."""
     from .cli_progress import download_progress
-    from .generate import generate
+    from .generate import Logprobs, generate
     from .runtime import open_model
 
     params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
     check_max_tokens(max_tokens)
     check_text_options(system, stop)
+    if logprobs is not None and not 0 <= logprobs <= 20:
+        raise InvalidParameterError(f"--logprobs must be in 0..20, got {logprobs}")
+    if logprobs is not None and not json_out:
+        raise InvalidParameterError("--logprobs needs --json: the log-probabilities are part of the JSON object")
+    constraint_of = read_grammar(json_schema, regex, grammar, stop)
     text = _read_prompt(prompt)
     err = _stderr()
     with download_progress(err) as progress:
@@ -157,26 +180,42 @@ def run(
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     ids = rt.prompt_ids(messages, raw=raw)
     shift = rt.context_shift(messages, raw) if context_shift else None
+    constraint = None
+    if constraint_of is not None:
+        from .constrained import GrammarCompiler
+
+        constraint = GrammarCompiler(rt.loaded.tokenizer).constraint(constraint_of)
+    recorder = Logprobs(logprobs) if logprobs is not None else None
     pieces, last = [], None
     for chunk in generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
                           max_tokens=max_tokens, stop=tuple(stop or ()), device=rt.placement.device,
-                          step=rt.decode_step(compile), shift=shift):
-        if json_out:
+                          step=rt.decode_step(compile), shift=shift, constraint=constraint, logprobs=recorder):
+        if json_out or constraint is not None:  # constrained text is printed only once it is complete and valid
             pieces.append(chunk.text)
         elif chunk.text:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
         last = chunk
-    stats = last.stats
+    stats, answer = last.stats, "".join(pieces)
+    problem = None
+    if constraint is not None:  # checked before anything is printed
+        problem = _check_constrained(constraint_of, constraint, answer, last.finish_reason, stats, max_tokens)
     if json_out:
-        out = {"model": rt.loaded.name, "text": "".join(pieces), "finish_reason": last.finish_reason,
+        out = {"model": rt.loaded.name, "text": answer, "finish_reason": last.finish_reason,
                "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
                          "total_tokens": stats.prompt_tokens + stats.completion_tokens},
                "timings": {"load_s": round(rt.loaded.load_seconds, 4), **stats.as_dict()}}
+        if recorder is not None:
+            out["logprobs"] = logprobs_json(recorder, rt.loaded.tokenizer)
         sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
-    else:
-        sys.stdout.write("\n")
+    elif problem is None:
+        sys.stdout.write(answer + "\n" if constraint is not None else "\n")
     sys.stdout.flush()
+    if verbose and constraint is not None:
+        step_ms = stats.decode_s / max(1, stats.completion_tokens - 1) * 1000
+        err.print(f"[dim]constraint ({constraint_of.kind}): mask + advance {constraint.mean_s * 1000:.3f} ms/token "
+                  f"({constraint.mean_s * 1000 / step_ms:.1%} of a {step_ms:.1f} ms decode step); "
+                  f"first mask {constraint.first_s * 1000:.1f} ms[/dim]")
     if verbose:
         err.print(f"[dim]{stats.prompt_tokens} prompt tokens, {stats.completion_tokens} generated "
                   f"(finish: {last.finish_reason}); ttft {stats.ttft_s * 1000:.0f} ms; "
@@ -184,6 +223,30 @@ def run(
         if shift is not None and shift.shifts:
             err.print(f"[dim]context shifted {shift.shifts} times, {shift.dropped} tokens dropped "
                       f"(the first {shift.keep} kept)[/dim]")
+    if problem is not None:
+        raise problem
+
+
+def _check_constrained(grammar, constraint, text: str, finish: str, stats, max_tokens):
+    """The error to end with (after --json's object, which keeps the partial text), or None when the
+    output is complete and valid. A check that fails here is a bug and raises at once."""
+    from .constrained import incomplete_message
+    from .errors import IncompleteOutputError, InvalidOutputError
+
+    if finish == "length":  # even where the text matches so far: the model had not finished it
+        return IncompleteOutputError(incomplete_message(grammar, stats.completion_tokens, max_tokens))
+    if not constraint.is_accepting():
+        raise InvalidOutputError(f"the output ended before {grammar.what} was complete; this is a bug, please report it")
+    grammar.check_output(text)
+    return None
+
+
+def logprobs_json(recorder, tokenizer) -> list[dict]:
+    """--json's `logprobs`: per generated token, its text, id and logprob, and the top alternatives."""
+    def one(token_id, logprob):
+        return {"token": tokenizer.decode([token_id], skip_special=False), "id": token_id, "logprob": round(logprob, 6)}
+
+    return [{**one(t, lp), "top": [one(a, alp) for a, alp in top]} for t, lp, top in recorder.entries]
 
 
 def report_plan(err, rt, verbose: bool) -> None:

@@ -8,9 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import (ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, KvOffload, KvType, MaxTokens, MinP, Offline,
-                  PresencePenalty, Quant, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads,
-                  TopK, TopP, _stderr, app, check_max_tokens, check_text_options, report_plan, sampling_params)
+from .cli import (ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType,
+                  MaxTokens, MinP, Offline, PresencePenalty, Quant, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed,
+                  Stop, System, Temp, Threads, TopK, TopP, _stderr, app, check_max_tokens, check_text_options, read_grammar, report_plan,
+                  sampling_params)
 from .errors import InvalidParameterError
 
 # the default is runtime.DEFAULT_MODEL (not imported here: that would load torch for `--help`)
@@ -38,6 +39,7 @@ def chat(
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compile the decode step with torch.compile; default: at a terminal, in the background while you type.", show_default=False)] = None,
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
+    json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
     registry: RegistryFile = None, offline: Offline = False,
 ):
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
@@ -51,6 +53,7 @@ def chat(
                              presence_penalty, frequency_penalty, seed)
     check_max_tokens(max_tokens)
     check_text_options(system, stop)
+    constraint = read_grammar(json_schema, regex, grammar, stop)  # every reply follows it
     if single and sys.stdin.isatty():  # before the model loads, to fail at once
         raise InvalidParameterError("--single reads the message from stdin; pipe it in, "
                                     "e.g. `cat notes.txt | llmcli chat --single`")
@@ -63,7 +66,7 @@ def chat(
                         quant=quant, registry=registry, offline=offline, progress=progress,
                         kv_type=kv_type, kv_offload=kv_offload)
     report_plan(err, rt, verbose=False)
-    session = ChatSession(rt, conv, _decode_step(rt, compile), context_shift=context_shift)
+    session = ChatSession(rt, conv, _decode_step(rt, compile), context_shift=context_shift, grammar=constraint)
     raise typer.Exit(repl.run(session, render=render, single=single, check_model=load is not None))
 
 

@@ -62,3 +62,18 @@ class DiskFullError(DownloadError):
 class LlmcliWarning(UserWarning):
     """Something the user asked for was adjusted (e.g. --threads above the CPU count); the CLI prints
     `warning: <message>` on stderr, one line. Library code issues these with warnings.warn."""
+
+
+class GrammarError(LlmcliError):
+    """A --json-schema, --regex or --grammar that cannot be used: not JSON, not a valid schema, a
+    keyword the constraint engine does not implement, a regex or grammar that does not parse."""
+
+    exit_code = 2
+
+
+class IncompleteOutputError(LlmcliError):
+    """Constrained output that ended (at --max-tokens or a full context) before the grammar was satisfied."""
+
+
+class InvalidOutputError(LlmcliError):
+    """Constrained output that does not parse or validate: a bug in the constraint path, never expected."""

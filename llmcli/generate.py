@@ -6,7 +6,10 @@
                    across tokens), whole UTF-8 characters only
     generate       the public entry: checks the prompt fits, picks the output limit, yields Chunk
 
-The last chunk carries `finish_reason` ("stop" or "length") and the `Stats`.
+The last chunk carries `finish_reason` ("stop" or "length") and the `Stats`. Two optional
+per-sequence objects ride along: a `constraint` (constrained.TokenConstraint: a grammar masks the
+logits, and a complete grammar ends the sequence) and `logprobs` (Logprobs: records each sampled
+token's log-probability and the top alternatives).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Iterable, Iterator
 import torch
 
 from .errors import PromptTooLongError
-from .sampling import SamplingParams, make_generator, sample
+from .sampling import SamplingParams, make_generator, sample, token_logprobs
 from .tokenizer import StreamDecoder, Tokenizer
 
 PREFILL_CHUNK = 512  # tokens per forward pass when prefilling long prompts (bounds activation memory)
@@ -63,6 +66,18 @@ class Chunk:
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
     stats: Stats | None = None
+
+
+@dataclass
+class Logprobs:
+    """Per sampled token: (id, logprob, [(id, logprob) of the `top` most likely]), from the model's own
+    distribution: before penalties, temperature, truncation and any grammar mask (as OpenAI reports)."""
+
+    top: int = 0
+    entries: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+
+    def record(self, logits: torch.Tensor, token: int) -> None:
+        self.entries.append((token, *token_logprobs(logits, token, self.top)))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -111,11 +126,14 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tens
 
 @torch.inference_mode()
 def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int,
-                 device: torch.device, stats: Stats, step=None, shift=None) -> Iterator[int]:
+                 device: torch.device, stats: Stats, step=None, shift=None, constraint=None,
+                 logprobs: Logprobs | None = None) -> Iterator[int]:
     """Yield up to `max_new` token ids. `cache.token_ids` lists the ids in the cache slots; the
     longest prefix shared with `prompt` is reused and only the rest is prefilled. `step` runs the
     one-token decode steps (e.g. a compiled model); prefill always runs `model`. `shift`
-    (context_shift.ContextShift) makes room when the cache is full."""
+    (context_shift.ContextShift) makes room when the cache is full. `constraint` masks each step's
+    logits; once it is complete, its end token is yielded without another step (the grammar allows
+    nothing else) and not counted as generated. `logprobs` records each sampled token."""
     step = step or model
     t0 = time.perf_counter()
     held = getattr(cache, "token_ids", [])[: cache.length]
@@ -136,7 +154,12 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
                             dtype=torch.long, device=device) if penalties else _EMPTY
         if greedy:
             logits = rescore_near_ties(getattr(model, "lm_head", None), logits, h)
-        token = sample(logits, hist, params, generator)
+        allowed = constraint.mask(logits) if constraint is not None else logits
+        token = sample(allowed, hist, params, generator)
+        if logprobs is not None:
+            logprobs.record(logits, token)
+        if constraint is not None:
+            constraint.advance(token)
         now = time.perf_counter()
         if i == 0:
             stats.ttft_s = stats.prefill_s = now - t0
@@ -145,6 +168,9 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
         stats.completion_tokens = i + 1
         history.append(token)
         yield token
+        if constraint is not None and constraint.is_done():
+            yield constraint.end_token
+            return
         if i + 1 < max_new:
             if shift is not None and cache.length >= cache.max_len:
                 shift.make_room(cache)
@@ -201,9 +227,11 @@ def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> i
 
 def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
              max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None,
-             step=None, shift=None) -> Iterator[Chunk]:
+             step=None, shift=None, constraint=None, logprobs: Logprobs | None = None) -> Iterator[Chunk]:
     """Stream the completion of `prompt` (token ids) as Chunks; `step` runs decode steps (default: model).
-    With `shift` (context_shift.ContextShift) generation goes past the context: only `max_tokens` ends it."""
+    With `shift` (context_shift.ContextShift) generation goes past the context: only `max_tokens` ends it.
+    `constraint` (constrained.TokenConstraint, one per sequence) keeps the output inside a grammar;
+    `logprobs` (Logprobs) collects each sampled token's log-probabilities."""
     if not prompt:
         raise ValueError("empty prompt")
     device = device or next(model.parameters()).device
@@ -211,6 +239,6 @@ def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingPar
     if shift is not None:
         limit = max_tokens or sys.maxsize
     stats = Stats(prompt_tokens=len(prompt))
-    tokens = token_stream(model, prompt, cache, params, limit, device, stats, step, shift)
+    tokens = token_stream(model, prompt, cache, params, limit, device, stats, step, shift, constraint, logprobs)
     stops = tuple(s for s in stop if s)
     yield from text_stream(tokens, tokenizer, stops, prompt, stats)

@@ -159,3 +159,12 @@ def sample(logits: torch.Tensor, history: torch.Tensor, params: SamplingParams,
     logits = apply_min_p(apply_top_p(logits, params.top_p), params.min_p)
     choice = draw(apply_temperature(logits, params.temperature), generator)
     return int(idx[choice] if idx is not None else choice)
+
+
+def token_logprobs(logits: torch.Tensor, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of `token` under softmax(logits) (V,), and the n most likely tokens with
+    theirs, most likely first: the model's own distribution, as OpenAI's `logprobs` reports it."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    top = logprobs.topk(min(n, logprobs.shape[-1])) if n > 0 else None
+    alternatives = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
+    return float(logprobs[token]), alternatives
