@@ -11,7 +11,7 @@ import torch
 from . import gguf_file, hf_folder, models
 from .device import Placement
 from .errors import ModelNotFoundError, UnsupportedModelError
-from .models.llama import ModelArgs
+from .models.llama import ModelArgs  # the base of every family's ModelArgs
 from .tokenizer import Tokenizer, from_gguf_metadata, from_hf_folder
 
 
@@ -62,8 +62,7 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
     reader = gguf_file.open_gguf(path)
     meta = gguf_file.read_metadata(reader)
     names = {t.name for t in reader.tensors}
-    args = gguf_file.model_args(meta, names)
-    args.rope_freq_factors = gguf_file.rope_freq_factors(reader)
+    args = gguf_file.model_args(meta, names, reader)
     tokenizer = from_gguf_metadata(meta)
     try:
         weights_type = LlamaFileType(meta.get("general.file_type", -1)).name.removeprefix("MOSTLY_")
@@ -91,7 +90,7 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
 def _load_folder(path: Path, placement: Placement, preset=None) -> LoadedModel:
     config = hf_folder.read_config(path)
     files = hf_folder.safetensors_files(path)
-    args = ModelArgs.from_hf_config(config)
+    args = models.args_from_hf_config(config)
     tokenizer = from_hf_folder(path, config)
     weights_type = str(config.get("torch_dtype", config.get("dtype", "?")))
     if "quantization" in config or preset is not None:  # structural: the config says how it is packed
