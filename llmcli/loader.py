@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from . import gguf_file, hf_folder, models
+from . import chat_template, gguf_file, hf_folder, models
 from .device import Placement
 from .errors import ModelNotFoundError, UnsupportedModelError
 from .models.llama import ModelArgs  # the base of every family's ModelArgs
@@ -81,7 +81,9 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
     else:  # GGUF blocks the preset can use are taken as they are; the rest quantized or kept
         model = pipeline.model_from_sources(sources, args, preset, placement)
         weights_type = weights_type if preset.name == "as-stored" else f"{preset.name} (from {weights_type})"
-    return LoadedModel(model, tokenizer, args, meta.get("tokenizer.chat_template"), path, "gguf",
+    template = meta.get("tokenizer.chat_template") or chat_template.fallback_template(
+        meta["general.architecture"], {tokenizer.token_text(i) for i in tokenizer.special_ids})
+    return LoadedModel(model, tokenizer, args, template, path, "gguf",
                        path.stat().st_size, weights_type, placement, 0.0,
                        {"name": meta.get("general.name"), "license": meta.get("general.license"),
                         "architecture": meta.get("general.architecture")})

@@ -218,12 +218,9 @@ class Attention(nn.Module):
         if self.window is not None and k.shape[2] > self.window:
             mask = _window_mask(mask, start, T, k.shape[2], self.window, x.device)
         is_causal = mask is None and T > 1  # only when start == 0: queries and keys line up
-        y = self.attend(q, k, v, mask, is_causal)  # (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+                                           enable_gqa=H != KV)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
-
-    def attend(self, q, k, v, mask, is_causal: bool) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                              scale=self.scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _window_mask(mask, start: int, T: int, S: int, window: int, device) -> torch.Tensor:
@@ -302,6 +299,10 @@ class Transformer(nn.Module):
     def rope(self, positions: torch.Tensor, cache, dtype: torch.dtype):
         """cos, sin (T, rotary_dim) for these positions (phi3 picks its factors by the cache size)."""
         return rope_cos_sin(self.inv_freq, positions, dtype)
+
+    def inv_freq_for(self, max_len: int) -> torch.Tensor:
+        """The inverse frequencies keys are rotated with in a cache of `max_len` (context shift)."""
+        return self.inv_freq
 
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:

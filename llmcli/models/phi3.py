@@ -82,10 +82,14 @@ class Transformer(llama.Transformer):
     def rope_buffers(args: ModelArgs) -> dict[str, torch.Tensor]:
         return {"inv_freq": rope_inv_freq(args), "inv_freq_long": rope_inv_freq(args, long=True)}
 
-    def rope(self, positions: torch.Tensor, cache, dtype: torch.dtype):
-        """cos, sin (T, rotary_dim), from the long factors when the cache outgrows the original context."""
+    def inv_freq_for(self, max_len: int) -> torch.Tensor:
+        """The long factors' table when a cache of `max_len` outgrows the original context."""
         args = self.args
-        long = args.longrope and cache.max_len > (args.original_max_position_embeddings or args.max_position_embeddings)
-        cos, sin = rope_cos_sin(self.inv_freq_long if long else self.inv_freq, positions, torch.float32)
+        long = args.longrope and max_len > (args.original_max_position_embeddings or args.max_position_embeddings)
+        return self.inv_freq_long if long else self.inv_freq
+
+    def rope(self, positions: torch.Tensor, cache, dtype: torch.dtype):
+        """cos, sin (T, rotary_dim), scaled by LongRoPE's attention factor."""
+        cos, sin = rope_cos_sin(self.inv_freq_for(cache.max_len), positions, torch.float32)
         f = self.attention_factor
         return (cos * f).to(dtype), (sin * f).to(dtype)
