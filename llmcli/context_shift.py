@@ -31,9 +31,10 @@ def rerotation(inv_freq: torch.Tensor) -> Callable[[torch.Tensor, int], torch.Te
         angle = torch.cat((angle, angle))
         cos, sin = (t.to(device=k.device, dtype=torch.float32) for t in (angle.cos(), angle.sin()))
         x = k.float()
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos + rotated * sin).to(k.dtype)
+        R = cos.shape[-1]  # rotary channels: fewer than head_dim with partial rotary (phi4-mini)
+        x, rest = x[..., :R], x[..., R:]
+        rotated = torch.cat((-x[..., R // 2:], x[..., :R // 2]), dim=-1)
+        return torch.cat((x * cos + rotated * sin, rest), dim=-1).to(k.dtype)
 
     return rerotate
 

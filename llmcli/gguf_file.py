@@ -21,19 +21,31 @@ import numpy as np
 import torch
 
 from .errors import CorruptModelError, UnsupportedModelError
+from .models import gemma3, phi3
 from .models.llama import ModelArgs
 
 GGUF_MAGIC = b"GGUF"
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
-# llama.cpp's converter permutes Q and K rows for these (interleaved rotary pairs)
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
+# llama.cpp's converter permutes Q and K rows for these (interleaved rotary pairs); qwen, phi3 and
+# gemma3 are stored in HF's half-split layout
 _PERMUTED_ARCHITECTURES = ("llama", "mistral")
+# GGUF architecture -> HF model_type
+_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                "gemma3": "gemma3_text"}
+# tensors that are RoPE tables, not weights
+_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "self_attn.qkv_proj",  # phi3
 }
+# gemma3: four norms per layer; `ffn_norm` is the one before the MLP
+_GEMMA3_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                 "post_ffw_norm": "post_feedforward_layernorm"}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -182,7 +194,9 @@ def read_metadata(reader: GGUFFile) -> dict:
     return reader.metadata
 
 
-def model_args(meta: dict, tensor_names: set[str]) -> ModelArgs:
+def model_args(meta: dict, tensor_names: set[str], reader=None) -> ModelArgs:
+    """The family's ModelArgs from GGUF metadata; `reader` adds RoPE tables stored as tensors
+    (llama 3's `rope_freqs`, phi3's LongRoPE factors)."""
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -203,37 +217,87 @@ def model_args(meta: dict, tensor_names: set[str]) -> ModelArgs:
     elif kind not in ("none", None):
         raise UnsupportedModelError(f"rope scaling {kind!r} in this GGUF is not supported; supported: none, linear")
     vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())) or None
-    head_dim = get("attention.key_length", get("rope.dimension_count"))  # None: hidden / heads
+    if reader is not None:  # the embedding's rows are the real vocabulary (gemma3's converter trims it)
+        embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        vocab = int(embd.shape[1]) if embd is not None else vocab
+    per_head = hidden // n_heads if isinstance(hidden, int) and isinstance(n_heads, int) and n_heads > 0 else None
+    head_dim = get("attention.key_length")  # a 0 stays 0: ModelArgs says what is wrong
+    if head_dim is None:  # phi3/gemma3 may turn only part of each head: their rotary dims are not it
+        head_dim = per_head if arch in ("phi3", "gemma3") else get("rope.dimension_count", per_head)
+    window = get("attention.sliding_window") or None
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=get("feed_forward_length"),
+        num_hidden_layers=get("block_count"),
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv,
+        head_dim=head_dim,
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=get("rope.freq_base", 10000.0),
+        rope_scaling=scaling,
+        max_position_embeddings=get("context_length", 4096),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_output.bias" in tensor_names,
+        qkv_bias="blk.0.attn_q.bias" in tensor_names and "blk.0.attn_output.bias" not in tensor_names,
+        sliding_window=window,
+        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+    )
     try:  # ModelArgs checks every value (0 heads, NaN rope base, ...)
-        return ModelArgs(
-            model_type="qwen2" if arch == "qwen2" else "llama",
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=get("feed_forward_length"),
-            num_hidden_layers=get("block_count"),
-            num_attention_heads=n_heads,
-            num_key_value_heads=n_kv,
-            head_dim=head_dim,
-            rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
-            rope_theta=get("rope.freq_base", 10000.0),
-            rope_scaling=scaling,
-            max_position_embeddings=get("context_length", 4096),
-            tie_word_embeddings="output.weight" not in tensor_names,
-            attention_bias="blk.0.attn_output.bias" in tensor_names,
-            qkv_bias="blk.0.attn_q.bias" in tensor_names and "blk.0.attn_output.bias" not in tensor_names,
-            sliding_window=get("attention.sliding_window"),
-        )
+        if arch == "gemma3":
+            return _gemma3_args(meta, common, get)
+        if arch == "phi3":
+            return _phi3_args(common, get, reader, n_heads)
+        args = ModelArgs(model_type=_MODEL_TYPES[arch], **common)
     except CorruptModelError as e:
         raise CorruptModelError(f"the GGUF metadata is invalid ({arch}: {e}); the file is corrupt, "
                                 "download it again") from None
+    if reader is not None:
+        args.rope_freq_factors = rope_freq_factors(reader)
+    return args
 
 
-def hf_name(gguf_name: str) -> str | None:
+def _gemma3_args(meta: dict, common: dict, get) -> ModelArgs:
+    """As llama.cpp reads gemma3: five local layers then one global, unless the file says otherwise."""
+    n_layers, pattern = common["num_hidden_layers"], get("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        types = ["sliding_attention" if pattern == 0 or i % pattern < pattern - 1 else "full_attention"
+                 for i in range(n_layers)]
+    # llama.cpp: the 27B (62 layers) scales queries by hidden/heads, the others by head_dim
+    scalar = common["hidden_size"] // common["num_attention_heads"] if n_layers == 62 else common["head_dim"]
+    return gemma3.ModelArgs(**{**common, "qk_norm": True}, layer_types=types, query_pre_attn_scalar=scalar,
+                            rope_local_base_freq=get("rope.freq_base_swa", 10000.0),
+                            final_logit_softcapping=get("final_logit_softcapping") or None)
+
+
+def _phi3_args(common: dict, get, reader, n_heads: int) -> phi3.ModelArgs:
+    """Phi-3's RoPE: rotary dims (Phi-4-mini turns 3/4 of each head) and LongRoPE factors as tensors."""
+    rotary = get("rope.dimension_count") or common["head_dim"]
+    orig = get("rope.scaling.original_context_length")
+    scaling = None
+    tables = {t.name: t for t in reader.tensors} if reader is not None else {}
+    if "rope_factors_long.weight" in tables:
+        scaling = {"rope_type": "longrope", "attention_factor": get("rope.scaling.attn_factor"),
+                   "long_factor": dequantize(tables["rope_factors_long.weight"]).reshape(-1).tolist(),
+                   "short_factor": dequantize(tables["rope_factors_short.weight"]).reshape(-1).tolist(),
+                   "original_max_position_embeddings": orig}
+    return phi3.ModelArgs(**{**common, "rope_scaling": scaling}, partial_rotary_factor=rotary / common["head_dim"],
+                          original_max_position_embeddings=orig)
+
+
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for unknown names."""
     m = _BLOCK.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+        names = _LAYER_NAMES
+        if arch == "gemma3":
+            names = {**_LAYER_NAMES, **_GEMMA3_NAMES}
+        elif arch == "phi3":  # ffn_up holds gate and up stacked, as HF's gate_up_proj
+            names = {**_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"}
+        return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     base, _, kind = gguf_name.rpartition(".")
     return f"{_GLOBAL_NAMES[base]}.{kind}" if base in _GLOBAL_NAMES else None
 
@@ -272,6 +336,15 @@ def dequantize(t) -> np.ndarray:
     return values.reshape(tensor_shape(t))
 
 
+def tensor_values(t, arch: str) -> np.ndarray:
+    """Float32 values in HF's convention: gemma3's converter stores its norm weights as 1 + w
+    (llama.cpp multiplies by them), HF's Gemma3RMSNorm adds the 1 itself."""
+    values = dequantize(t)
+    if arch == "gemma3" and t.name.endswith("norm.weight"):
+        values = values - 1.0
+    return values
+
+
 def rope_freq_factors(reader) -> tuple[float, ...] | None:
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
@@ -282,9 +355,9 @@ def rope_freq_factors(reader) -> tuple[float, ...] | None:
 def iter_tensors(reader, args: ModelArgs, arch: str):
     """Yield (hf_name, reader_tensor, needs_unpermute_heads or None) for every model tensor."""
     for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
+        if t.name in _ROPE_TENSORS:
             continue
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:
             raise UnsupportedModelError(f"unexpected tensor {t.name} in the GGUF file; this variant is not supported")
         heads = None
@@ -300,7 +373,7 @@ def load_state_dict(reader, args: ModelArgs, arch: str, dtype: torch.dtype, devi
     """Dequantized weights under HF names, Q/K un-permuted, in `dtype` on `device`."""
     state = {}
     for name, t, heads in iter_tensors(reader, args, arch):
-        w = torch.from_numpy(dequantize(t))
+        w = torch.from_numpy(tensor_values(t, arch))
         if heads is not None:
             w = unpermute_rows(w, heads)
         state[name] = w.to(device=device, dtype=dtype)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from . import gguf_file, hf_folder, models
+from . import chat_template, gguf_file, hf_folder, models
 from .device import Placement
 from .errors import ModelNotFoundError, UnsupportedModelError
-from .models.llama import ModelArgs
+from .models.llama import ModelArgs  # the base of every family's ModelArgs
 from .tokenizer import Tokenizer, from_gguf_metadata, from_hf_folder
 
 
@@ -67,8 +67,7 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
     reader = gguf_file.open_gguf(path)
     meta = gguf_file.read_metadata(reader)
     names = {t.name for t in reader.tensors}
-    args = gguf_file.model_args(meta, names)
-    args.rope_freq_factors = gguf_file.rope_freq_factors(reader)
+    args = gguf_file.model_args(meta, names, reader)
     tokenizer = from_gguf_metadata(meta)
     try:
         weights_type = LlamaFileType(meta.get("general.file_type", -1)).name.removeprefix("MOSTLY_")
@@ -87,7 +86,9 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
     else:  # GGUF blocks the preset can use are taken as they are; the rest quantized or kept
         model = pipeline.model_from_sources(sources, args, preset, placement)
         weights_type = weights_type if preset.name == "as-stored" else f"{preset.name} (from {weights_type})"
-    return LoadedModel(model, tokenizer, args, meta.get("tokenizer.chat_template"), path, "gguf",
+    template = meta.get("tokenizer.chat_template") or chat_template.fallback_template(
+        meta["general.architecture"], {tokenizer.token_text(i) for i in tokenizer.special_ids})
+    return LoadedModel(model, tokenizer, args, template, path, "gguf",
                        path.stat().st_size, weights_type, placement, 0.0,
                        {"name": meta.get("general.name"), "license": meta.get("general.license"),
                         "architecture": meta.get("general.architecture")})
@@ -96,7 +97,7 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
 def _load_folder(path: Path, placement: Placement, preset=None) -> LoadedModel:
     config = hf_folder.read_config(path)
     files = hf_folder.safetensors_files(path)
-    args = ModelArgs.from_hf_config(config)
+    args = models.args_from_hf_config(config)
     tokenizer = from_hf_folder(path, config)
     weights_type = str(config.get("torch_dtype", config.get("dtype", "?")))
     if "quantization" in config or preset is not None:  # structural: the config says how it is packed

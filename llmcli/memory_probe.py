@@ -125,11 +125,18 @@ def model_shapes(args) -> dict[str, tuple[int, ...]]:
     qkv_bias = args.attention_bias or args.qkv_bias
     for n in range(args.num_hidden_layers):
         p = f"model.layers.{n}."
-        out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                    p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                    p + "mlp.down_proj.weight": (h, i),
+        if args.model_type == "phi3":  # stored fused
+            out.update({p + "self_attn.qkv_proj.weight": (q + 2 * kv, h), p + "mlp.gate_up_proj.weight": (2 * i, h)})
+        else:
+            out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                        p + "self_attn.v_proj.weight": (kv, h), p + "mlp.gate_proj.weight": (i, h),
+                        p + "mlp.up_proj.weight": (i, h)})
+        out.update({p + "self_attn.o_proj.weight": (h, q), p + "mlp.down_proj.weight": (h, i),
                     p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if args.norms_per_layer() == 4:  # gemma3: norms after attention and around the MLP
+            out.update({p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)})
+        if args.qk_norm:
+            out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
         if qkv_bias:
             out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                         p + "self_attn.v_proj.bias": (kv,)})
@@ -138,7 +145,10 @@ def model_shapes(args) -> dict[str, tuple[int, ...]]:
 
 def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch.dtype, device: torch.device) -> int:
     """Bytes the weights take once loaded: quantized as `preset` says, the rest in `dtype`."""
-    total = (args.head_dim // 2) * 4  # inv_freq, float32
+    from .models import ARCHITECTURES
+
+    # the RoPE tables (inv_freq, and gemma3's local or phi3's long one), float32
+    total = sum(t.numel() * 4 for t in ARCHITECTURES[args.model_type].Transformer.rope_buffers(args).values())
     n_layers = args.num_hidden_layers
     for name, shape in shapes.items():
         if name == "lm_head.weight" and args.tie_word_embeddings:
@@ -154,8 +164,7 @@ def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch
 def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.device,
                        keep_blocks: bool | None = None) -> WeightsInfo:
     from . import gguf_file, hf_folder
-    from .models.llama import ModelArgs
-
+    from .models import args_from_hf_config
     from .loader import check_model_path
 
     name = str(dtype).removeprefix("torch.")
@@ -164,7 +173,7 @@ def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.dev
         from .model_info import _safetensors_header
 
         config = hf_folder.read_config(path)
-        args = ModelArgs.from_hf_config(config)
+        args = args_from_hf_config(config)
         headers = [_safetensors_header(f) for f in hf_folder.safetensors_files(path)]
         tensors = {k: v for h in headers for k, v in h.items() if k != "__metadata__"}
         if "quantization" in config:  # an llmcli checkpoint: loaded as stored
@@ -177,7 +186,7 @@ def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.dev
     else:
         reader = gguf_file.open_gguf(path)
         meta = gguf_file.read_metadata(reader)
-        args = gguf_file.model_args(meta, {t.name for t in reader.tensors})
+        args = gguf_file.model_args(meta, {t.name for t in reader.tensors}, reader)
         shapes = {n: gguf_file.tensor_shape(t) for n, t, _ in
                   gguf_file.iter_tensors(reader, args, meta["general.architecture"])}
         kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}

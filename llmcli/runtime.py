@@ -52,11 +52,16 @@ class Runtime:
                                        self.placement.dtype)
 
     def context_shift(self, messages: list[dict], raw: bool = False):
-        """A ContextShift that keeps the system prompt and template prefix of `messages`."""
+        """A ContextShift that keeps the system prompt and template prefix of `messages`; None for
+        models whose layers use different RoPE tables (gemma3's local layers), which the single
+        re-rotation would corrupt: generation then stops at a full context."""
         from .context_shift import ContextShift, prefix_length
 
+        if hasattr(self.loaded.model, "inv_freq_local"):
+            return None
+
         keep = prefix_length(lambda m: self.prompt_ids(m, raw=raw), messages)
-        return ContextShift(keep, self.loaded.model.inv_freq)
+        return ContextShift(keep, self.loaded.model.inv_freq_for(self.ctx_size))
 
     def prompt_ids(self, messages: list[dict], raw: bool = False) -> list[int]:
         """Token ids for a conversation: through the model's chat template unless `raw` or absent."""

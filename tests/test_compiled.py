@@ -79,3 +79,35 @@ def test_quantized_and_offloaded_caches_decode_eagerly(tmp_path):
         rt = Runtime(loaded, 64, Plan(choice))
         assert rt.compiles_well is compiles
         assert (rt.decode_step(True) is loaded.model) is not compiles
+
+
+@pytest.mark.parametrize("model_type, overrides", [
+    ("gemma3_text", {}),  # its own forward: scaled embeddings, two RoPE tables, local and global layers
+    ("phi3", {"original_max_position_embeddings": 8, "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 8,
+        "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0]}}),
+])
+def test_compiled_step_runs_the_new_architectures(tmp_path, monkeypatch, model_type, overrides):
+    """The compiled one-token step of gemma3 and phi3 (LongRoPE, partial rotary) gives the eager logits."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from tiny import hf_model, save_hf
+
+    from llmcli.device import place
+    from llmcli.kv_cache import StaticKVCache
+    from llmcli.loader import load_model
+
+    monkeypatch.setenv("LLMCLI_HOME", str(tmp_path))
+    loaded = load_model(save_hf(hf_model(model_type, **overrides), tmp_path / "m"), place("cpu", "float32"))
+    loaded.model.fuse()
+    step = CompiledStep(loaded.model)
+    caches = [StaticKVCache.for_model(loaded.args, 24, torch.device("cpu"), torch.float32) for _ in range(2)]
+    with torch.no_grad():
+        for cache in caches:
+            loaded.model(torch.tensor([[5, 6, 7, 8, 9, 10]]), cache)
+        for t in range(11, 20):  # past gemma3's window of 8
+            eager = loaded.model(torch.tensor([[t]]), caches[0], last_only=True)
+            compiled = step(torch.tensor([[t]]), caches[1], last_only=True)
+            torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
+    assert step.fallback_reason is None

@@ -12,6 +12,11 @@ from llmcli.loader import load_model
 
 CPU32 = place("cpu", "float32")
 
+# Phi-4-mini's shape of RoPE: LongRoPE (short factors up to 32 positions, long beyond) on half of each head
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                 "original_max_position_embeddings": 32, "short_factor": [1.0, 1.5, 2.0, 3.0],
+                 "long_factor": [2.0, 4.0, 8.0, 16.0]}
+
 VARIANTS = {
     "llama-gqa-untied": ("llama", {}),
     "llama-mha-tied": ("llama", {"num_key_value_heads": 4, "tie_word_embeddings": True}),
@@ -25,6 +30,16 @@ VARIANTS = {
     "mistral-no-window": ("mistral", {}),
     "qwen2-bias": ("qwen2", {"tie_word_embeddings": True}),
     "qwen2-mha": ("qwen2", {"num_key_value_heads": 4}),
+    "qwen3-qk-norm": ("qwen3", {}),
+    "qwen3-tied-head-dim-32": ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
+    "phi3": ("phi3", {}),
+    "phi3-longrope-partial": ("phi3", {"rope_parameters": PHI3_LONGROPE, "original_max_position_embeddings": 32}),
+    "phi3-sliding-window": ("phi3", {"sliding_window": 8}),
+    "gemma3": ("gemma3_text", {}),
+    "gemma3-final-softcap": ("gemma3_text", {"final_logit_softcapping": 3.0}),
+    "gemma3-global-rope-scaling": ("gemma3_text", {"rope_parameters": {
+        "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 8.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 20_000.0}}}),
 }
 
 
@@ -52,7 +67,8 @@ def test_logits_match_transformers(tmp_path, variant):
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["llama-gqa-untied", "mistral-sliding-window", "qwen2-bias"])
+@pytest.mark.parametrize("variant", ["llama-gqa-untied", "mistral-sliding-window", "qwen2-bias", "qwen3-qk-norm",
+                                     "phi3-longrope-partial", "gemma3"])
 def test_cached_decoding_matches_full_forward(tmp_path, variant):
     """Prefill a prefix, then one token per step (and a chunk): same logits as one full pass."""
     model_type, overrides = VARIANTS[variant]
@@ -66,7 +82,8 @@ def test_cached_decoding_matches_full_forward(tmp_path, variant):
         for i in range(17, 30):
             steps.append(loaded.model(tokens[:, i:i + 1], cache)[0])
     assert cache.length == 30
-    torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=1e-5)
+    tol = 5e-5 if model_type == "gemma3_text" else 1e-5  # gemma3's scaled embeddings and (1 + w) norms: larger sums
+    torch.testing.assert_close(torch.cat(steps), full, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
@@ -83,6 +100,39 @@ def test_gguf_matches_reference(tmp_path, qtype, model_type):
     torch.testing.assert_close(ours, _ref_logits(reference_from(ref, held), tokens), atol=1e-4, rtol=1e-4)
     if qtype == "F32":  # lossless: also equal to the original model
         torch.testing.assert_close(ours, _ref_logits(ref, tokens), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+@pytest.mark.parametrize("variant", ["qwen3-qk-norm", "phi3", "phi3-longrope-partial", "gemma3", "gemma3-final-softcap"])
+def test_gguf_new_architectures_match_reference(tmp_path, qtype, variant):
+    """qwen3 / phi3 / gemma3 GGUFs as llama.cpp's converter writes them (unpermuted Q/K, phi3's fused
+    attn_qkv and ffn_up, LongRoPE factor tensors, gemma3's norms stored as 1 + w) load to the reference."""
+    model_type, overrides = VARIANTS[variant]
+    if model_type == "gemma3_text":  # GGUF has no key for it: llama.cpp scales by head_dim (but for the 27B)
+        overrides = {**overrides, "query_pre_attn_scalar": 32}
+    ref = hf_model(model_type, **overrides)
+    held = write_gguf(ref, tmp_path / "tiny.gguf", qtype)
+    loaded = load_model(tmp_path / "tiny.gguf", CPU32)
+    assert loaded.args.model_type == model_type
+    tokens = _tokens(40)
+    with torch.no_grad():
+        ours = loaded.model(tokens, StaticKVCache.for_model(loaded.args, 64, CPU32.device, torch.float32))[0]
+    torch.testing.assert_close(ours, _ref_logits(reference_from(ref, held), tokens), atol=1e-4, rtol=1e-4)
+    if qtype == "F32":
+        torch.testing.assert_close(ours, _ref_logits(ref, tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_phi3_short_factors_while_the_context_fits(tmp_path):
+    """LongRoPE takes its short factors when the cache fits the original context (32 here): the
+    same logits as transformers on a sequence within it."""
+    ref = hf_model("phi3", rope_parameters=PHI3_LONGROPE, original_max_position_embeddings=32)
+    loaded = load_model(save_hf(ref, tmp_path / "phi3"), CPU32)
+    tokens = _tokens(24)
+    with torch.no_grad():
+        ours = loaded.model(tokens, StaticKVCache.for_model(loaded.args, 32, CPU32.device, torch.float32))[0]
+        long = loaded.model(tokens, StaticKVCache.for_model(loaded.args, 64, CPU32.device, torch.float32))[0]
+    torch.testing.assert_close(ours, _ref_logits(ref, tokens), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(long, ours, atol=1e-3)  # the long factors do change the result
 
 
 def test_gguf_tied_embeddings_and_tokenizer(tmp_path):
@@ -129,7 +179,8 @@ def test_header_parser_agrees_with_gguf_reader(tmp_path, qtype):
             assert ours.metadata[key] == pytest.approx(field.contents()), key
 
 
-@pytest.mark.parametrize("variant", ["llama-gqa-untied", "llama-attention-bias", "qwen2-bias", "mistral-sliding-window"])
+@pytest.mark.parametrize("variant", ["llama-gqa-untied", "llama-attention-bias", "qwen2-bias", "mistral-sliding-window",
+                                     "qwen3-qk-norm", "phi3", "gemma3"])
 def test_fused_projections_give_the_same_logits(tmp_path, variant):
     model_type, overrides = VARIANTS[variant]
     loaded = load_model(save_hf(hf_model(model_type, **overrides), tmp_path / variant), CPU32)

@@ -33,7 +33,7 @@ def shipped() -> Registry:
 
 def test_shipped_registry_is_complete(shipped):
     families = {name.split(":")[0] for name in shipped.names()}
-    assert families == {"smollm2", "qwen2.5", "llama3.2", "mistral", "tinyllama"}
+    assert families == {"smollm2", "qwen2.5", "llama3.2", "mistral", "tinyllama", "gemma3", "qwen3", "phi4-mini"}
     for size in ("135m", "360m", "1.7b"):
         assert shipped.get(f"smollm2:{size}")
     for size in ("0.5b", "1.5b", "3b", "7b"):
@@ -43,6 +43,9 @@ def test_shipped_registry_is_complete(shipped):
         entry = shipped.get(name)
         assert entry.format == "safetensors" and entry.license and entry.context_length
         assert shipped.get(f"{name}-q4_k_m").sources[0].files  # a GGUF tag names its file
+    for name in ("gemma3:270m", "qwen3:0.6b", "phi4-mini:3.8b"):  # GGUF tags, as ollama's
+        entry = shipped.get(name)
+        assert entry.format == "gguf" and entry.sources[0].files and entry.license and entry.context_length
     for family, tag in shipped.defaults.items():
         assert shipped.get(family).name == f"{family}:{tag}"
 

@@ -3,6 +3,7 @@ transformers (the reference implementation), and GGUF files written with `gguf.G
 
 from __future__ import annotations
 
+import copy
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -56,7 +57,13 @@ def hf_config(model_type: str = "llama", **overrides):
                 bos_token_id=None, eos_token_id=2, pad_token_id=0, initializer_range=0.1)
     if model_type == "mistral":
         base["sliding_window"] = None
-    base.update(overrides)
+    if model_type == "gemma3_text":  # local and global layers (every second), windows of 8
+        base.update(num_hidden_layers=4, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
+                    sliding_window_pattern=2, tie_word_embeddings=True)
+        base.pop("rope_theta")
+        base["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+    base.update(copy.deepcopy(overrides))  # configs rewrite nested dicts such as rope_parameters in place
     return AutoConfig.for_model(model_type, **base)
 
 
@@ -92,16 +99,28 @@ _LAYER = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+    "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
 }
+_GEMMA3_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}
+# HF model_type -> llama.cpp architecture
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+             "gemma3_text": "gemma3"}
 
 
-def gguf_name(hf: str) -> str:
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in _GGUF_NAMES:
         return _GGUF_NAMES[hf]
     parts = hf.split(".")  # model.layers.N.<module...>.weight
     layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
-    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+    names = {**_LAYER, **_GEMMA3_LAYER} if arch == "gemma3" else _LAYER
+    return f"blk.{layer}.{names[module]}.{kind}"
+
+
+def _rope_parameters(cfg) -> dict:
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    return rope.get("full_attention", rope)
 
 
 def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -121,7 +140,7 @@ def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None,
     from gguf.quants import dequantize, quantize
 
     cfg = model.config
-    arch = arch or ("qwen2" if cfg.model_type == "qwen2" else "llama")
+    arch = arch or GGUF_ARCH[cfg.model_type]
     qt = gguf.GGMLQuantizationType[qtype]
     w = gguf.GGUFWriter(str(path), arch)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -134,10 +153,25 @@ def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None,
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    rope = _rope_parameters(cfg)
+    rotary = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    w.add_rope_dimension_count(rotary)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-    w.add_rope_freq_base(theta)
+    w.add_rope_freq_base(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    if arch == "gemma3":  # as llama.cpp's converter (the pattern key is what llama.cpp reads; default 6)
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_uint32("gemma3.attention.sliding_window_pattern", cfg._sliding_window_pattern)
+        if cfg.final_logit_softcapping:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if arch == "phi3":
+        w.add_sliding_window(cfg.sliding_window or 0)
+        if rope.get("rope_type") == "longrope":
+            orig = rope["original_max_position_embeddings"]
+            factor = cfg.max_position_embeddings / orig
+            w.add_rope_scaling_orig_ctx_len(orig)
+            w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(factor) / np.log(orig))))
+            w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     w.add_vocab_size(cfg.vocab_size)
     tok = json.loads(tokenizer_json())
     vocab = tok["model"]["vocab"]
@@ -160,15 +194,17 @@ def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None,
             a_file = _permute(a, cfg.num_attention_heads) if arch == "llama" else a
         elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
             a_file = _permute(a, cfg.num_key_value_heads) if arch == "llama" else a
+        elif arch == "gemma3" and name.endswith("norm.weight"):
+            a_file = a + 1  # llama.cpp's converter stores Gemma's norms as 1 + w
         else:
             a_file = a
         if a.ndim == 2 and qt not in (gguf.GGMLQuantizationType.F32,):
             q = quantize(a_file, qt)
-            w.add_tensor(gguf_name(name), q, raw_dtype=qt)
+            w.add_tensor(gguf_name(name, arch), q, raw_dtype=qt)
             back = dequantize(q, qt).reshape(a.shape)
         else:
-            w.add_tensor(gguf_name(name), a_file.astype(np.float32))
-            back = a_file
+            w.add_tensor(gguf_name(name, arch), a_file.astype(np.float32))
+            back = a_file - 1 if arch == "gemma3" and name.endswith("norm.weight") else a_file
         # undo the permutation to get the HF-layout values the file now represents
         if back is not a and arch == "llama" and ("q_proj" in name or "k_proj" in name):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads

@@ -7,11 +7,23 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from . import llama
+from . import gemma3, llama, phi3
 
 # model_type -> module with ModelArgs and Transformer
-ARCHITECTURES = {"llama": llama, "mistral": llama, "qwen2": llama}
+ARCHITECTURES = {"llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama, "phi3": phi3,
+                 "gemma3_text": gemma3}
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+
+
+def args_from_hf_config(config: dict):
+    """The family's ModelArgs for a `config.json` dict (its `model_type` picks the family)."""
+    return ARCHITECTURES[config.get("model_type", "llama")].ModelArgs.from_hf_config(config)
+
+
+def set_rope(model: nn.Module, args, device: torch.device) -> None:
+    """(Re)compute the model's RoPE tables on `device` (after the skeleton was built on the CPU)."""
+    for name, t in model.rope_buffers(args).items():
+        setattr(model, name, t.to(device))
 
 
 @contextmanager
@@ -35,7 +47,6 @@ def skeleton(args) -> torch.nn.Module:
 
 def build(args, state_dict: dict, device: torch.device) -> torch.nn.Module:
     """A skeleton that adopts the loaded tensors, already on `device`, as its parameters."""
-    family = ARCHITECTURES[args.model_type]
     model = skeleton(args)
     if args.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)
@@ -46,6 +57,6 @@ def build(args, state_dict: dict, device: torch.device) -> torch.nn.Module:
 
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise CorruptModelError(f"the weights do not match the config ({what}); the download may be incomplete")
-    model.inv_freq = family.rope_inv_freq(args).to(device)
+    set_rope(model, args, device)
     model.tie_weights()
     return model.eval().requires_grad_(False)

@@ -1,4 +1,4 @@
-"""The Llama family: llama (incl. Llama 3 rope scaling), mistral, qwen2 (q/k/v bias).
+"""The Llama family: llama (incl. Llama 3 rope scaling), mistral, qwen2 (q/k/v bias), qwen3 (q/k norm).
 
 One readable decoder: grouped-query attention with RoPE, RMSNorm, SwiGLU, tied or untied head.
 Parameter names follow Hugging Face (`model.layers.0.self_attn.q_proj.weight`), so safetensors from
@@ -42,6 +42,8 @@ class ModelArgs:
     sliding_window: int | None = None  # attend to this many most recent positions (incl. self)
     max_window_layers: int = 0  # the window applies to layers with index >= this
     layer_types: list[str] | None = None  # transformers 5.x: "sliding_attention" | "full_attention" per layer
+    qk_norm: bool = False  # qwen3: RMSNorm over each head of q and k before RoPE
+    partial_rotary_factor: float = 1.0  # RoPE turns only this leading fraction of each head (phi4-mini)
 
     def __post_init__(self):
         """The one check of the hyperparameters, wherever they come from (config.json, GGUF metadata):
@@ -86,12 +88,17 @@ class ModelArgs:
                 kw["rope_theta"] = rope["rope_theta"]
             if rope.get("rope_type", rope.get("type", "default")) != "default":
                 kw["rope_scaling"] = rope
+        if isinstance(rope, dict) and "partial_rotary_factor" in rope:
+            kw["partial_rotary_factor"] = rope["partial_rotary_factor"]
+        if model_type == "qwen3":
+            kw["qk_norm"] = True
         if model_type == "qwen2":
             kw["qkv_bias"] = True
             kw.pop("attention_bias", None)
+        if model_type in ("qwen2", "qwen3"):
             if not config.get("use_sliding_window", False):
                 kw["sliding_window"] = None
-        elif model_type != "mistral":
+        elif model_type not in ("mistral", "phi3"):
             kw["sliding_window"] = None
         missing = [k for k in _REQUIRED_HF_KEYS if k not in config]
         if missing:
@@ -112,10 +119,18 @@ class ModelArgs:
             return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
         return self.sliding_window if i >= self.max_window_layers else None
 
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def norms_per_layer(self) -> int:
+        """Vectors of hidden_size per layer (gemma3 has four)."""
+        return 2
+
     def parameter_count(self) -> int:
         h, hd, i, v = self.hidden_size, self.head_dim, self.intermediate_size, self.vocab_size
         attn = h * hd * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
-        per_layer = attn + 3 * h * i + 2 * h
+        per_layer = attn + 3 * h * i + self.norms_per_layer() * h + (2 * hd if self.qk_norm else 0)
         head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_hidden_layers * per_layer + h + head
 
@@ -135,13 +150,15 @@ def _check_positive(name: str, value) -> None:
         raise CorruptModelError(f"{name} is {value!r}; it must be a positive finite number")
 
 
-def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
-    """(head_dim/2,) float32 inverse frequencies, with the model's rope scaling applied."""
-    dim = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+def rope_inv_freq(args: ModelArgs, theta: float | None = None, scaling: dict | None = None) -> torch.Tensor:
+    """(rotary_dim/2,) float32 inverse frequencies, with the model's rope scaling applied (or the
+    given theta and scaling: gemma3's local layers)."""
+    dim = args.rotary_dim
+    theta = args.rope_theta if theta is None else theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if args.rope_freq_factors is not None:
         inv_freq = inv_freq / torch.tensor(args.rope_freq_factors, dtype=torch.float64)
-    scaling = args.rope_scaling or {}
+    scaling = (args.rope_scaling or {}) if scaling is None else scaling
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
@@ -168,7 +185,11 @@ def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.d
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, T, D); rotates the first and second halves of D as pairs."""
+    """x (B, H, T, D); rotates the first and second halves of D as pairs. With cos (T, R) for R < D
+    (partial rotary), only the first R channels turn; the rest pass through."""
+    if cos.shape[-1] < x.shape[-1]:
+        R = cos.shape[-1]
+        return torch.cat((apply_rope(x[..., :R], cos, sin), x[..., R:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -188,6 +209,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    scale: float | None = None  # softmax scale; None: 1/sqrt(head_dim)
+
     def __init__(self, args: ModelArgs, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -199,9 +222,14 @@ class Attention(nn.Module):
         self.k_proj = Linear(h, self.n_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = Linear(h, self.n_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=args.attention_bias)
+        if args.qk_norm:  # (D,) weights shared by every head
+            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
 
     def fuse(self) -> None:
         """One GEMM for q, k and v (fewer, larger kernels per token); names change, so runtime only."""
+        if not hasattr(self, "q_proj"):  # built fused (phi3's qkv_proj)
+            return
         fused = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
         if fused is not None:
             self.qkv_proj = fused
@@ -212,18 +240,25 @@ class Attention(nn.Module):
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         if hasattr(self, "qkv_proj"):
             qkv = self.qkv_proj(x).view(B, T, H + 2 * KV, D).transpose(1, 2)  # (B, H+2KV, T, D)
-            qk = apply_rope(qkv[:, : H + KV], cos, sin)  # q and k rotated in one go
-            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]
+            if hasattr(self, "q_norm"):
+                q, k, v = self.q_norm(qkv[:, :H]), self.k_norm(qkv[:, H:H + KV]), qkv[:, H + KV:]
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            else:
+                qk = apply_rope(qkv[:, : H + KV], cos, sin)  # q and k rotated in one go
+                q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]
         else:
             q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
             k = self.k_proj(x).view(B, T, KV, D).transpose(1, 2)  # (B, KV, T, D)
             v = self.v_proj(x).view(B, T, KV, D).transpose(1, 2)
+            if hasattr(self, "q_norm"):
+                q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = cache.update(self.layer_idx, start, k, v)  # (B, KV, start+T, D): the valid part only
         if self.window is not None and k.shape[2] > self.window:
             mask = _window_mask(mask, start, T, k.shape[2], self.window, x.device)
         is_causal = mask is None and T > 1  # only when start == 0: queries and keys line up
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=H != KV)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+                                           enable_gqa=H != KV)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
 
@@ -235,8 +270,9 @@ def _window_mask(mask, start: int, T: int, S: int, window: int, device) -> torch
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, act=F.silu):
         super().__init__()
+        self.act = act  # SwiGLU; gemma3 passes tanh-approximated GELU (GeGLU)
         h, i, b = args.hidden_size, args.intermediate_size, args.mlp_bias
         self.gate_proj = Linear(h, i, bias=b)
         self.up_proj = Linear(h, i, bias=b)
@@ -244,6 +280,8 @@ class MLP(nn.Module):
 
     def fuse(self) -> None:
         """One GEMM for gate and up; runtime only (the parameter names change)."""
+        if not hasattr(self, "gate_proj"):  # built fused (phi3's gate_up_proj)
+            return
         fused = fuse_linears([self.gate_proj, self.up_proj])
         if fused is not None:
             self.gate_up_proj = fused
@@ -252,8 +290,8 @@ class MLP(nn.Module):
     def forward(self, x):
         if hasattr(self, "gate_up_proj"):
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -272,15 +310,23 @@ class DecoderLayer(nn.Module):
 class Transformer(nn.Module):
     """`forward(tokens, cache, positions) -> logits`; `self.model` mirrors HF's `LlamaModel`."""
 
+    Layer, Norm = DecoderLayer, RMSNorm  # other families swap in their own
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.model.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_hidden_layers))
-        self.model.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.model.layers = nn.ModuleList(self.Layer(args, i) for i in range(args.num_hidden_layers))
+        self.model.norm = self.Norm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        for name, t in self.rope_buffers(args).items():
+            self.register_buffer(name, t, persistent=False)
+
+    @staticmethod
+    def rope_buffers(args: ModelArgs) -> dict[str, torch.Tensor]:
+        """The RoPE tables the model keeps (recomputed on the device at load, never saved)."""
+        return {"inv_freq": rope_inv_freq(args)}
 
     def fuse(self) -> "Transformer":
         """Fuse q/k/v and gate/up projections in every layer where their formats allow it."""
@@ -288,6 +334,14 @@ class Transformer(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
         return self
+
+    def rope(self, positions: torch.Tensor, cache, dtype: torch.dtype):
+        """cos, sin (T, rotary_dim) for these positions (phi3 picks its factors by the cache size)."""
+        return rope_cos_sin(self.inv_freq, positions, dtype)
+
+    def inv_freq_for(self, max_len: int) -> torch.Tensor:
+        """The inverse frequencies keys are rotated with in a cache of `max_len` (context shift)."""
+        return self.inv_freq
 
     def tie_weights(self) -> None:
         if self.args.tie_word_embeddings:
@@ -308,7 +362,7 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + T, device=tokens.device)
         x = self.model.embed_tokens(tokens)
-        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        cos, sin = self.rope(positions, cache, x.dtype)
         mask = None
         if T > 1 and start > 0:  # queries see every cached slot plus the causal part of their own
             mask = torch.ones(T, start + T, dtype=torch.bool, device=tokens.device).tril(diagonal=start)

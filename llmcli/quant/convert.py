@@ -71,7 +71,7 @@ def gguf_sources(reader, args, arch: str) -> list[Source]:
     out = []
     for name, t, heads in gguf_file.iter_tensors(reader, args, arch):
         def values(t=t, heads=heads):
-            w = torch.from_numpy(gguf_file.dequantize(t))
+            w = torch.from_numpy(gguf_file.tensor_values(t, arch))
             return (gguf_file.unpermute_rows(w, heads) if heads is not None else w).float()
 
         out.append(Source(name, gguf_file.tensor_shape(t), values, t.tensor_type.name, lambda t=t: t.data, heads))

