@@ -150,3 +150,14 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
 
 
 _EMPTY = torch.empty(0, dtype=torch.long)
+
+
+def check_draft(target, draft, sample: str) -> None:
+    """`target`, `draft`: loader.LoadedModel. A draft must speak the target's token ids."""
+    a, b = target.args.vocab_size, draft.args.vocab_size
+    same = a == b and target.tokenizer.vocab_size == draft.tokenizer.vocab_size
+    if same and target.tokenizer.encode(sample) != draft.tokenizer.encode(sample):
+        same = False
+    if not same:
+        raise InvalidParameterError(f"the draft model's vocabulary ({b} tokens) is not the model's ({a}); "
+                                    "--draft needs a model with the same tokenizer")
