@@ -118,6 +118,7 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
     cache.token_ids.extend(prompt[reuse:])
     context = list(prompt)  # the ids in the cache, then `token`, pending
     token = pick(logits, h, context)
+    proposer.propose(context, 0)  # the draft reads the prompt now, as part of prefill
     stats.ttft_s = stats.prefill_s = time.perf_counter() - t0
     stats.completion_tokens = produced = 1
     drafted = accepted = 0
