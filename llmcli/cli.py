@@ -58,6 +58,13 @@ ContextShift = Annotated[bool, typer.Option("--context-shift", help="When the co
 JsonSchema = Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON valid under this JSON Schema file.", show_default=False)]
 Regex = Annotated[Optional[str], typer.Option("--regex", help="Constrain the output to text that fully matches this regex (Rust syntax, no look-around).", show_default=False)]
 GrammarFile = Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this Lark grammar file (llguidance's dialect; start: is the top rule).", show_default=False)]
+Beams = Annotated[int, typer.Option("--beams", help="Beam search with N beams (transformers' num_beams); 1 = off. Deterministic: the sampling flags do not apply, and the answer comes out at the end.")]
+LengthPenalty = Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished hypothesis scores sum(logprobs) / length ** F (> 0 favours longer ones).")]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding with this draft model (same tokenizer), e.g. a q4 copy of MODEL; greedy only (--temp 0).", show_default=False)]
+DraftQuant = Annotated[Optional[str], typer.Option("--draft-quant", help="Quantize the draft model at load with this preset (like --quant).", show_default=False)]
+DraftTokens = Annotated[Optional[int], typer.Option("--draft-tokens", help="Tokens guessed per pass (llama.cpp's --draft-max); default 8 with --draft, 10 with --lookup.", show_default=False)]
+Lookup = Annotated[bool, typer.Option("--lookup", help="Speculative decoding by prompt lookup: guesses copied from earlier in the context; greedy only (--temp 0).")]
+LookupNgram = Annotated[int, typer.Option("--lookup-ngram", help="Longest n-gram --lookup matches (transformers' max_matching_ngram_size).")]
 Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.", show_default=False)]
 
 
@@ -146,6 +153,9 @@ def run(
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     compile: Compile = False,
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
+    beams: Beams = 1, length_penalty: LengthPenalty = 1.0,
+    draft: Draft = None, draft_quant: DraftQuant = None, draft_tokens: DraftTokens = None,
+    lookup: Lookup = False, lookup_ngram: LookupNgram = 3,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")] = False,
     json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
     logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="With --json: each token's log-probability and the N (0-20) most likely alternatives.", show_default=False)] = None,
@@ -165,12 +175,22 @@ def run(
     if logprobs is not None and not json_out:
         raise InvalidParameterError("--logprobs needs --json: the log-probabilities are part of the JSON object")
     constraint_of = read_grammar(json_schema, regex, grammar, stop)
+    check_decoding(params, beams, length_penalty, draft, draft_tokens, lookup, lookup_ngram, context_shift)
+    if (beams > 1 or draft is not None or lookup) and (constraint_of is not None or logprobs is not None):
+        raise InvalidParameterError("--beams, --draft and --lookup do not combine with a grammar or --logprobs yet")
     text = _read_prompt(prompt)
     err = _stderr()
     with download_progress(err) as progress:
         rt = open_model(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                         quant=quant, registry=registry, offline=offline, progress=progress,
                         kv_type=kv_type, kv_offload=kv_offload)
+        draft_rt = None
+        if draft is not None:
+            from .speculative import check_draft
+
+            draft_rt = open_model(draft, device=device, dtype=dtype, threads=threads, ctx_size=rt.ctx_size,
+                                  quant=draft_quant, registry=registry, offline=offline, progress=progress)
+            check_draft(rt.loaded, draft_rt.loaded, text)
     report_plan(err, rt, verbose)
     if verbose:
         err.print(f"[dim]{rt.placement.reason}[/dim]")
@@ -189,7 +209,9 @@ def run(
     pieces, last = [], None
     for chunk in generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
                           max_tokens=max_tokens, stop=tuple(stop or ()), device=rt.placement.device,
-                          step=rt.decode_step(compile), shift=shift, constraint=constraint, logprobs=recorder):
+                          step=rt.decode_step(compile), shift=shift, constraint=constraint, logprobs=recorder,
+                          stream=decoding_stream(rt, draft_rt, compile, beams, length_penalty, draft_tokens,
+                                                 lookup, lookup_ngram)):
         if json_out or constraint is not None:  # constrained text is printed only once it is complete and valid
             pieces.append(chunk.text)
         elif chunk.text:
@@ -220,6 +242,13 @@ def run(
         err.print(f"[dim]{stats.prompt_tokens} prompt tokens, {stats.completion_tokens} generated "
                   f"(finish: {last.finish_reason}); ttft {stats.ttft_s * 1000:.0f} ms; "
                   f"prefill {stats.prefill_tps:.1f} t/s; decode {stats.decode_tps:.1f} t/s; seed {stats.seed}[/dim]")
+        extra = stats.extra
+        if "acceptance_rate" in extra:
+            err.print(f"[dim]speculative: {extra['accepted_tokens']} of {extra['draft_tokens']} guessed tokens "
+                      f"accepted ({extra['acceptance_rate']:.0%})[/dim]")
+        if "beams" in extra:
+            err.print(f"[dim]beam search: {extra['beams']} beams, {extra['beam_steps']} steps, "
+                      f"best score {extra['beam_score']}[/dim]")
         if shift is not None and shift.shifts:
             err.print(f"[dim]context shifted {shift.shifts} times, {shift.dropped} tokens dropped "
                       f"(the first {shift.keep} kept)[/dim]")
@@ -247,6 +276,47 @@ def logprobs_json(recorder, tokenizer) -> list[dict]:
         return {"token": tokenizer.decode([token_id], skip_special=False), "id": token_id, "logprob": round(logprob, 6)}
 
     return [{**one(t, lp), "top": [one(a, alp) for a, alp in top]} for t, lp, top in recorder.entries]
+
+
+def check_decoding(params, beams, length_penalty, draft, draft_tokens, lookup, lookup_ngram, context_shift) -> None:
+    """The decoding strategy flags, checked before anything loads."""
+    from .beam import check_beams
+    from .speculative import check_speculative
+
+    check_beams(beams, length_penalty)
+    speculative = draft is not None or lookup
+    if draft is not None and lookup:
+        raise InvalidParameterError("--draft and --lookup are two ways to guess tokens; choose one")
+    if beams > 1 and speculative:
+        raise InvalidParameterError("--beams does not combine with --draft or --lookup")
+    if context_shift and (beams > 1 or speculative):
+        raise InvalidParameterError("--context-shift works with plain decoding only, not --beams, --draft or --lookup")
+    if speculative:
+        check_speculative(params, draft_tokens, lookup_ngram)
+    elif draft_tokens is not None:
+        raise InvalidParameterError("--draft-tokens needs --draft or --lookup")
+
+
+def decoding_stream(rt, draft_rt, compile: bool, beams: int, length_penalty: float, draft_tokens: int | None,
+                    lookup: bool, lookup_ngram: int):
+    """generate()'s `stream`: beam search, speculative decoding, or None (token by token)."""
+    from functools import partial
+
+    if beams > 1:
+        from .beam import beam_stream
+
+        return partial(beam_stream, beams=beams, length_penalty=length_penalty, eos_ids=rt.loaded.tokenizer.eos_ids)
+    if draft_rt is None and not lookup:
+        return None
+    from . import speculative
+
+    if lookup:
+        proposer, k = speculative.PromptLookup(lookup_ngram), draft_tokens or speculative.LOOKUP_TOKENS
+    else:
+        proposer = speculative.DraftModel(draft_rt.loaded.model, draft_rt.new_cache(rt.ctx_size),
+                                          draft_rt.placement.device, draft_rt.decode_step(compile))
+        k = draft_tokens or speculative.DRAFT_TOKENS
+    return partial(speculative.speculative_stream, proposer=proposer, draft_tokens=k)
 
 
 def report_plan(err, rt, verbose: bool) -> None:

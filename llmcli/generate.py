@@ -37,6 +37,7 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     seed: int = -1
+    extra: dict = field(default_factory=dict)  # what a decoding strategy adds (beams, draft acceptance)
 
     @property
     def prefilled_tokens(self) -> int:
@@ -57,7 +58,7 @@ class Stats:
                 "cached_tokens": self.cached_tokens, "ttft_s": round(self.ttft_s, 4),
                 "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
                 "prefill_tokens_per_s": round(self.prefill_tps, 2), "decode_tokens_per_s": round(self.decode_tps, 2),
-                "seed": self.seed}
+                "seed": self.seed, **self.extra}
 
 
 @dataclass
@@ -227,11 +228,14 @@ def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> i
 
 def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
              max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None,
-             step=None, shift=None, constraint=None, logprobs: Logprobs | None = None) -> Iterator[Chunk]:
+             step=None, shift=None, constraint=None, logprobs: Logprobs | None = None,
+             stream=None) -> Iterator[Chunk]:
     """Stream the completion of `prompt` (token ids) as Chunks; `step` runs decode steps (default: model).
     With `shift` (context_shift.ContextShift) generation goes past the context: only `max_tokens` ends it.
     `constraint` (constrained.TokenConstraint, one per sequence) keeps the output inside a grammar;
-    `logprobs` (Logprobs) collects each sampled token's log-probabilities."""
+    `logprobs` (Logprobs) collects each sampled token's log-probabilities. `stream` replaces
+    token_stream (same arguments): another decoding strategy, e.g. beam.py's or speculative.py's,
+    under the same stop, end-token and UTF-8 handling; it takes no constraint or logprobs."""
     if not prompt:
         raise ValueError("empty prompt")
     device = device or next(model.parameters()).device
@@ -239,6 +243,11 @@ def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingPar
     if shift is not None:
         limit = max_tokens or sys.maxsize
     stats = Stats(prompt_tokens=len(prompt))
-    tokens = token_stream(model, prompt, cache, params, limit, device, stats, step, shift, constraint, logprobs)
+    if stream is None:
+        tokens = token_stream(model, prompt, cache, params, limit, device, stats, step, shift, constraint, logprobs)
+    elif constraint is not None or logprobs is not None:
+        raise ValueError("a constraint or logprobs need token-by-token decoding")
+    else:
+        tokens = stream(model, prompt, cache, params, limit, device, stats, step, shift)
     stops = tuple(s for s in stop if s)
     yield from text_stream(tokens, tokenizer, stops, prompt, stats)

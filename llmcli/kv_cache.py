@@ -7,7 +7,8 @@ Interface every cache kind implements:
                        store k, v (B, KV, T, D) at slots [start, start+T) and return the valid
                        part (B, KV, start+T, D) in the compute dtype, ready for attention
     reset()            forget everything (length = 0)
-    truncate(n)        keep the first n tokens (a chat rolls back to a shared prefix)
+    truncate(n)        keep the first n tokens (a chat rolls back to a shared prefix; speculative
+                       decoding drops rejected draft tokens)
     shift(keep, drop, rerotate)
                        drop slots [keep, keep+drop), move the rest down by `drop`; moved keys go
                        through `rerotate(k, drop)` (context_shift.py) so their RoPE positions follow
@@ -82,6 +83,20 @@ class StaticKVCache(CacheSlots):
     def shift(self, keep: int, drop: int, rerotate) -> None:
         shift_layers(self.k, self.v, keep, drop, self.length, rerotate)
         self.length -= drop
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row i takes what row rows[i] held, in the valid slots (beam search following its beams)."""
+        n = self.length
+        for t in self.k + self.v:
+            t[:, :, :n] = t[:, :, :n].index_select(0, rows)
+
+    def row(self, i: int) -> "StaticKVCache":
+        """A batch-1 view of row i sharing this cache's storage (writes land in that row)."""
+        view = object.__new__(StaticKVCache)
+        view.k, view.v = [t[i:i + 1] for t in self.k], [t[i:i + 1] for t in self.v]
+        view.out = None if self.out is None else tuple(t[i:i + 1] for t in self.out)
+        view.max_len, view.length = self.max_len, self.length
+        return view
 
     @property
     def nbytes(self) -> int:

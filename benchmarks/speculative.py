@@ -1,0 +1,114 @@
+"""Speculative decoding and beam search against plain greedy decoding, interleaved.
+
+    python benchmarks/speculative.py MODEL [--draft MODEL] [--quant bf16] [--draft-quant PRESET]
+        [-n 128] [-r 3] [--threads 2] [--ks 4,8] [--beams 0]
+
+Loads MODEL (with --quant) as the target and --draft (default: MODEL as stored, e.g. its q4
+blocks) as the draft, then for each prompt runs, in turn and -r times: plain greedy, the draft with
+each K of --ks, and prompt lookup. Each run generates -n tokens (or until an end token) through
+generate(), the path `llmcli run` takes. Prints a markdown table of median tokens/s over the whole
+answer (prefill excluded), the speedup over greedy, the acceptance rate, and whether the tokens
+equal greedy's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from functools import partial
+
+import torch
+
+from llmcli import speculative
+from llmcli.beam import beam_stream
+from llmcli.generate import generate
+from llmcli.runtime import open_model
+from llmcli.sampling import SamplingParams
+
+CODE = '''def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+
+
+def describe(items):
+    lines = []
+    for item in items:
+        lines.append(f"{item.name}: {item.quantity} x {item.price}")
+    return "\\n".join(lines)
+'''
+PROMPTS = {
+    "story": "Tell me a short story about a robot who learns to paint.",
+    "code": f"Rewrite this code with `items` renamed to `products`. Reply with the code only.\n\n{CODE}",
+}
+
+
+def run_once(rt, ids, n, stream):
+    t0 = time.perf_counter()
+    chunks = list(generate(rt.loaded.model, rt.loaded.tokenizer, ids, SamplingParams(temperature=0), rt.new_cache(),
+                           max_tokens=n, device=rt.placement.device, stream=stream))
+    total = time.perf_counter() - t0
+    stats = chunks[-1].stats
+    tokens = [t for c in chunks for t in c.tokens]
+    return tokens, stats.completion_tokens / (total - stats.prefill_s), stats.extra
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--draft")
+    ap.add_argument("--quant", default="bf16")
+    ap.add_argument("--draft-quant")
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ks", default="4,8")
+    ap.add_argument("--beams", type=int, default=0, help="also time beam search with this many beams")
+    a = ap.parse_args()
+    rt = open_model(a.model, device="cpu", dtype="bfloat16", threads=a.threads, ctx_size=1024, quant=a.quant)
+    draft = open_model(a.draft or a.model, device="cpu", dtype="bfloat16", threads=a.threads, ctx_size=1024,
+                       quant=a.draft_quant)
+    torch.set_num_threads(a.threads)
+    print(f"target {rt.loaded.name} --quant {a.quant}; draft {draft.loaded.name} ({draft.loaded.weights_type}, "
+          f"--draft-quant {a.draft_quant}); {a.threads} threads, -n {a.n}, {a.r} repetitions\n")
+    print("| prompt | decoding | tokens | t/s (median) | speedup | acceptance | = greedy |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for name, text in PROMPTS.items():
+        ids = rt.prompt_ids([{"role": "user", "content": text}])
+        ways = {"greedy": lambda: None}
+        for k in map(int, a.ks.split(",")):
+            ways[f"--draft, K={k}"] = partial(lambda k: partial(
+                speculative.speculative_stream, draft_tokens=k, proposer=speculative.DraftModel(
+                    draft.loaded.model, draft.new_cache(1024), draft.placement.device)), k)
+        ways["--lookup (K=10, n-gram 3)"] = lambda: partial(
+            speculative.speculative_stream, proposer=speculative.PromptLookup(3), draft_tokens=10)
+        if a.beams:
+            ways[f"--beams {a.beams}"] = lambda: partial(beam_stream, beams=a.beams, eos_ids=rt.loaded.tokenizer.eos_ids)
+        speeds = {w: [] for w in ways}
+        out, extra = {}, {}
+        run_once(rt, ids, 8, None)  # warm up
+        for _ in range(a.r):
+            for w, make in ways.items():
+                out[w], tps, extra[w] = run_once(rt, ids, a.n, make())
+                speeds[w].append(tps)
+        base = statistics.median(speeds["greedy"])
+        for w in ways:
+            med = statistics.median(speeds[w])
+            acc = extra[w].get("acceptance_rate")
+            same = "yes" if out[w] == out["greedy"] else f"no (first {_agree(out[w], out['greedy'])} same)"
+            print(f"| {name} | {w} | {len(out[w])} | {med:.1f} | {med / base:.2f}x | "
+                  f"{'' if acc is None else f'{acc:.0%}'} | {same if not w.startswith('--beams') else '-'} |")
+
+
+def _agree(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+if __name__ == "__main__":
+    main()
