@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import CorruptModelError
 from .convert import EMBEDDING, HEAD, Converted, QuantizedTensor, Source, convert
-from .modules import QuantEmbedding, linear_class
+from .modules import QuantEmbedding, QuantLinear, linear_class
 from .packed import Int4Weight, Int8Weight
 from .presets import Preset
 
@@ -102,7 +102,9 @@ def _finish(model: nn.Module, args, floats: dict, quantized_embedding: bool, dev
     if tied:
         floats.pop(HEAD, None)
     missing, unexpected = model.load_state_dict(floats, strict=False, assign=True)
-    missing = [m for m in missing if not (tied and m == HEAD)]
+    # a quantized module took its bias from `floats` when it was installed: it is not missing
+    held = {f"{name}.bias" for name, m in model.named_modules() if isinstance(m, QuantLinear) and m.bias is not None}
+    missing = [m for m in missing if m not in held and not (tied and m == HEAD)]
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise CorruptModelError(f"the weights do not match the config ({what}); the checkpoint may be incomplete")
