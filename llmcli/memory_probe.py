@@ -7,7 +7,7 @@
     weights_from_files(path, preset, dtype, device)
                                  ModelArgs and the bytes the weights will take once loaded, read from
                                  headers only: per tensor, the format the preset gives it (GGUF
-                                 Q4_0/Q4_1/Q8_0 blocks are kept as they are, at the same size, unless
+                                 Q4_0/Q4_1/Q8_0/Q4_K/Q5_x/Q6_K blocks are kept packed, at about the same size, unless
                                  the dtype is float32), or the compute dtype when nothing quantizes it.
 """
 
@@ -102,6 +102,10 @@ def quantized_bytes(spec, shape: tuple[int, int], device: torch.device, rows_nee
     codes plus 16-bit scales (and zeros); the kernels' layouts always hold a zero per group, and
     group-wise int8 on the CPU rides the int4 kernel as two 4-bit halves with two scale sets."""
     N, K = shape
+    if spec.kind.startswith("Q"):  # GGUF blocks kept as they are (quant/gguf_blocks.py)
+        from .quant.gguf_blocks import row_bytes
+
+        return N * row_bytes(spec.kind, K)
     G = spec.group_size or K
     groups = N * (K // G)
     if spec.kind == "nf4":
@@ -181,7 +185,7 @@ def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.dev
                   gguf_file.iter_tensors(reader, args, meta["general.architecture"])}
         kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
         source = "/".join(sorted(kinds))
-        if preset is None and dtype != torch.float32:  # loader.py keeps Q4_0/Q4_1/Q8_0 blocks packed
+        if preset is None and dtype != torch.float32:  # loader.py keeps the quantized blocks packed
             from .quant import convert
             from .quant.gguf_import import as_stored_preset
 

@@ -15,11 +15,14 @@ from torch import nn
 from ..errors import CorruptModelError
 from .convert import EMBEDDING, HEAD, Converted, QuantizedTensor, Source, convert
 from .modules import QuantEmbedding, QuantLinear, linear_class
+from .gguf_blocks import BLOCKS, GGUFBlockWeight
 from .packed import Int4Weight, Int8Weight
 from .presets import Preset
 
 
 def packed_weight(q: QuantizedTensor, device: torch.device, rows_needed: bool = False):
+    if q.spec.kind in BLOCKS:
+        return GGUFBlockWeight.from_blocks(q.state["blocks"], q.spec.kind, device)
     if q.spec.kind != "int":
         from .bnb_formats import LLMInt8Weight, NF4Weight
 
