@@ -52,7 +52,8 @@ def _variant(path: Path, which: str, reference: LoadedModel) -> LoadedModel:
     if reference.args.tie_word_embeddings and any(r.patterns == ("model.embed_tokens.weight",) for r in rules):
         rules.append(Rule(("lm_head.weight",), (), gguf_import.AS_STORED[type_name]))
     placement = place("cpu", "float32", 2)
-    model = pipeline.model_from_sources(sources, reference.args, Preset(which, rules), placement)
+    # the other tensors stay float32, as in the reference (a preset's default keeps them at bf16)
+    model = pipeline.model_from_sources(sources, reference.args, Preset(which, rules, dtype="float32"), placement)
     return LoadedModel(model, reference.tokenizer, reference.args, None, path, "gguf", 0, which, placement, 0.0)
 
 
@@ -69,12 +70,14 @@ def quality(a) -> None:
         reference = load_model(path, place("cpu", "float32", 2))
         todo = text_windows(reference, text, a.ctx, a.chunks)
         names = ["default", "bf16-dequant"] + [f"{t} only" for t in sorted(types) if t in AS_STORED]
+        if a.only:
+            names = [f"{t} only" for t in a.only.split(",") if t in types]
+        refs = [logprobs(reference, w) for w in todo]
         rows = []
         for name in names:
             m = _variant(path, name, reference)
             scores = Scores()
-            for w in todo:
-                ref = logprobs(reference, w)
+            for w, ref in zip(todo, refs):
                 scores.add(logprobs(m, w), torch.tensor(w[a.ctx // 2 + 1:]), ref)
             r = scores.result(len(todo), a.ctx, 0)
             held = weights_bytes(m.model) if name == "default" else None
@@ -170,6 +173,7 @@ def main() -> None:
     q.add_argument("--file", required=True, help="a text, e.g. tinyshakespeare.txt")
     q.add_argument("--ctx", type=int, default=256)
     q.add_argument("--chunks", type=int, default=8)
+    q.add_argument("--only", help="just these types' 'only' rows, e.g. Q4_K,Q5_0")
     s = sub.add_parser("speed")
     s.add_argument("--repeats", type=int, default=7)
     s.add_argument("--calls", type=int, default=20)

@@ -193,11 +193,28 @@ def _build():
         return False
 
 
+@torch.library.custom_op("llmcli::gguf_mm", mutates_args=())
 def mm(x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
-    """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32."""
+    """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32. A torch op, so that
+    torch.compile (compiled.py) calls it inside its graph instead of breaking the graph there."""
     return _module.mm(x, blocks, type_id, K)
+
+
+@mm.register_fake
+def _(x, blocks, type_id, K):
+    return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
 
 def dequantize(blocks: torch.Tensor, type_id: int, K: int, dtype: torch.dtype) -> torch.Tensor:
     """(n, row bytes) -> (n, K) in `dtype`."""
-    return _module.dequantize(blocks, type_id, K).to(dtype)
+    return _dequantize(blocks, type_id, K).to(dtype)
+
+
+@torch.library.custom_op("llmcli::gguf_dequantize", mutates_args=())
+def _dequantize(blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
+    return _module.dequantize(blocks, type_id, K)
+
+
+@_dequantize.register_fake
+def _(blocks, type_id, K):
+    return blocks.new_empty(blocks.shape[0], K, dtype=torch.float32)

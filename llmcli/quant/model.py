@@ -76,7 +76,7 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
     from .convert import KEEP, plan, quantize_source
 
     specs = plan(sources, preset, args.num_hidden_layers, args.tie_word_embeddings)
-    keep_dtype = torch.float16 if preset.dtype == "float16" else torch.bfloat16
+    keep_dtype = {"float16": torch.float16, "float32": torch.float32}.get(preset.dtype, torch.bfloat16)
     model = models.skeleton(args)
     wanted = [s for s in sources if s.name in specs]
     # 1-D tensors (norms, biases) first: a quantized module takes its bias when it is installed
