@@ -78,7 +78,7 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
 
     sources = convert.gguf_sources(reader, args, meta["general.architecture"])
     if preset is None and placement.keeps_blocks:
-        # keep the file's Q4_0/Q4_1/Q8_0 blocks packed (exact); --dtype float32 is the full-precision mode
+        # keep the file's quantized blocks packed (exact: quant/gguf_import.py); --dtype float32 is the full-precision mode
         preset = as_stored_preset(sources)
     if preset is None:
         state = gguf_file.load_state_dict(reader, args, meta["general.architecture"], placement.dtype, placement.device)

@@ -7,7 +7,7 @@
     weights_from_files(path, preset, dtype, device)
                                  ModelArgs and the bytes the weights will take once loaded, read from
                                  headers only: per tensor, the format the preset gives it (GGUF
-                                 Q4_0/Q4_1/Q8_0 blocks are kept as they are, at the same size, unless
+                                 Q4_0/Q4_1/Q8_0/Q4_K/Q5_x/Q6_K blocks are kept packed, at about the same size, unless
                                  the dtype is float32), or the compute dtype when nothing quantizes it.
 """
 
@@ -102,6 +102,10 @@ def quantized_bytes(spec, shape: tuple[int, int], device: torch.device, rows_nee
     codes plus 16-bit scales (and zeros); the kernels' layouts always hold a zero per group, and
     group-wise int8 on the CPU rides the int4 kernel as two 4-bit halves with two scale sets."""
     N, K = shape
+    if spec.kind.startswith("Q"):  # GGUF blocks kept as they are (quant/gguf_blocks.py)
+        from .quant.gguf_blocks import row_bytes
+
+        return N * row_bytes(spec.kind, K)
     G = spec.group_size or K
     groups = N * (K // G)
     if spec.kind == "nf4":
@@ -193,7 +197,7 @@ def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.dev
         source = "/".join(sorted(kinds))
         if keep_blocks is None:  # Placement.keeps_blocks; without a placement, float32 means full precision
             keep_blocks = dtype != torch.float32
-        if preset is None and keep_blocks:  # loader.py keeps Q4_0/Q4_1/Q8_0 blocks packed
+        if preset is None and keep_blocks:  # loader.py keeps the quantized blocks packed
             from .quant import convert
             from .quant.gguf_import import as_stored_preset
 

@@ -128,20 +128,22 @@ def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None,
+def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
                metadata: dict | None = None) -> dict[str, np.ndarray]:
-    """Write `model` as llama.cpp would; 2-D weights in `qtype`, norms and biases in F32.
+    """Write `model` as llama.cpp would; 2-D weights in `qtype` (a GGUF type name, or a function of
+    (HF name, shape) giving one per tensor, as llama.cpp's mixes do), norms and biases in F32.
     `metadata`: keys to overwrite (keeping each key's GGUF type) or, with None, to leave out.
 
     Returns the float32 weights the file actually holds (dequantized, HF layout), to build the
     reference model from.
     """
     import gguf
-    from gguf.quants import dequantize, quantize
+    from gguf.quants import dequantize
+    from kquants import quantize
 
     cfg = model.config
     arch = arch or GGUF_ARCH[cfg.model_type]
-    qt = gguf.GGMLQuantizationType[qtype]
+    type_of = qtype if callable(qtype) else (lambda name, shape: qtype)
     w = gguf.GGUFWriter(str(path), arch)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_name("tiny-test")
@@ -198,8 +200,9 @@ def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None,
             a_file = a + 1  # llama.cpp's converter stores Gemma's norms as 1 + w
         else:
             a_file = a
+        qt = gguf.GGMLQuantizationType[type_of(name, a.shape)]
         if a.ndim == 2 and qt not in (gguf.GGMLQuantizationType.F32,):
-            q = quantize(a_file, qt)
+            q = quantize(a_file, qt.name)
             w.add_tensor(gguf_name(name, arch), q, raw_dtype=qt)
             back = dequantize(q, qt).reshape(a.shape)
         else:
@@ -219,6 +222,31 @@ def write_gguf(model, path: Path, qtype: str = "F32", arch: str | None = None,
     w.write_tensors_to_file()
     w.close()
     return held
+
+
+FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama.cpp's for rows not a multiple of 256
+
+
+def k_mix(n_layers: int, tied: bool, base: str = "Q4_K"):
+    """llama.cpp's Q4_K_M (base Q4_K) or Q5_K_M (base Q5_K) mix (src/llama-quant.cpp,
+    llama_tensor_get_type): attn_v and ffn_down in Q6_K in the first and last eighth and every third
+    layer, the output (or a tied embedding) in Q6_K, the rest in `base`; rows not a multiple of 256
+    fall back (FALLBACK)."""
+    import re
+
+    def more_bits(i: int) -> bool:
+        return i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2
+
+    def type_of(name: str, shape) -> str:
+        m = re.search(r"layers\.(\d+)\.", name)
+        head = name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight")
+        if head and shape[-1] % 256:
+            return "Q8_0"
+        big = head or (m and ("v_proj" in name or "down_proj" in name) and more_bits(int(m[1])))
+        wanted = "Q6_K" if big else base
+        return FALLBACK[wanted] if shape[-1] % 256 else wanted
+
+    return type_of
 
 
 def reference_from(model, weights: dict[str, np.ndarray]):

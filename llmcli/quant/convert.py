@@ -1,8 +1,8 @@
 """A model's tensors -> the formats a preset asks for, one tensor at a time.
 
 Sources are read lazily (a memory-mapped GGUF file or safetensors shards), so converting never holds
-the whole float model. GGUF tensors already in a block format the preset wants (Q4_0, Q4_1 -> int4
-g32; Q8_0 -> int8 g32) are imported as they are (gguf_import.py); everything else is dequantized to
+the whole float model. GGUF tensors already in a block format the preset wants (Q4_0, Q4_1, Q4_K -> int4
+g32; Q8_0 -> int8 g32; Q5_x, Q6_K kept as blocks) are imported as they are (gguf_import.py); everything else is dequantized to
 float32 and quantized per the preset. The result is portable (CPU tensors, no device layout).
 """
 
@@ -143,6 +143,11 @@ def quantize_source(s: Source, spec: QuantSpec, search: bool = True, portable: b
     N, K = s.shape
     if s.gguf_type and s.raw is not None and direct_spec(s.gguf_type, spec):
         imported = import_block_quants(s.raw(), s.gguf_type, N, K, spec)
+        if "blocks" in imported:  # kept as GGUF blocks: rows are independent, un-permuted as they are
+            from ..gguf_file import unpermute_rows
+
+            blocks = imported["blocks"] if s.heads is None else unpermute_rows(imported["blocks"], s.heads).contiguous()
+            return QuantizedTensor(spec, {"blocks": blocks}, direct=True)
         codes, scales, zeros = imported["codes"], imported["scales"], imported["zeros"]
         if s.heads is not None:
             from ..gguf_file import unpermute_rows

@@ -3,9 +3,13 @@
     Q4_0   [d: f16][16 bytes]          w = d * (q - 8)    -> int4 g32, scale d, zero 0
     Q4_1   [d: f16][m: f16][16 bytes]  w = d * q + m      -> int4 g32, scale d, zero m + 8d
     Q8_0   [d: f16][32 x int8]         w = d * q          -> int8 g32, scale d
+    Q4_K   256 per block: [d][dmin: f16][12 bytes: 6-bit sc, m per 32][128 bytes]
+           w = d*sc * q - dmin*m per 32   -> int4 g32, scale d*sc, zero 8*d*sc - dmin*m
 
-In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high nibble.
-The codes are kept as they are; only the scales are rounded (to bfloat16, what the kernels read).
+In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high nibble
+(Q4_K: per 64 elements, byte l holds element l low and element l + 32 high). The codes are kept as
+they are; only the scales are rounded (to bfloat16, what the kernels read). The 5- and 6-bit types
+(Q5_0, Q5_1, Q5_K, Q6_K) do not fit 4-bit codes: they stay GGUF blocks (gguf_blocks.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .gguf_blocks import BITS, BLOCKS
 from .presets import QuantSpec
 
 BLOCK = 32
@@ -20,11 +25,13 @@ BLOCK = 32
 
 def direct_spec(type_name: str, spec: QuantSpec) -> bool:
     """Whether a tensor of this GGUF type imports into `spec` exactly (codes unchanged)."""
+    if type_name in BLOCKS:
+        return spec.kind == type_name
     if spec.group_size != BLOCK or spec.kind != "int":
         return False
     if type_name == "Q4_0":
         return spec.bits == 4
-    if type_name == "Q4_1":
+    if type_name in ("Q4_1", "Q4_K"):
         return spec.bits == 4 and not spec.symmetric
     return type_name == "Q8_0" and spec.bits == 8
 
@@ -44,10 +51,26 @@ def _nibbles(qs: np.ndarray, N: int, K: int) -> torch.Tensor:
     return torch.cat((q & 15, q >> 4), dim=-1).reshape(N, K)
 
 
+def _q4_k(raw: np.ndarray, N: int, K: int) -> dict[str, torch.Tensor]:
+    b = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(N, K // 256, 144))
+    d, dmin = (b[..., i:i + 2].contiguous().view(torch.float16).float() for i in (0, 2))  # (N, K/256, 1)
+    from .gguf_blocks import _k_scales, _nibble_pairs
+
+    sc, m = _k_scales(b[..., 4:16])  # (N, K/256, 8)
+    s = d * sc
+    codes = _nibble_pairs(b[..., 16:].reshape(N, -1, 4, 32)).reshape(N, K)
+    return {"codes": codes, "scales": s.reshape(N, -1), "zeros": (8 * s - dmin * m).reshape(N, -1)}
+
+
 def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: QuantSpec) -> dict[str, torch.Tensor]:
-    """Raw GGUF bytes of a (N, K) tensor -> codes (N, K), scales (N, K/32) float32 and zeros or None.
+    """Raw GGUF bytes of a (N, K) tensor -> codes (N, K), scales (N, K/32) float32 and zeros or None;
+    for the types kept as blocks, {"blocks": (N, row bytes) uint8}.
 
     Callers check `direct_spec` first."""
+    if type_name in BLOCKS:
+        return {"blocks": torch.from_numpy(np.array(raw, dtype=np.uint8).reshape(N, -1))}
+    if type_name == "Q4_K":
+        return _q4_k(raw, N, K)
     if type_name == "Q4_0":
         b = _blocks(raw, N, K, 18)
         d = _f16(b[..., 0:2])
@@ -64,14 +87,16 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
     raise ValueError(f"no direct import for GGUF type {type_name}")
 
 
-# GGUF block types that map exactly onto llmcli's formats (codes unchanged)
-AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True)}
+# GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks
+AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True),
+             "Q4_K": QuantSpec(4, BLOCK, False),
+             **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items()}}
 
 
 def as_stored_preset(sources):
-    """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0 tensors stay packed (exactly,
-    see the table at the top), every other type is dequantized to the compute dtype. None when the
-    file has no such tensors."""
+    """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0/Q4_K tensors stay packed
+    (exactly, see the table at the top), Q5_0/Q5_1/Q5_K/Q6_K as their blocks, every other type is
+    dequantized to the compute dtype. None when the file has no such tensors."""
     from .presets import Preset, Rule
 
     rules = [Rule((s.name,), (), AS_STORED[s.gguf_type]) for s in sources
@@ -82,4 +107,4 @@ def as_stored_preset(sources):
         rules.append(Rule(("lm_head.weight",), (), embedding.spec))
     if not rules:
         return None
-    return Preset("as-stored", rules, description="the GGUF file's own Q4_0/Q4_1/Q8_0 blocks, unchanged")
+    return Preset("as-stored", rules, description="the GGUF file's own quantized blocks, unchanged")

@@ -14,12 +14,15 @@ from torch import nn
 
 from ..errors import CorruptModelError
 from .convert import EMBEDDING, HEAD, Converted, QuantizedTensor, Source, convert
-from .modules import QuantEmbedding, linear_class
+from .modules import QuantEmbedding, QuantLinear, linear_class
+from .gguf_blocks import BLOCKS, GGUFBlockWeight
 from .packed import Int4Weight, Int8Weight
 from .presets import Preset
 
 
 def packed_weight(q: QuantizedTensor, device: torch.device, rows_needed: bool = False):
+    if q.spec.kind in BLOCKS:
+        return GGUFBlockWeight.from_blocks(q.state["blocks"], q.spec.kind, device)
     if q.spec.kind != "int":
         from .bnb_formats import LLMInt8Weight, NF4Weight
 
@@ -73,7 +76,7 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
     from .convert import KEEP, plan, quantize_source
 
     specs = plan(sources, preset, args.num_hidden_layers, args.tie_word_embeddings)
-    keep_dtype = torch.float16 if preset.dtype == "float16" else torch.bfloat16
+    keep_dtype = {"float16": torch.float16, "float32": torch.float32}.get(preset.dtype, torch.bfloat16)
     model = models.skeleton(args)
     wanted = [s for s in sources if s.name in specs]
     # 1-D tensors (norms, biases) first: a quantized module takes its bias when it is installed
@@ -102,7 +105,9 @@ def _finish(model: nn.Module, args, floats: dict, quantized_embedding: bool, dev
     if tied:
         floats.pop(HEAD, None)
     missing, unexpected = model.load_state_dict(floats, strict=False, assign=True)
-    missing = [m for m in missing if not (tied and m == HEAD)]
+    # a quantized module took its bias from `floats` when it was installed: it is not missing
+    held = {f"{name}.bias" for name, m in model.named_modules() if isinstance(m, QuantLinear) and m.bias is not None}
+    missing = [m for m in missing if m not in held and not (tied and m == HEAD)]
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise CorruptModelError(f"the weights do not match the config ({what}); the checkpoint may be incomplete")

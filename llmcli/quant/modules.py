@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .gguf_blocks import BLOCKS, GGUFBlockWeight
 from .packed import Int4Weight, Int8Weight
 from .primitives import quantize
 
@@ -44,10 +45,11 @@ class QuantLinear(nn.Module):
         independent, so the packed rows are simply stacked. None when the formats differ, or when a
         weight is in a GPU kernel's layout, which cannot be read back."""
         def key(p):
-            return type(p), p.group_size, p.symmetric, p.shape[1], p.device, getattr(p, "backend", None)
+            return (type(p), p.group_size, p.symmetric, p.shape[1], p.device, getattr(p, "backend", None),
+                    getattr(p, "type_name", None))
 
         first = modules[0].packed
-        if type(first) not in (Int4Weight, Int8Weight) or getattr(first, "backend", None) == "tinygemm" \
+        if type(first) not in (Int4Weight, Int8Weight, GGUFBlockWeight) or getattr(first, "backend", None) == "tinygemm" \
                 or any(key(m.packed) != key(first) for m in modules):
             return None
         packed = type(first).stacked([m.packed for m in modules])
@@ -140,9 +142,18 @@ class LLMInt8Linear(QuantLinear):
         return cls(LLMInt8Weight(q.codes, q.scales, device), bias)
 
 
+class GGUFBlockLinear(QuantLinear):
+    """GGUF Q5_0/Q5_1/Q5_K/Q6_K blocks as stored in the file (gguf_blocks.py)."""
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, {self.packed.type_name}"
+
+
 def linear_class(spec) -> type[QuantLinear]:
     """The module class for a QuantSpec (or a bit width, for llmcli's own formats)."""
     kind, bits = ("int", spec) if isinstance(spec, int) else (spec.kind, spec.bits)
+    if kind in BLOCKS:
+        return GGUFBlockLinear
     if kind == "nf4":
         return NF4Linear
     if kind == "llm_int8":

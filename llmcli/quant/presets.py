@@ -52,14 +52,17 @@ class QuantSpec:
     group_size: int | None = None  # None: one group per row
     symmetric: bool = True
     kind: str = "int"  # "int" (llmcli's group-wise formats) | "nf4" | "llm_int8" (bitsandbytes')
+    #                    | a GGUF type kept as its blocks: "Q5_0" | "Q5_1" | "Q5_K" | "Q6_K"
 
     @property
     def quantized(self) -> bool:
-        return self.bits in (4, 8)
+        return self.bits < 16
 
     def name(self) -> str:
         if not self.quantized:
             return "float"
+        if self.kind.startswith("Q"):
+            return self.kind
         group = "row" if self.group_size is None else f"g{self.group_size}"
         if self.kind != "int":
             return self.kind if self.kind == "llm_int8" else f"{self.kind}_{group}"

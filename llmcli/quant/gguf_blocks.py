@@ -1,0 +1,137 @@
+"""GGUF blocks kept as they are in the file: a packed format of llmcli's for the GGUF types whose
+codes do not fit the int4 kernel (5 and 6 bits), so they cost no more memory than in the file.
+
+    Q5_0   22 bytes / 32:  d f16, qh u32 (5th bits), qs[16]          w = d * (q - 16)
+    Q5_1   24 bytes / 32:  d, m f16, qh u32, qs[16]                 w = d * q + m
+    Q5_K  176 bytes / 256: d, dmin f16, scales[12], qh[32], qs[128]  w = d*sc * q - dmin*m, per 32
+    Q6_K  210 bytes / 256: ql[128], qh[64], scales[16] i8, d f16     w = d*sc * (q - 32), per 16
+
+A (N, K) weight is its (N, K/B*bytes) rows of blocks. Decoding (few rows) runs a C++ kernel that
+reads the blocks (gguf_kernel.py); prefill, and machines without a compiler, dequantize a tile of
+rows to the activation dtype and run a dense GEMM. Nothing is rounded a second time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import gguf_kernel, kernels
+
+# type -> (elements per block, bytes per block)
+BLOCKS = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3}  # the kernel's switch
+BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6}
+
+
+def row_bytes(type_name: str, K: int) -> int:
+    size, nbytes = BLOCKS[type_name]
+    return K // size * nbytes
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """(..., 2) bytes -> (..., 1) float32 values of little-endian float16."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _nibble_pairs(qs: torch.Tensor) -> torch.Tensor:
+    """(..., 4, 32) bytes -> (..., 8, 32): per 64 elements, the low nibbles, then the high ones."""
+    return torch.stack((qs & 15, qs >> 4), dim=-2).flatten(-3, -2)
+
+
+def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., 12) bytes -> 6-bit scales and mins (..., 8) as float32 (ggml's get_scale_min_k4)."""
+    lo_sc, lo_m = s[..., 0:4] & 63, s[..., 4:8] & 63
+    hi_sc = (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)
+    hi_m = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    return torch.cat((lo_sc, hi_sc), -1).float(), torch.cat((lo_m, hi_m), -1).float()
+
+
+def dequantize_blocks(blocks: torch.Tensor, type_name: str, K: int) -> torch.Tensor:
+    """(n, row bytes) uint8 -> (n, K) float32, with torch ops (the portable path)."""
+    n = blocks.shape[0]
+    size, nbytes = BLOCKS[type_name]
+    b = blocks.reshape(n, K // size, nbytes)
+    if type_name in ("Q5_0", "Q5_1"):
+        d = _f16(b[..., 0:2])
+        off = 2 if type_name == "Q5_0" else 4
+        qh = b[..., off:off + 4].contiguous().view(torch.int32)  # (n, nb, 1)
+        qs = b[..., off + 4:]  # (n, nb, 16): element j low, element j + 16 high
+        high = (qh >> torch.arange(32, dtype=torch.int32)) & 1
+        q = (torch.cat((qs & 15, qs >> 4), -1).int() | (high << 4)).float()
+        w = d * (q - 16) if type_name == "Q5_0" else d * q + _f16(b[..., 2:4])
+        return w.reshape(n, K)
+    if type_name == "Q5_K":
+        d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]  # (n, nb, 1, 1)
+        sc, m = _k_scales(b[..., 4:16])
+        qh = b[..., 16:48]  # bit s of qh[l]: the 5th bit of element l of sub-block s
+        high = (qh[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1  # (n, nb, 8, 32)
+        q = (_nibble_pairs(b[..., 48:].reshape(n, -1, 4, 32)) | (high << 4)).float()
+        return (d * sc[..., None] * q - dmin * m[..., None]).reshape(n, K)
+    # Q6_K: per 128 elements (two halves), quarters 0..3 from ql[0:32] low, ql[32:64] low, ql[0:32]
+    # high, ql[32:64] high, their top two bits from qh bits 0-1, 2-3, 4-5, 6-7
+    ql = b[..., 0:128].reshape(n, -1, 2, 2, 32)
+    qh = b[..., 128:192].reshape(n, -1, 2, 1, 32)
+    low = torch.cat((ql & 15, ql >> 4), dim=-2)  # (n, nb, 2, 4, 32)
+    high = (qh >> torch.arange(0, 8, 2, dtype=torch.uint8)[:, None]) & 3
+    q = (low | (high << 4)).float().reshape(n, -1, 16, 16) - 32
+    sc = b[..., 192:208].contiguous().view(torch.int8).float()  # (n, nb, 16)
+    d = _f16(b[..., 208:210])[..., None]
+    return (d * sc[..., None] * q).reshape(n, K)
+
+
+class GGUFBlockWeight:
+    """A (N, K) weight held as its GGUF blocks, rows of `row_bytes` bytes (packed.py's interface)."""
+
+    symmetric = False
+    rows_readable = True
+
+    def __init__(self, blocks: torch.Tensor, type_name: str, K: int, device: torch.device):
+        self.blocks = blocks.contiguous().to(device)  # (N, row bytes) uint8
+        self.type_name, self.device = type_name, device
+        self.shape = (blocks.shape[0], K)
+        self.group_size, self.bits = BLOCKS[type_name][0], BITS[type_name]
+
+    @classmethod
+    def from_blocks(cls, blocks: torch.Tensor, type_name: str, device: torch.device) -> "GGUFBlockWeight":
+        size, nbytes = BLOCKS[type_name]
+        return cls(blocks, type_name, blocks.shape[1] // nbytes * size, device)
+
+    @classmethod
+    def stacked(cls, weights: list["GGUFBlockWeight"]) -> "GGUFBlockWeight | None":
+        """Rows are independent: the blocks of several weights (same type and K) simply stack."""
+        first = weights[0]
+        if any(w.type_name != first.type_name or w.shape[1] != first.shape[1] for w in weights):
+            return None
+        return cls(torch.cat([w.blocks for w in weights]), first.type_name, first.shape[1], first.device)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"blocks": self.blocks.cpu()}
+
+    def _tile_t(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._rows(self.blocks[start:stop], dtype).t()
+
+    def _rows(self, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        K = self.shape[1]
+        if self.device.type == "cpu" and gguf_kernel.available():
+            return gguf_kernel.dequantize(blocks, TYPE_IDS[self.type_name], K, dtype)
+        return dequantize_blocks(blocks, self.type_name, K).to(dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        N, K = self.shape
+        rows = x.numel() // K
+        if self.device.type == "cpu" and kernels.use_kernel(self.device, rows) and gguf_kernel.available():
+            y = gguf_kernel.mm(x.reshape(rows, K), self.blocks, TYPE_IDS[self.type_name], K)
+            return y.to(x.dtype).view(*x.shape[:-1], N)
+        from .packed import _dense_tiles
+
+        return _dense_tiles(x, N, K, self._tile_t)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self._rows(self.blocks[ids], dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._rows(self.blocks, dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel()

@@ -1,0 +1,157 @@
+"""K-quant GGUF files (Q4_K_M, Q5_K_M mixes as llama.cpp writes them) load packed, exactly, at about
+their file size, and match transformers' float32 logits; the block formats agree with gguf-py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kquants import quantize
+from tiny import k_mix, reference_from, write_gguf
+
+TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"]
+BF16 = torch.bfloat16
+
+
+def _ggml(type_name: str):
+    import gguf
+
+    return gguf.GGMLQuantizationType[type_name]
+
+
+def _weights(N=64, K=512, seed=0):
+    return np.random.default_rng(seed).standard_normal((N, K)).astype(np.float32) * 0.05
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_test_encoders_write_blocks_gguf_reads_back(type_name):
+    from gguf.quants import dequantize
+
+    x = _weights()
+    back = dequantize(quantize(x, type_name), _ggml(type_name)).reshape(x.shape)
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "Q5_0": 5, "Q5_1": 5}[type_name]
+    assert np.abs(back - x).max() < 0.25 * 2.0 ** (4 - bits)  # right layout: the error of its bit width
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1", "Q5_K", "Q6_K"])
+def test_blocks_dequantize_and_multiply_as_gguf_py_reads_them(type_name, kernel, monkeypatch):
+    from gguf.quants import dequantize
+
+    from llmcli.quant import gguf_kernel
+    from llmcli.quant.gguf_blocks import GGUFBlockWeight
+
+    if not kernel:
+        monkeypatch.setattr(gguf_kernel, "_module", False)
+    elif not gguf_kernel.available():
+        pytest.skip("no C++ compiler: the kernel cannot be built here")
+    x = _weights()
+    blocks = quantize(x, type_name)
+    ref = torch.from_numpy(dequantize(blocks, _ggml(type_name)).reshape(x.shape))
+    w = GGUFBlockWeight.from_blocks(torch.from_numpy(blocks.copy()), type_name, torch.device("cpu"))
+    assert torch.equal(w.dequantize(torch.float32), ref)  # nothing rounded
+    assert torch.equal(w.rows(torch.tensor([5, 0, 63]), torch.float32), ref[[5, 0, 63]])
+    a = torch.randn(3, 512)
+    torch.testing.assert_close(w.matmul(a), a @ ref.T, rtol=1e-5, atol=1e-5)  # decode: the kernel
+    a = torch.randn(40, 512, dtype=BF16)
+    torch.testing.assert_close(w.matmul(a), a @ ref.T.to(BF16), rtol=0, atol=0)  # prefill: dequantized tile
+
+
+def test_q4_k_imports_as_int4_g32_rounding_only_the_scales():
+    from gguf.quants import dequantize
+
+    from llmcli.quant.gguf_import import AS_STORED, import_block_quants
+    from llmcli.quant.packed import Int4Weight
+
+    x = _weights()
+    raw = quantize(x, "Q4_K")
+    ref = torch.from_numpy(dequantize(raw, _ggml("Q4_K")).reshape(x.shape))
+    q = import_block_quants(raw, "Q4_K", 64, 512, AS_STORED["Q4_K"])
+    exact = (q["codes"].float() - 8).view(64, -1, 32) * q["scales"][..., None] + q["zeros"][..., None]
+    torch.testing.assert_close(exact.view(64, 512), ref, rtol=0, atol=1e-6)  # the codes map exactly
+    w = Int4Weight.from_codes(q["codes"], q["scales"], q["zeros"], torch.device("cpu"))
+    step = q["scales"].abs().max().item()
+    assert (w.dequantize(torch.float32) - ref).abs().max() < step / 16  # bfloat16 scales and zeros only
+
+
+def _tiny_qwen2(tied=True):
+    from tiny import hf_model
+
+    # rows of 256 take K-quants; the MLP's down projection (rows of 320) falls back to 32-blocks
+    return hf_model("qwen2", hidden_size=256, intermediate_size=320, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, tie_word_embeddings=tied)
+
+
+@pytest.fixture(scope="module", params=["Q4_K", "Q5_K"], ids=["Q4_K_M", "Q5_K_M"])
+def mixed_gguf(request, tmp_path_factory):
+    model = _tiny_qwen2()
+    path = tmp_path_factory.mktemp("kq") / f"tiny-{request.param}.gguf"
+    held = write_gguf(model, path, k_mix(4, tied=True, base=request.param))
+    return path, reference_from(model, held), request.param
+
+
+def _forward(model, ids, dtype: torch.dtype) -> torch.Tensor:
+    from llmcli.kv_cache import StaticKVCache
+
+    return model(ids, StaticKVCache.for_model(model.args, 64, torch.device("cpu"), dtype))[0].float()
+
+
+def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
+    """issue 11: layers whose attn_v is Q6_K (and q/k biases beside packed weights) loaded by default."""
+    from llmcli.device import place
+    from llmcli.loader import load_model
+    from llmcli.quant.modules import GGUFBlockLinear, QuantEmbedding
+
+    path, ref, base = mixed_gguf
+    ids = torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]])
+    with torch.no_grad():
+        expected = ref(ids).logits.float()
+    for dtype, tol in ((torch.float32, 1e-4), (BF16, 0.05)):
+        loaded = load_model(path, place("cpu", str(dtype).removeprefix("torch."), threads=1))
+        with torch.no_grad():
+            got = _forward(loaded.model, ids, dtype)
+        assert (got - expected).abs().max().item() < tol * expected.abs().max().item(), dtype
+    # by default every 2-D weight stays packed (nothing dequantized to bfloat16), the 5/6-bit ones as blocks
+    modules = list(loaded.model.modules())
+    assert not any(isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) for m in modules)
+    blocks = {m.packed.type_name for m in modules if isinstance(m, GGUFBlockLinear)}
+    assert blocks == ({"Q5_0", "Q6_K"} if base == "Q4_K" else {"Q5_K", "Q5_1", "Q6_K"})
+    assert any(isinstance(m, QuantEmbedding) for m in modules)
+
+
+def test_packed_blocks_give_the_logits_of_their_dequantized_weights(mixed_gguf, monkeypatch):
+    """Default load (packed, fused as runtime.py fuses) vs the same file dequantized to bfloat16."""
+    from llmcli.device import place
+    from llmcli.kv_cache import StaticKVCache
+    from llmcli.loader import load_model
+    from llmcli.quant import gguf_import
+
+    path = mixed_gguf[0]
+    ids = torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]])
+    packed = load_model(path, place("cpu", "bfloat16", threads=1)).model.fuse()
+    monkeypatch.setattr(gguf_import, "as_stored_preset", lambda sources: None)
+    dense = load_model(path, place("cpu", "bfloat16", threads=1)).model
+    with torch.no_grad():
+        got, expected = _forward(packed, ids, BF16), _forward(dense, ids, BF16)
+        step = packed(ids[:, :1], StaticKVCache.for_model(packed.args, 8, torch.device("cpu"), BF16))[0].float()
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    # bfloat16 activations through 4 layers differ by a few percent (the kernel accumulates in float32)
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+    torch.testing.assert_close(step[0, 0], got[0, 0], rtol=0.02, atol=0.02 * got.abs().max().item())
+
+
+def test_held_bytes_are_the_plan_and_about_the_file_size(mixed_gguf):
+    from llmcli.bench import weights_bytes
+    from llmcli.device import place
+    from llmcli.gguf_file import open_gguf
+    from llmcli.loader import load_model
+    from llmcli.memory_probe import weights_from_files
+
+    path = mixed_gguf[0]
+    loaded = load_model(path, place("cpu", "bfloat16", threads=1))
+    plan = weights_from_files(path, None, BF16, torch.device("cpu"))
+    held = weights_bytes(loaded.model)
+    assert plan.nbytes == held
+    file_tensors = sum(t.n_bytes for t in open_gguf(path).tensors)
+    assert held <= 1.15 * file_tensors
