@@ -26,6 +26,14 @@ class Placement:
     dtype: torch.dtype
     threads: int
     reason: str  # one line for --verbose: why this device and dtype
+    dtype_asked: bool = False  # the dtype was named by the user, not picked for the device
+
+    @property
+    def full_precision(self) -> bool:
+        """float32 asked for by name: GGUF blocks are dequantized, nothing runs in a narrower format.
+        float32 picked by "auto" (a CPU without native bf16) still keeps quantized blocks packed:
+        decoding reads the int4 weights, 1/8 of float32's bytes, through the int4 kernel."""
+        return self.dtype == torch.float32 and self.dtype_asked
 
     @property
     def backend(self) -> str:
@@ -140,7 +148,7 @@ def place(device: str = "auto", dtype: str = "auto", threads: int | None = None)
     dt_how = "asked for" if dtype not in (None, "auto") else (
         "native bf16 on this CPU" if dev.type == "cpu" and dt == torch.bfloat16 else "default for the device")
     reason = f"device {dev} ({how}), dtype {str(dt).removeprefix('torch.')} ({dt_how}), {n} threads"
-    return Placement(dev, dt, n, reason)
+    return Placement(dev, dt, n, reason, dtype_asked=dtype not in (None, "auto"))
 
 
 def synchronize(device: torch.device) -> None:

@@ -73,8 +73,8 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
     from .quant.gguf_import import as_stored_preset
 
     sources = convert.gguf_sources(reader, args, meta["general.architecture"])
-    if preset is None and placement.dtype != torch.float32:
-        # keep the file's Q4_0/Q4_1/Q8_0 blocks packed (exact); float32 is the full-precision mode
+    if preset is None and not placement.full_precision:
+        # keep the file's Q4_0/Q4_1/Q8_0 blocks packed (exact); --dtype float32 is the full-precision mode
         preset = as_stored_preset(sources)
     if preset is None:
         state = gguf_file.load_state_dict(reader, args, meta["general.architecture"], placement.dtype, placement.device)

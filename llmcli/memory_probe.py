@@ -151,7 +151,11 @@ def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch
     return total
 
 
-def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.device) -> WeightsInfo:
+def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.device,
+                       full_precision: bool | None = None) -> WeightsInfo:
+    """`full_precision` (device.Placement's; default: dtype is float32): GGUF blocks are dequantized."""
+    if full_precision is None:
+        full_precision = dtype == torch.float32
     from . import gguf_file, hf_folder
     from .models.llama import ModelArgs
 
@@ -181,7 +185,7 @@ def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.dev
                   gguf_file.iter_tensors(reader, args, meta["general.architecture"])}
         kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
         source = "/".join(sorted(kinds))
-        if preset is None and dtype != torch.float32:  # loader.py keeps Q4_0/Q4_1/Q8_0 blocks packed
+        if preset is None and not full_precision:  # loader.py keeps Q4_0/Q4_1/Q8_0 blocks packed
             from .quant import convert
             from .quant.gguf_import import as_stored_preset
 

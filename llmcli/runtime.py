@@ -99,7 +99,7 @@ def plan_memory(path: Path, placement: Placement, preset=None, ctx_size: int | N
 
     kv_type = check_kv_type(kv_type)
     check_kv_offload(kv_offload, kv_type)
-    info = weights_from_files(path, preset, placement.dtype, placement.device)
+    info = weights_from_files(path, preset, placement.dtype, placement.device, placement.full_precision)
     trained = info.args.max_position_embeddings
     ctx = check_ctx_size(ctx_size, trained)
     source = "--ctx-size" if ctx_size is not None else "the model's trained context"
