@@ -63,12 +63,18 @@ def parse_json(text: str) -> list[dict]:
                 "kind": "tg" if n_gen else "pp", "n": n_gen or n_prompt, "depth": int(t.get("n_depth", 0)),
                 "seconds": [ns / 1e9 for ns in t["samples_ns"]],
                 "model_size": int(t.get("model_size", 0)), "params": int(t.get("model_n_params", 0)),
-                "quant": str(t.get("model_type", "")).split()[-1] if t.get("model_type") else "?",
+                "quant": _quant(str(t.get("model_type", ""))),
                 "threads": int(t.get("n_threads", 0)),
             })
         except (KeyError, TypeError, ValueError) as e:
             raise LlamaBenchError(f"llama-bench's JSON lacks {e}; is it a llama-bench from 2025 or later?") from None
     return out
+
+
+def _quant(model_type: str) -> str:
+    """"qwen2 1B Q4_K - Medium" (architecture, size class, file type) -> "Q4_K - Medium"."""
+    parts = model_type.split(" ", 2)
+    return parts[2] if len(parts) == 3 else "?"
 
 
 class LlamaBenchBaseline:

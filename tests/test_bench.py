@@ -131,6 +131,8 @@ def test_llama_bench_json_is_read():
     [t] = parse_json(LLAMA_BENCH_JSON)
     assert (t["kind"], t["n"], t["depth"], t["quant"], t["params"]) == ("tg", 128, 0, "Q4_1", 134515008)
     assert t["seconds"] == [1.0]
+    [t] = parse_json(LLAMA_BENCH_JSON.replace("llama ?B Q4_1", "qwen2 1B Q4_K - Medium"))
+    assert t["quant"] == "Q4_K - Medium"
 
 
 def test_llama_bench_unreadable_output_is_an_error():
