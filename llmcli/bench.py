@@ -183,7 +183,8 @@ def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], d
               step=None, baseline=None) -> Iterator[tuple[str, Result]]:
     """Yield ("progress", partial result) after each repetition and ("done", result) per test.
 
-    `baseline` (a LlamaCppBaseline) is timed in the same loop, interleaved with llmcli's repetitions.
+    `baseline` (a LlamaCppBaseline or LlamaBenchBaseline) is timed in the same loop, interleaved with
+    llmcli's repetitions: llmcli, baseline, llmcli, baseline, ...
     """
     loaded = rt.loaded
     device, vocab = rt.placement.device, loaded.args.vocab_size
@@ -210,26 +211,28 @@ def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], d
             return time_decode(model, step, new_cache, n, depth, vocab, device)
 
         once()  # warm-up: not counted
-        if baseline is not None:
+        if baseline is not None and getattr(baseline, "needs_warm_up", True):
             baseline.once(kind, n, depth)
         ours = Result(test=name, **common)
-        theirs = baseline.result(name, common) if baseline is not None else None
         reset_peak_memory(device)
-        firsts, their_firsts = [], []
+        firsts, their_samples, their_firsts = [], [], []
         for _ in range(reps):
             elapsed, first = once()
             ours.samples.append(n / elapsed)
             firsts.append(first)
             if baseline is not None:
                 elapsed, first = baseline.once(kind, n, depth)
-                theirs.samples.append(n / elapsed)
-                their_firsts.append(first)
+                their_samples.append(n / elapsed)
+                if first is not None:  # llama-bench reports no first-token time
+                    their_firsts.append(first)
             yield "progress", ours
         ours.ttft_ms = sorted(firsts)[len(firsts) // 2] * 1000
         ours.peak_mem_bytes = peak_memory(device)
         yield "done", ours
-        if theirs is not None:
-            theirs.ttft_ms = sorted(their_firsts)[len(their_firsts) // 2] * 1000
+        if baseline is not None:
+            theirs = baseline.result(name, common)
+            theirs.samples = their_samples
+            theirs.ttft_ms = sorted(their_firsts)[len(their_firsts) // 2] * 1000 if their_firsts else 0.0
             yield "done", theirs
 
 
@@ -253,8 +256,8 @@ def _params(n: int) -> str:
 
 def row(r: Result) -> list[str]:
     return [r.model, r.engine, r.quant, _human(r.size_bytes, "B") if r.size_bytes else "-", _params(r.params),
-            r.backend, str(r.threads), r.test, f"{r.mean:.2f} ± {r.stddev:.2f}", f"{r.ttft_ms:.1f}",
-            f"{r.load_s:.2f}", _human(r.peak_mem_bytes) if r.peak_mem_bytes else "-"]
+            r.backend, str(r.threads), r.test, f"{r.mean:.2f} ± {r.stddev:.2f}", f"{r.ttft_ms:.1f}" if r.ttft_ms else "-",
+            f"{r.load_s:.2f}" if r.load_s else "-", _human(r.peak_mem_bytes) if r.peak_mem_bytes else "-"]
 
 
 def format_results(results: list[Result], fmt: str) -> str:
@@ -282,11 +285,14 @@ def format_results(results: list[Result], fmt: str) -> str:
 
 
 def ratios(results: list[Result]) -> list[str]:
-    """"tg128: llmcli / llama.cpp = 1.07x" for every test run by both engines."""
+    """"smollm2 none tg128: llmcli / llama-bench = 1.07x" for each baseline row, against the llmcli
+    row of the same model and test measured with it (the one before it)."""
     out = []
-    by = {(r.model, r.quant, r.test, r.engine): r for r in results}
-    for (model, quant, test, engine), r in by.items():
-        other = by.get((model, quant, test, "llama.cpp"))
-        if engine == "llmcli" and other is not None and other.mean > 0:
-            out.append(f"{model} {quant} {test}: llmcli / llama.cpp = {r.mean / other.mean:.2f}x")
+    for i, other in enumerate(results):
+        if other.engine == "llmcli" or other.mean <= 0:
+            continue
+        ours = next((r for r in reversed(results[:i]) if r.engine == "llmcli" and r.model == other.model
+                     and r.test == other.test), None)
+        if ours is not None:
+            out.append(f"{ours.model} {ours.quant} {ours.test}: llmcli / {other.engine} = {ours.mean / other.mean:.2f}x")
     return out

@@ -22,7 +22,8 @@ def bench(
     depth: Annotated[int, typer.Option("--depth", "-d", help="Tokens already in the context when each test starts.")] = 0,
     quant: Annotated[str, typer.Option("--quant", "-q", help="Presets, comma-separated (none = as stored), e.g. -q bf16,q8,q4.")] = "none",
     output: Annotated[str, typer.Option("--output", "-o", help="md | csv | json | jsonl.")] = "md",
-    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Also time llama.cpp on the same GGUF, interleaved: llama.cpp.", show_default=False)] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Also time llama.cpp on the same GGUF, interleaved: llama-bench (the native tool, a subprocess) or llama.cpp (llama-cpp-python, in process).", show_default=False)] = None,
+    llama_bench: Annotated[Optional[str], typer.Option("--llama-bench", help="The llama-bench executable (implies --baseline llama-bench; default: $LLAMA_BENCH, then PATH).", show_default=False)] = None,
     compile: Compile = True,
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto",
@@ -40,8 +41,15 @@ def bench(
         raise InvalidParameterError(f"-d/--depth must be >= 0, got {depth}")
     if output not in FORMATS:
         raise InvalidParameterError(f"-o/--output must be one of {', '.join(FORMATS)}, got {output!r}")
-    if baseline not in (None, "llama.cpp", "llamacpp"):
-        raise InvalidParameterError(f"--baseline knows llama.cpp only, got {baseline!r}")
+    if llama_bench and baseline is None:
+        baseline = "llama-bench"
+    if baseline not in (None, "llama-bench", "llama.cpp", "llamacpp"):
+        raise InvalidParameterError(f"--baseline takes llama-bench or llama.cpp, got {baseline!r}")
+    binary = None
+    if baseline == "llama-bench":  # before loading anything: a missing binary fails fast
+        from .baseline_llamabench import find_binary
+
+        binary = find_binary(llama_bench)
     presets = [q.strip() for q in quant.split(",") if q.strip()] or ["none"]
     needed = depth + max(prompts + [n + 1 for n in gens])
     err = _stderr()
@@ -55,7 +63,11 @@ def bench(
                                 progress=progress, kv_type=kv_type, kv_offload=kv_offload)
             step = rt.decode_step(compile)
             base = None
-            if baseline:
+            if binary is not None:
+                from .baseline_llamabench import LlamaBenchBaseline
+
+                base = LlamaBenchBaseline(rt.loaded.path, rt.placement.threads, binary)
+            elif baseline:
                 from .baseline_llamacpp import LlamaCppBaseline
 
                 base = LlamaCppBaseline(rt.loaded.path, rt.placement.threads, rt.ctx_size)

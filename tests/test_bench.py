@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import sys
 
 import pytest
 from conftest import run_cli
@@ -98,3 +99,95 @@ def test_baseline_needs_a_gguf_or_says_how_to_install(tiny_folder):
     r = run_cli("bench", str(tiny_folder), "-r", "1", "-p", "8", "-n", "0", "--no-compile", "--baseline", "llama.cpp")
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert "GGUF" in r.stderr or "pip install" in r.stderr
+
+
+# ------------------------------------------------------------------ --baseline llama-bench (native, subprocess)
+
+LLAMA_BENCH_JSON = """[
+  {
+    "build_commit": "abc", "build_number": 1, "model_filename": "m.gguf", "model_type": "llama ?B Q4_1",
+    "model_size": 90000000, "model_n_params": 134515008, "n_threads": 2, "n_prompt": 0, "n_gen": 128,
+    "n_depth": 0, "avg_ns": 1000000000, "stddev_ns": 0, "avg_ts": 128.0, "stddev_ts": 0.0,
+    "samples_ns": [ 1000000000 ],
+    "samples_ts": [ 128 ]
+  }
+]
+"""
+
+FAKE = """#!{python}
+import json, sys
+a = sys.argv[1:]
+arg = lambda f: a[a.index(f) + 1]
+open({log!r}, "a").write("B\\n")
+p, n = int(arg("-p")), int(arg("-n"))
+print(json.dumps([{{"model_type": "llama ?B Q8_0", "model_size": 1000, "model_n_params": 10, "n_threads": int(arg("-t")),
+                   "n_prompt": p, "n_gen": n, "n_depth": int(arg("-d")), "samples_ns": [int(1e9 * (n or p) / 100)]}}]))
+"""
+
+
+def test_llama_bench_json_is_read():
+    from llmcli.baseline_llamabench import parse_json
+
+    [t] = parse_json(LLAMA_BENCH_JSON)
+    assert (t["kind"], t["n"], t["depth"], t["quant"], t["params"]) == ("tg", 128, 0, "Q4_1", 134515008)
+    assert t["seconds"] == [1.0]
+    [t] = parse_json(LLAMA_BENCH_JSON.replace("llama ?B Q4_1", "qwen2 1B Q4_K - Medium"))
+    assert t["quant"] == "Q4_K - Medium"
+
+
+def test_llama_bench_unreadable_output_is_an_error():
+    from llmcli.baseline_llamabench import LlamaBenchError, parse_json
+
+    with pytest.raises(LlamaBenchError, match="no JSON"):
+        parse_json("main: error: failed to load model\n")
+
+
+def test_llama_bench_runs_interleaved_with_llmcli(tiny_gguf, tmp_path):
+    """A fake llama-bench: one invocation per repetition, alternating with llmcli's (L B L B), never warmed
+    up separately (it warms up itself), and its rows and the ratio come out."""
+    from llmcli import bench
+    from llmcli.baseline_llamabench import LlamaBenchBaseline
+    from llmcli.runtime import open_model
+
+    log = tmp_path / "log"
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    rt = open_model(str(tiny_gguf), device="cpu", threads=1, ctx_size=64)
+
+    def step(*a, **k):
+        with open(log, "a") as f:
+            f.write("L\n")
+        return rt.loaded.model(*a, **k)
+
+    base = LlamaBenchBaseline(rt.loaded.path, 1, fake)
+    results = [r for e, r in bench.run_tests(rt, "tiny", "none", [0], [4], 0, 3, step, base) if e == "done"]
+    calls = log.read_text().split()
+    runs = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]
+    assert runs == ["L", "B"] * 3  # 3 rounds, the first after llmcli's warm-up
+    assert calls.count("L") == 4 * 4 and calls.count("B") == 3  # 4 steps: warm-up + 3 repetitions
+    ours, theirs = results
+    assert theirs.engine == "llama-bench" and theirs.quant == "gguf (Q8_0)" and theirs.samples == [100.0] * 3
+    assert theirs.ttft_ms == 0 and "-" in bench.row(theirs)
+    assert bench.ratios(results) == [f"tiny none tg4: llmcli / llama-bench = {ours.mean / 100:.2f}x"]
+
+
+def test_cli_llama_bench_flag_runs_it(tiny_gguf, tmp_path):
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE.format(python=sys.executable, log=str(tmp_path / "log")))
+    fake.chmod(0o755)
+    r = run_cli("bench", str(tiny_gguf), "-p", "8", "-n", "4", "-r", "2", "--no-compile", "-t", "1",
+                "--llama-bench", str(fake))
+    assert r.returncode == 0, r.stderr
+    assert "| llama-bench |" in r.stdout and "tg4: llmcli / llama-bench = " in r.stdout
+    assert "pp8: llmcli / llama-bench = " in r.stdout
+
+
+def test_missing_llama_bench_says_how_to_build_it(tiny_gguf, tmp_path):
+    env = {"PATH": str(tmp_path), "LLAMA_BENCH": ""}
+    r = run_cli("bench", str(tiny_gguf), "-r", "1", "--no-compile", "--baseline", "llama-bench", env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("error:") and "cmake" in r.stderr and "llama-cpp-python" in r.stderr
+    r = run_cli("bench", str(tiny_gguf), "-r", "1", "--no-compile", "--llama-bench", str(tmp_path / "nope"))
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "no llama-bench executable" in r.stderr

@@ -1,0 +1,52 @@
+"""Where a decode step's time goes: torch.profiler over 32 one-token steps after a 64-token prefill.
+
+    python benchmarks/decode_profile.py MODEL eager|compiled [THREADS]
+
+Prints wall ms/token, the ops with the most self time, and buckets (int4 matmuls, dense matmuls,
+attention, sampling); the rest of the self time is norms, rope and element-wise ops.
+"""
+import sys, time, collections, torch
+from llmcli.runtime import open_model
+M, mode = sys.argv[1], sys.argv[2]  # MODEL eager|compiled [THREADS]
+rt = open_model(M, threads=int(sys.argv[3]) if len(sys.argv) > 3 else 2, ctx_size=512)
+model = rt.loaded.model
+step = rt.decode_step(mode == "compiled")
+cache = rt.new_cache()
+from llmcli.generate import prefill
+with torch.inference_mode():
+    logits = prefill(model, list(range(100, 164)), cache, rt.placement.device)
+    tok = logits.argmax().view(1, 1)
+    for _ in range(5):
+        tok = step(tok, cache, last_only=True)[0, -1].argmax().view(1, 1)
+    N = 32
+    t = time.perf_counter()
+    for _ in range(N):
+        tok = step(tok, cache, last_only=True)[0, -1].argmax().view(1, 1)
+    print(f"{mode}: {(time.perf_counter()-t)/N*1e3:.2f} ms/token wall")
+    from torch.profiler import profile, ProfilerActivity
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(N):
+            tok = step(tok, cache, last_only=True)[0, -1].argmax().view(1, 1)
+    print(f"profiled wall {(time.perf_counter()-t)/N*1e3:.2f} ms/token")
+    ev = prof.key_averages()
+    cats = collections.Counter()
+    def cat(name):
+        n = name.lower()
+        if "int4pack_mm" in n: return "int4 matmul"
+        if "addmv" in n or n == "aten::mv": return "dense matmul"
+        if "scaled_dot_product" in n or "flash_attention" in n or "_efficient_attention" in n: return "attention (SDPA)"
+        if "argmax" in n: return "sampling (argmax)"
+        return None
+    total_self = 0
+    for e in ev:
+        total_self += e.self_cpu_time_total
+    # top-level buckets from self time of leaf-ish ops
+    rows = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:25]
+    for e in rows:
+        print(f"{e.key[:70]:70s} calls/tok {e.count/N:6.1f} self {e.self_cpu_time_total/N/1e3:7.3f} ms/tok  total {e.cpu_time_total/N/1e3:7.3f}")
+    for e in ev:
+        c = cat(e.key)
+        if c: cats[c] += e.cpu_time_total / N / 1e3
+    print("buckets (cpu_time_total, ms/token):", {k: round(v, 3) for k, v in cats.items()})
+    print("sum of self time ms/token:", round(total_self/N/1e3, 3))
