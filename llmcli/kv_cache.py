@@ -67,7 +67,9 @@ class StaticKVCache(CacheSlots):
         return cls(args.num_hidden_layers, args.num_key_value_heads, args.head_dim, max_len, device, dtype, batch,
                    compute_dtype)
 
-    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+    def update(self, layer: int, start, k: torch.Tensor, v: torch.Tensor):
+        if isinstance(start, torch.Tensor):
+            return self._update_rows(layer, start, k, v)
         end = start + k.shape[2]
         self.k[layer][:, :, start:end] = k
         self.v[layer][:, :, start:end] = v
@@ -79,6 +81,24 @@ class StaticKVCache(CacheSlots):
         ko[:, :, start:end] = k  # the new tokens as computed
         vo[:, :, start:end] = v
         return ko[:, :, :end], vo[:, :, :end]
+
+    def _update_rows(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """A batched decode step (batched.py): row b of rows [0, B) stores its one token (k, v: (B, KV, 1, D))
+        at slot slots[b]; those rows' first `length` slots come back, the rows' own masks hiding
+        what lies past each one's end."""
+        B, n = k.shape[0], self.length
+        rows = torch.arange(B, device=k.device)
+        kl, vl = self.k[layer][:B], self.v[layer][:B]
+        kl[rows, :, slots] = k[:, :, 0].to(kl.dtype)
+        vl[rows, :, slots] = v[:, :, 0].to(vl.dtype)
+        if self.out is None:
+            return kl[:, :, :n], vl[:, :, :n]
+        return kl[:, :, :n].to(self.out[0].dtype), vl[:, :, :n].to(self.out[1].dtype)
+
+    def move_row(self, src: int, dst: int, n: int) -> None:
+        """Row dst takes row src's first n slots (batched.py keeps its live rows at the front)."""
+        for t in self.k + self.v:
+            t[dst, :, :n] = t[src, :, :n]
 
     def shift(self, keep: int, drop: int, rerotate) -> None:
         shift_layers(self.k, self.v, keep, drop, self.length, rerotate)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import llama
-from .llama import rope_cos_sin, rope_inv_freq
+from .llama import forward_layout, per_row, rope_cos_sin, rope_inv_freq
 
 
 @dataclass
@@ -116,25 +116,19 @@ class Transformer(llama.Transformer):
                 "inv_freq_local": rope_inv_freq(args, theta=args.rope_local_base_freq, scaling={})}
 
     def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
-                last_only: bool = False, hidden: bool = False):
+                last_only: bool = False, hidden: bool = False, slots: torch.Tensor | None = None):
         """tokens (B, T) -> logits (B, T, vocab) float32; see llama.Transformer.forward."""
         B, T = tokens.shape
-        start = cache.length
-        if start + T > cache.max_len:
-            raise ValueError(f"cache holds {cache.max_len} tokens; {start} used, {T} more asked for")
-        if positions is None:
-            positions = torch.arange(start, start + T, device=tokens.device)
+        start, positions, mask = forward_layout(T, cache, positions, slots, tokens.device)
         x = self.model.embed_tokens(tokens)  # (B, T, hidden)
         x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)  # the scale rounded like HF's
-        global_rope = rope_cos_sin(self.inv_freq, positions, x.dtype)
-        local_rope = rope_cos_sin(self.inv_freq_local, positions, x.dtype)
-        mask = None
-        if T > 1 and start > 0:  # queries see every cached slot plus the causal part of their own
-            mask = torch.ones(T, start + T, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        global_rope = per_row(*rope_cos_sin(self.inv_freq, positions, x.dtype), slots)
+        local_rope = per_row(*rope_cos_sin(self.inv_freq_local, positions, x.dtype), slots)
         for layer, kind in zip(self.model.layers, self.args.layer_types):
             cos, sin = local_rope if kind == "sliding_attention" else global_rope
             x = layer(x, cos, sin, cache, start, mask)
-        cache.length = start + T
+        if slots is None:
+            cache.length = start + T
         if last_only:
             x = x[:, -1:, :]
         h = self.model.norm(x)

@@ -262,11 +262,46 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
 
-def _window_mask(mask, start: int, T: int, S: int, window: int, device) -> torch.Tensor:
-    """(T, S) bool: causal and within the sliding window (key slot > query slot - window)."""
-    q_slot = torch.arange(start, start + T, device=device)[:, None]
+def _window_mask(mask, start, T: int, S: int, window: int, device) -> torch.Tensor:
+    """(T, S) bool: causal and within the sliding window (key slot > query slot - window). In a
+    batched decode step (`start` the (B,) slots of each row's one query) the (B, 1, 1, S) `mask`
+    narrowed to the window."""
     k_slot = torch.arange(S, device=device)[None, :]
+    if isinstance(start, torch.Tensor):
+        return mask & (k_slot > start[:, None] - window)[:, None, None, :]
+    q_slot = torch.arange(start, start + T, device=device)[:, None]
     return (k_slot <= q_slot) & (k_slot > q_slot - window)
+
+
+def forward_layout(T: int, cache, positions, slots, device):
+    """(start, positions, mask) for a forward pass of T new tokens per row.
+
+    Usually every row's tokens go to cache slots [cache.length, cache.length + T) and `positions`
+    default to those slots; mask None means plainly causal. With `slots` (B,) (batched decode,
+    batched.py: rows of different lengths) row b's single token goes to slot slots[b], at that
+    position, and sees the slots up to its own: start and positions are `slots`, the mask is
+    (B, 1, 1, cache.length), the caller having set cache.length to max(slots) + 1."""
+    if slots is not None:
+        if T != 1:
+            raise ValueError("slots are for one-token decode steps")
+        mask = torch.arange(cache.length, device=device)[None, :] <= slots[:, None]  # (B, S)
+        return slots, slots, mask[:, None, None, :]
+    start = cache.length
+    if start + T > cache.max_len:
+        raise ValueError(f"cache holds {cache.max_len} tokens; {start} used, {T} more asked for")
+    if positions is None:
+        positions = torch.arange(start, start + T, device=device)
+    mask = None
+    if T > 1 and start > 0:  # queries see every cached slot plus the causal part of their own
+        mask = torch.ones(T, start + T, dtype=torch.bool, device=device).tril(diagonal=start)
+    return start, positions, mask
+
+
+def per_row(cos: torch.Tensor, sin: torch.Tensor, slots) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables (B, R) of a batched decode step -> (B, 1, 1, R), to broadcast over (B, H, 1, D)."""
+    if slots is None:
+        return cos, sin
+    return cos[:, None, None, :], sin[:, None, None, :]
 
 
 class MLP(nn.Module):
@@ -348,27 +383,22 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
-                last_only: bool = False, hidden: bool = False):
+                last_only: bool = False, hidden: bool = False, slots: torch.Tensor | None = None):
         """tokens (B, T) -> logits (B, T, vocab) float32, or (B, 1, vocab) with last_only; with
         `hidden`, (logits, the final normed hidden states) for exact_top() to rescore.
 
         The new tokens take cache slots [cache.length, cache.length + T); `positions` (T,) are their
-        RoPE positions (default: the slots themselves).
+        RoPE positions (default: the slots themselves). `slots` (B,): a batched decode step of rows
+        at different lengths (forward_layout); the cache's length is then the caller's to keep.
         """
         B, T = tokens.shape
-        start = cache.length
-        if start + T > cache.max_len:
-            raise ValueError(f"cache holds {cache.max_len} tokens; {start} used, {T} more asked for")
-        if positions is None:
-            positions = torch.arange(start, start + T, device=tokens.device)
+        start, positions, mask = forward_layout(T, cache, positions, slots, tokens.device)
         x = self.model.embed_tokens(tokens)
-        cos, sin = self.rope(positions, cache, x.dtype)
-        mask = None
-        if T > 1 and start > 0:  # queries see every cached slot plus the causal part of their own
-            mask = torch.ones(T, start + T, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        cos, sin = per_row(*self.rope(positions, cache, x.dtype), slots)
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache, start, mask)
-        cache.length = start + T
+        if slots is None:
+            cache.length = start + T
         if last_only:
             x = x[:, -1:, :]
         h = self.model.norm(x)
