@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from . import notices
 from .errors import InvalidParameterError, LlmcliError, LlmcliWarning
 
 app = typer.Typer(
@@ -390,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the app and turns every user error into one line and an exit code."""
     _install_signal_handlers()
     warnings.showwarning = _show_warning
+    notices.notify = lambda message: print(f"note: {message}", file=sys.stderr, flush=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("LLMCLI_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]

@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from .. import notices
+
 _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -182,14 +184,41 @@ def _build():
 
     from torch.utils.cpp_extension import load_inline
 
-    digest = hashlib.sha256((_SOURCE + torch.__version__).encode()).hexdigest()[:12]
+    # -march=native: a cache shared by machines (a home folder on NFS) must not hand one CPU's build to another
+    digest = hashlib.sha256((_SOURCE + torch.__version__ + _cpu_signature()).encode()).hexdigest()[:12]
+    name = f"llmcli_gguf_{digest}"
+    if notices.notify is not None and not _cached(name):
+        notices.say("building the GGUF block kernel for this CPU (once, about a minute)")
     try:  # the library never prints: the build's output is swallowed, a failure means "use torch"
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            return load_inline(f"llmcli_gguf_{digest}", cpp_sources=_SOURCE, functions=["mm", "dequantize"],
+            return load_inline(name, cpp_sources=_SOURCE, functions=["mm", "dequantize"],
                                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                                verbose=False)
     except Exception:  # no compiler, no headers, a failed build: the torch path still works
+        return False
+
+
+def _cpu_signature() -> str:
+    """The machine and its instruction-set flags (what -march=native compiles for)."""
+    import platform
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return platform.machine() + platform.processor() + flags
+
+
+def _cached(name: str) -> bool:
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = _get_build_directory(name, verbose=False)
+        return any(f.endswith((".so", ".pyd", ".dylib")) for f in os.listdir(folder))
+    except Exception:
         return False
 
 
