@@ -82,7 +82,7 @@ class BatchEngine:
                                              compute_dtype=dtype)
         self.waiting: deque[Request] = deque()
         self.running: list[_Sequence] = []  # running[i] holds cache row i
-        self.cancelled: set[int] = set()  # id()s of requests to drop
+        self.cancelled: set[Request] = set()  # requests to drop (held, not id()s: a freed id can be reused)
         self.lock = threading.Lock()
         self.clean = 0  # slots [0, clean) of every row hold finite numbers (see _clean_up_to)
         self.steps = 0  # decode steps run
@@ -97,7 +97,7 @@ class BatchEngine:
 
     def cancel(self, req: Request) -> None:
         with self.lock:
-            self.cancelled.add(id(req))
+            self.cancelled.add(req)
 
     @property
     def busy(self) -> bool:
@@ -128,9 +128,9 @@ class BatchEngine:
             if not self.cancelled:
                 return
             gone, self.cancelled = self.cancelled, set()
-            self.waiting = deque(r for r in self.waiting if id(r) not in gone)
+            self.waiting = deque(r for r in self.waiting if r not in gone)
         for i in reversed(range(len(self.running))):
-            if id(self.running[i].req) in gone:
+            if self.running[i].req in gone:
                 self._free(i)
 
     def _admit(self, req: Request, events) -> None:

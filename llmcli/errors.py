@@ -59,6 +59,10 @@ class DiskFullError(DownloadError):
     """The disk filled up during a download; the partial file has been removed."""
 
 
+class ServeError(LlmcliError):
+    """`llmcli serve` cannot listen: the port is taken, the address is not this machine's."""
+
+
 class LlmcliWarning(UserWarning):
     """Something the user asked for was adjusted (e.g. --threads above the CPU count); the CLI prints
     `warning: <message>` on stderr, one line. Library code issues these with warnings.warn."""
