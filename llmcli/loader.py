@@ -79,7 +79,7 @@ def _load_gguf(path: Path, placement: Placement, preset=None) -> LoadedModel:
     sources = convert.gguf_sources(reader, args, meta["general.architecture"])
     if preset is None and placement.keeps_blocks:
         # keep the file's quantized blocks packed (exact: quant/gguf_import.py); --dtype float32 is the full-precision mode
-        preset = as_stored_preset(sources)
+        preset = as_stored_preset(sources, placement.device)
     if preset is None:
         state = gguf_file.load_state_dict(reader, args, meta["general.architecture"], placement.dtype, placement.device)
         model = models.build(args, state, placement.device)

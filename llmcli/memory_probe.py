@@ -201,7 +201,7 @@ def weights_from_files(path: Path, preset, dtype: torch.dtype, device: torch.dev
             from .quant import convert
             from .quant.gguf_import import as_stored_preset
 
-            preset = as_stored_preset(convert.gguf_sources(reader, args, meta["general.architecture"]))
+            preset = as_stored_preset(convert.gguf_sources(reader, args, meta["general.architecture"]), device)
             if preset is not None:
                 return WeightsInfo(args, weights_bytes(shapes, args, preset, dtype, device), f"{source} as stored")
     label = f"{preset.name if preset is not None else name} from {source}"

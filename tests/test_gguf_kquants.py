@@ -35,13 +35,15 @@ def test_test_encoders_write_blocks_gguf_reads_back(type_name):
 
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
-@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q8_0", "Q4_K"])
 def test_blocks_dequantize_and_multiply_as_gguf_py_reads_them(type_name, kernel, monkeypatch):
     from gguf.quants import dequantize
 
     from llmcli.quant import gguf_kernel
-    from llmcli.quant.gguf_blocks import GGUFBlockWeight
+    from llmcli.quant.gguf_blocks import INT8_DOT_BLOCKS, GGUFBlockWeight
 
+    if kernel and type_name in INT8_DOT_BLOCKS:
+        pytest.skip("int8 activations: test_int8_dot_kernel_multiplies_as_llama_cpp_does")
     if not kernel:
         monkeypatch.setattr(gguf_kernel, "_module", False)
     elif not gguf_kernel.available():
@@ -56,6 +58,32 @@ def test_blocks_dequantize_and_multiply_as_gguf_py_reads_them(type_name, kernel,
     torch.testing.assert_close(w.matmul(a), a @ ref.T, rtol=1e-5, atol=1e-5)  # decode: the kernel
     a = torch.randn(40, 512, dtype=BF16)
     torch.testing.assert_close(w.matmul(a), a @ ref.T.to(BF16), rtol=0, atol=0)  # prefill: dequantized tile
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+def test_int8_dot_kernel_multiplies_as_llama_cpp_does(type_name):
+    """Q4_0/Q4_1/Q8_0 blocks against activations quantized to int8 per 32 (d = max|x| / 127, as
+    llama.cpp's Q8_0/Q8_1): the kernel's integer dot products equal float64 arithmetic on those."""
+    from gguf.quants import dequantize
+
+    from llmcli.quant import gguf_kernel
+    from llmcli.quant.gguf_blocks import GGUFBlockWeight
+
+    if not gguf_kernel.int8_dot():
+        pytest.skip("no AVX2 block kernel here: these types use the int4 / int8 kernels")
+    x = _weights(N=96)
+    blocks = quantize(x, type_name)
+    ref = dequantize(blocks, _ggml(type_name)).reshape(x.shape).astype(np.float64)
+    w = GGUFBlockWeight.from_blocks(torch.from_numpy(blocks.copy()), type_name, torch.device("cpu"))
+    assert torch.equal(w.dequantize(torch.float32), torch.from_numpy(ref).float())
+    for M in (1, 3, 4, 9):  # the kernel takes activation rows 4 at a time, then one by one
+        a = np.random.default_rng(M).standard_normal((M, 512)).astype(np.float32)
+        blocks_a = a.reshape(M, -1, 32)
+        d = np.abs(blocks_a).max(-1, keepdims=True) / 127
+        a_hat = (np.round(blocks_a / d) * d).reshape(M, 512).astype(np.float64)
+        got = w.matmul(torch.from_numpy(a)).double().numpy()
+        np.testing.assert_allclose(got, a_hat @ ref.T, rtol=1e-4, atol=1e-4 * np.abs(a_hat @ ref.T).max())
+        assert np.abs(got - a @ ref.T).max() < 0.02 * np.abs(a @ ref.T).max()  # and close to float activations
 
 
 def test_q4_k_imports_as_int4_g32_rounding_only_the_scales():
@@ -107,7 +135,8 @@ def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
     ids = torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]])
     with torch.no_grad():
         expected = ref(ids).logits.float()
-    for dtype, tol in ((torch.float32, 1e-4), (BF16, 0.05)):
+    # bfloat16 keeps the blocks: activations in bfloat16, and int8 per 32 where the kernel has integer dot products
+    for dtype, tol in ((torch.float32, 1e-4), (BF16, 0.1)):
         loaded = load_model(path, place("cpu", str(dtype).removeprefix("torch."), threads=1))
         with torch.no_grad():
             got = _forward(loaded.model, ids, dtype)
@@ -116,7 +145,11 @@ def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
     modules = list(loaded.model.modules())
     assert not any(isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) for m in modules)
     blocks = {m.packed.type_name for m in modules if isinstance(m, GGUFBlockLinear)}
-    assert blocks == ({"Q5_0", "Q6_K"} if base == "Q4_K" else {"Q5_K", "Q5_1", "Q6_K"})
+    from llmcli.quant import gguf_kernel
+
+    # Q8_0 and Q4_K tensors stay blocks where the kernel multiplies them as integers (else int8 / int4)
+    int8_dot = ({"Q8_0", "Q4_K"} if base == "Q4_K" else {"Q8_0"}) if gguf_kernel.int8_dot() else set()
+    assert blocks == ({"Q5_0", "Q6_K"} if base == "Q4_K" else {"Q5_K", "Q5_1", "Q6_K"}) | int8_dot
     assert any(isinstance(m, QuantEmbedding) for m in modules)
 
 
@@ -130,7 +163,7 @@ def test_packed_blocks_give_the_logits_of_their_dequantized_weights(mixed_gguf, 
     path = mixed_gguf[0]
     ids = torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]])
     packed = load_model(path, place("cpu", "bfloat16", threads=1)).model.fuse()
-    monkeypatch.setattr(gguf_import, "as_stored_preset", lambda sources: None)
+    monkeypatch.setattr(gguf_import, "as_stored_preset", lambda sources, device=None: None)
     dense = load_model(path, place("cpu", "bfloat16", threads=1)).model
     with torch.no_grad():
         got, expected = _forward(packed, ids, BF16), _forward(dense, ids, BF16)

@@ -127,7 +127,9 @@ def test_real_model_draft_and_lookup_give_greedy_tokens(smollm2_loaded, smollm2_
     rt = Runtime(smollm2_loaded, 512)
     code = "def area(w, h):\n    return w * h\n\nprint(area(3, 4))\n"
     for text, proposer, k, rate in (
-            ("Tell me a short story about a robot.", DraftModel(draft, draft_cache, CPU32.device), 8, 0.7),
+            # the draft's Q4_1 blocks: on AVX2 CPUs through the int8-activation kernel (~50 % of guesses
+            # kept against the float32 target), elsewhere torch's int4 kernel with bf16 ones (~70 %)
+            ("Tell me a short story about a robot.", DraftModel(draft, draft_cache, CPU32.device), 8, 0.35),
             (f"Rewrite this code with `w` renamed to `width`:\n\n{code}", PromptLookup(3), 10, 0.3)):
         prompt = rt.prompt_ids([{"role": "user", "content": text}])
         ours, extra = _speculative(target, prompt, 32, proposer, k)

@@ -1,5 +1,12 @@
 """GGUF blocks kept as they are in the file: a packed format of llmcli's for the GGUF types whose
-codes do not fit the int4 kernel (5 and 6 bits), so they cost no more memory than in the file.
+codes do not fit the int4 kernel (5 and 6 bits), so they cost no more memory than in the file, and
+on CPUs with AVX2 also for Q4_0, Q4_1, Q8_0 and Q4_K, which the kernel multiplies with integer dot
+products (activations quantized to int8 per 32, as llama.cpp does): 2x torch's int4 kernel there.
+
+    Q4_0   18 bytes / 32:  d f16, qs[16]                            w = d * (q - 8)
+    Q4_1   20 bytes / 32:  d, m f16, qs[16]                         w = d * q + m
+    Q8_0   34 bytes / 32:  d f16, qs[32] int8                       w = d * q
+    Q4_K  144 bytes / 256: d, dmin f16, scales[12], qs[128]          w = d*sc * q - dmin*m, per 32
 
     Q5_0   22 bytes / 32:  d f16, qh u32 (5th bits), qs[16]          w = d * (q - 16)
     Q5_1   24 bytes / 32:  d, m f16, qh u32, qs[16]                 w = d * q + m
@@ -19,8 +26,14 @@ from . import gguf_kernel, kernels
 
 # type -> (elements per block, bytes per block)
 BLOCKS = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210)}
-TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3}  # the kernel's switch
+TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6}  # the kernel's switch
 BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6}
+# Also kept as blocks on CPUs where the kernel is built (gguf_import.as_stored_preset): its integer
+# dot products (activations as int8, as llama.cpp takes them) beat torch's int4 kernel there.
+INT8_DOT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}
+BLOCKS.update(INT8_DOT_BLOCKS)
+BITS.update({"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4})
+TYPE_IDS["Q4_K"] = 7
 
 
 def row_bytes(type_name: str, K: int) -> int:
@@ -51,6 +64,19 @@ def dequantize_blocks(blocks: torch.Tensor, type_name: str, K: int) -> torch.Ten
     n = blocks.shape[0]
     size, nbytes = BLOCKS[type_name]
     b = blocks.reshape(n, K // size, nbytes)
+    if type_name == "Q4_K":  # 8 sub-blocks of 32, 6-bit scales and mins
+        d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]  # (n, nb, 1, 1)
+        sc, m = _k_scales(b[..., 4:16])
+        q = _nibble_pairs(b[..., 16:].reshape(n, -1, 4, 32)).float()  # (n, nb, 8, 32)
+        return (d * sc[..., None] * q - dmin * m[..., None]).reshape(n, K)
+    if type_name in INT8_DOT_BLOCKS:
+        d = _f16(b[..., 0:2])
+        if type_name == "Q8_0":
+            return (d * b[..., 2:].contiguous().view(torch.int8).float()).reshape(n, K)
+        qs = b[..., 4:] if type_name == "Q4_1" else b[..., 2:]
+        q = torch.cat((qs & 15, qs >> 4), -1).float()
+        w = d * (q - 8) if type_name == "Q4_0" else d * q + _f16(b[..., 2:4])
+        return w.reshape(n, K)
     if type_name in ("Q5_0", "Q5_1"):
         d = _f16(b[..., 0:2])
         off = 2 if type_name == "Q5_0" else 4

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .gguf_blocks import BITS, BLOCKS
+from .gguf_blocks import BITS, BLOCKS, INT8_DOT_BLOCKS
 from .presets import QuantSpec
 
 BLOCK = 32
@@ -25,8 +25,10 @@ BLOCK = 32
 
 def direct_spec(type_name: str, spec: QuantSpec) -> bool:
     """Whether a tensor of this GGUF type imports into `spec` exactly (codes unchanged)."""
-    if type_name in BLOCKS:
-        return spec.kind == type_name
+    if spec.kind == type_name:  # kept as its blocks
+        return type_name in BLOCKS
+    if type_name in BLOCKS and type_name not in INT8_DOT_BLOCKS:
+        return False
     if spec.group_size != BLOCK or spec.kind != "int":
         return False
     if type_name == "Q4_0":
@@ -67,7 +69,7 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
     for the types kept as blocks, {"blocks": (N, row bytes) uint8}.
 
     Callers check `direct_spec` first."""
-    if type_name in BLOCKS:
+    if spec.kind == type_name:
         return {"blocks": torch.from_numpy(np.array(raw, dtype=np.uint8).reshape(N, -1))}
     if type_name == "Q4_K":
         return _q4_k(raw, N, K)
@@ -90,17 +92,26 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
 # GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks
 AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True),
              "Q4_K": QuantSpec(4, BLOCK, False),
-             **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items()}}
+             **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items() if t not in INT8_DOT_BLOCKS}}
+# ... and with Q4_0/Q4_1/Q8_0 as their blocks too (CPUs where the block kernel has integer dot products)
+AS_BLOCKS = {**AS_STORED, **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in INT8_DOT_BLOCKS.items()}}
 
 
-def as_stored_preset(sources):
+def as_stored_preset(sources, device=None):
     """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0/Q4_K tensors stay packed
     (exactly, see the table at the top), Q5_0/Q5_1/Q5_K/Q6_K as their blocks, every other type is
-    dequantized to the compute dtype. None when the file has no such tensors."""
+    dequantized to the compute dtype. None when the file has no such tensors. On a `device` CPU
+    where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0 stay blocks as well."""
     from .presets import Preset, Rule
 
-    rules = [Rule((s.name,), (), AS_STORED[s.gguf_type]) for s in sources
-             if s.gguf_type in AS_STORED and len(s.shape) == 2]
+    table = AS_STORED
+    if device is not None and device.type == "cpu":
+        from . import gguf_kernel
+
+        if gguf_kernel.int8_dot():  # decoding 2.1x faster than the int4 kernel (benchmarks/gguf_kquants.py)
+            table = AS_BLOCKS
+    rules = [Rule((s.name,), (), table[s.gguf_type]) for s in sources
+             if s.gguf_type in table and len(s.shape) == 2]
     embedding = next((r for r in rules if r.patterns == ("model.embed_tokens.weight",)), None)
     if embedding is not None and not any(s.name == "lm_head.weight" for s in sources):
         # a tied output head is the embedding table itself: it keeps the same packed format

@@ -6,7 +6,11 @@ cached under torch's extensions folder (TORCH_EXTENSIONS_DIR), keyed by this sou
 compiler, or with LLMCLI_NO_KERNEL=1, `available()` is False and callers use the torch path.
 
 The matmul dequantizes one block (32 or 256 weights) into registers-sized float buffers and takes
-its dot products with every activation row: the weights are read once, as stored.
+its dot products with every activation row: the weights are read once, as stored. Q4_0/Q4_1/Q8_0
+with AVX2 take llama.cpp's route instead: the activations are quantized to int8 per block of 32
+(scale max|x|/127), and each block's dot product is integer multiply-adds (maddubs), 32 weights an
+instruction, scaled once per block. The ops are registered with the dispatcher (TORCH_LIBRARY), a
+few microseconds a call, and torch.compile keeps them in its graph.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -99,6 +105,183 @@ template <> struct Block<3> {  // Q6_K
     }
 };
 
+template <> struct Block<4> {  // Q4_0
+    static constexpr int size = 32, bytes = 18;
+    static inline void deq(const uint8_t* b, float* y) {
+        const float d = h2f(b); const uint8_t* qs = b + 2;
+        for (int j = 0; j < 16; ++j) { y[j] = d * (float)((qs[j] & 15) - 8); y[j + 16] = d * (float)((qs[j] >> 4) - 8); }
+    }
+};
+
+template <> struct Block<5> {  // Q4_1
+    static constexpr int size = 32, bytes = 20;
+    static inline void deq(const uint8_t* b, float* y) {
+        const float d = h2f(b), m = h2f(b + 2); const uint8_t* qs = b + 4;
+        for (int j = 0; j < 16; ++j) { y[j] = d * (float)(qs[j] & 15) + m; y[j + 16] = d * (float)(qs[j] >> 4) + m; }
+    }
+};
+
+template <> struct Block<6> {  // Q8_0
+    static constexpr int size = 32, bytes = 34;
+    static inline void deq(const uint8_t* b, float* y) {
+        const float d = h2f(b); const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+        for (int j = 0; j < 32; ++j) y[j] = d * (float)qs[j];
+    }
+};
+
+template <> struct Block<7> {  // Q4_K
+    static constexpr int size = 256, bytes = 144;
+    static inline void deq(const uint8_t* b, float* y) {
+        const float d = h2f(b), dmin = h2f(b + 2);
+        const uint8_t* sc = b + 4; const uint8_t* qs = b + 16;
+        for (int c = 0; c < 4; ++c) {  // 64 elements: the low nibbles of 32 bytes, then the high ones
+            float s1, m1, s2, m2;
+            scale_min(2 * c, sc, s1, m1); scale_min(2 * c + 1, sc, s2, m2);
+            for (int l = 0; l < 32; ++l) {
+                y[l] = d * s1 * (float)(qs[l] & 15) - dmin * m1;
+                y[l + 32] = d * s2 * (float)(qs[l] >> 4) - dmin * m2;
+            }
+            y += 64; qs += 32;
+        }
+    }
+};
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LLMCLI_Q8_DOT 1
+
+// Activations as llama.cpp takes them for these types: per row and block of 32, int8 codes with a
+// scale d (x ~ d * q) and s = d * sum(q) (for the weights' offsets). The dot products are then
+// integer multiply-adds, 32 weights per instruction, instead of float work per weight.
+static void quantize_rows(const float* X, int64_t M, int64_t K, int8_t* Q, float* D, float* S) {
+    const int64_t nb = K / 32;
+    at::parallel_for(0, M * nb, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* x = X + i * 32;
+            float amax = 0.f;
+            for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[j]));
+            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            int sum = 0;
+            for (int j = 0; j < 32; ++j) { const int q = (int)std::nearbyint(x[j] * id); Q[i * 32 + j] = (int8_t)q; sum += q; }
+            D[i] = d; S[i] = d * (float)sum;
+        }
+    });
+}
+
+static inline __m256i nibbles(const uint8_t* qs) {  // 16 bytes -> 32 codes: low nibbles, then high ones
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline float f16c(const uint8_t* p) {  // one instruction with F16C (every AVX2 CPU has it)
+    uint16_t v; std::memcpy(&v, p, 2);
+    return _cvtsh_ss(v);
+}
+
+// Q4_0 (w = d(q - 8)), Q4_1 (w = dq + m), Q8_0 (w = dq): output rows [begin, end) for activation
+// rows [m0, m0 + TM): each weight block is decoded once for the TM rows.
+template <int T, int TM>
+static void q8_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, const float* S, float* O,
+                        int64_t m0, int64_t N, int64_t K, int64_t begin, int64_t end) {
+    constexpr int bytes = Block<T>::bytes;
+    const int64_t nb = K / 32;
+    for (int64_t n = begin; n < end; ++n) {
+        const uint8_t* row = B + n * nb * bytes;
+        __m256 acc[TM]; float off[TM];
+        for (int t = 0; t < TM; ++t) { acc[t] = _mm256_setzero_ps(); off[t] = 0.f; }
+        for (int64_t k = 0; k < nb; ++k) {
+            const uint8_t* b = row + k * bytes;
+            const float d = f16c(b);
+            __m256i w, aw;
+            if constexpr (T == 6) {
+                w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+                aw = _mm256_sign_epi8(w, w);
+            } else {
+                w = nibbles(b + (T == 5 ? 4 : 2));
+            }
+            const float o = T == 4 ? -8.f * d : (T == 5 ? f16c(b + 2) : 0.f);
+            for (int t = 0; t < TM; ++t) {
+                const int64_t i = (m0 + t) * nb + k;
+                const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + i * 32));
+                __m256i pr;
+                if constexpr (T == 6) pr = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, w));  // |w| times y with w's sign
+                else pr = _mm256_maddubs_epi16(w, y);
+                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pr, _mm256_set1_epi16(1)));
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * D[i]), p, acc[t]);
+                if constexpr (T != 6) off[t] += o * S[i];
+            }
+        }
+        for (int t = 0; t < TM; ++t) O[(m0 + t) * N + n] = hsum(acc[t]) + off[t];
+    }
+}
+
+// Q4_K (w = d*sc*q - dmin*m per sub-block of 32): 8 sub-blocks a 256-block, each one int8 block of x.
+template <int TM>
+static void q4k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, const float* S, float* O,
+                         int64_t m0, int64_t N, int64_t K, int64_t begin, int64_t end) {
+    const int64_t nb = K / 256, nx = K / 32;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int64_t n = begin; n < end; ++n) {
+        const uint8_t* row = B + n * nb * 144;
+        __m256 acc[TM]; float off[TM];
+        for (int t = 0; t < TM; ++t) { acc[t] = _mm256_setzero_ps(); off[t] = 0.f; }
+        for (int64_t k = 0; k < nb; ++k) {
+            const uint8_t* b = row + k * 144;
+            const float d = f16c(b), dmin = f16c(b + 2);
+            float sc[8], mn[8];
+            for (int j = 0; j < 8; ++j) { scale_min(j, b + 4, sc[j], mn[j]); sc[j] *= d; mn[j] *= dmin; }
+            for (int c = 0; c < 4; ++c) {
+                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+                const __m256i w1 = _mm256_and_si256(raw, low4), w2 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                for (int t = 0; t < TM; ++t) {
+                    const int64_t i = (m0 + t) * nx + k * 8 + 2 * c;  // x blocks of sub-blocks 2c and 2c + 1
+                    const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + i * 32));
+                    const __m256i y2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + (i + 1) * 32));
+                    const __m256 p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w1, y1), ones));
+                    const __m256 p2 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w2, y2), ones));
+                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * c] * D[i]), p1, acc[t]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * c + 1] * D[i + 1]), p2, acc[t]);
+                    off[t] -= mn[2 * c] * S[i] + mn[2 * c + 1] * S[i + 1];
+                }
+            }
+        }
+        for (int t = 0; t < TM; ++t) O[(m0 + t) * N + n] = hsum(acc[t]) + off[t];
+    }
+}
+
+template <int T>
+static void q8_dot_all(const uint8_t* B, const int8_t* Q, const float* D, const float* S, float* O,
+                       int64_t M, int64_t N, int64_t K, int64_t begin, int64_t end) {
+    int64_t m = 0;
+    if constexpr (T == 7) {
+        for (; m + 4 <= M; m += 4) q4k_dot_rows<4>(B, Q, D, S, O, m, N, K, begin, end);
+        for (; m < M; ++m) q4k_dot_rows<1>(B, Q, D, S, O, m, N, K, begin, end);
+        return;
+    }
+    for (; m + 4 <= M; m += 4) q8_dot_rows<T, 4>(B, Q, D, S, O, m, N, K, begin, end);
+    for (; m < M; ++m) q8_dot_rows<T, 1>(B, Q, D, S, O, m, N, K, begin, end);
+}
+
+static void q8_mm(int T, const float* X, const uint8_t* B, float* O, int64_t M, int64_t N, int64_t K) {
+    const int64_t nb = K / 32;
+    std::vector<int8_t> Q(M * K); std::vector<float> D(M * nb), S(M * nb);
+    quantize_rows(X, M, K, Q.data(), D.data(), S.data());
+    at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+        if (T == 4) q8_dot_all<4>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
+        else if (T == 5) q8_dot_all<5>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
+        else if (T == 7) q8_dot_all<7>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
+        else q8_dot_all<6>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
+    });
+}
+#endif
+
 template <int T>
 static void mm_rows(const float* X, const uint8_t* B, float* O, int64_t M, int64_t N, int64_t K) {
     using Bk = Block<T>;
@@ -146,6 +329,14 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor blocks, int64_t type, int64_t K)
         case 1: mm_rows<1>(X, B, O, M, N, K); break;
         case 2: mm_rows<2>(X, B, O, M, N, K); break;
         case 3: mm_rows<3>(X, B, O, M, N, K); break;
+#ifdef LLMCLI_Q8_DOT
+        case 4: case 5: case 6: case 7: q8_mm((int)type, X, B, O, M, N, K); break;
+#else
+        case 4: mm_rows<4>(X, B, O, M, N, K); break;
+        case 5: mm_rows<5>(X, B, O, M, N, K); break;
+        case 6: mm_rows<6>(X, B, O, M, N, K); break;
+        case 7: mm_rows<7>(X, B, O, M, N, K); break;
+#endif
         default: TORCH_CHECK(false, "unknown GGUF block type");
     }
     return out;
@@ -161,9 +352,34 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t type, int64_t K) {
         case 1: deq_rows<1>(B, O, N, K); break;
         case 2: deq_rows<2>(B, O, N, K); break;
         case 3: deq_rows<3>(B, O, N, K); break;
+        case 4: deq_rows<4>(B, O, N, K); break;
+        case 5: deq_rows<5>(B, O, N, K); break;
+        case 6: deq_rows<6>(B, O, N, K); break;
+        case 7: deq_rows<7>(B, O, N, K); break;
         default: TORCH_CHECK(false, "unknown GGUF block type");
     }
     return out;
+}
+
+bool has_int8_dot() {
+#ifdef LLMCLI_Q8_DOT
+    return true;
+#else
+    return false;
+#endif
+}
+
+// As torch operators: called from C++ dispatch (a few microseconds) rather than through a Python
+// custom op (~45 us a call, which over 121 matmuls a token cost more than the matmuls), and visible
+// to torch.compile, which keeps them in its graph (their fake kernels are registered in Python).
+TORCH_LIBRARY(llmcli_gguf, m) {
+    m.def("mm(Tensor x, Tensor blocks, int type, int K) -> Tensor");
+    m.def("dequantize(Tensor blocks, int type, int K) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(llmcli_gguf, CPU, m) {
+    m.impl("mm", &mm);
+    m.impl("dequantize", &dequantize);
 }
 """
 
@@ -175,6 +391,12 @@ def available() -> bool:
     if _module is None:
         _module = False if os.environ.get("LLMCLI_NO_KERNEL") else _build()
     return _module is not False
+
+
+def int8_dot() -> bool:
+    """Whether Q4_0/Q4_1/Q8_0 blocks multiply here with integer dot products (AVX2), faster than
+    torch's int4 kernel: then the loader keeps them as blocks too (gguf_import.as_stored_preset)."""
+    return available() and _module.has_int8_dot()
 
 
 def _build():
@@ -192,9 +414,11 @@ def _build():
     try:  # the library never prints: the build's output is swallowed, a failure means "use torch"
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            return load_inline(name, cpp_sources=_SOURCE, functions=["mm", "dequantize"],
-                               extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                               verbose=False)
+            module = load_inline(name, cpp_sources=_SOURCE, functions=["mm", "dequantize", "has_int8_dot"],
+                                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                                 verbose=False)
+        _register_fakes()
+        return module
     except Exception:  # no compiler, no headers, a failed build: the torch path still works
         return False
 
@@ -222,28 +446,27 @@ def _cached(name: str) -> bool:
         return False
 
 
-@torch.library.custom_op("llmcli::gguf_mm", mutates_args=())
 def mm(x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
-    """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32. A torch op, so that
-    torch.compile (compiled.py) calls it inside its graph instead of breaking the graph there."""
-    return _module.mm(x, blocks, type_id, K)
-
-
-@mm.register_fake
-def _(x, blocks, type_id, K):
-    return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+    """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32."""
+    return torch.ops.llmcli_gguf.mm(x, blocks, type_id, K)
 
 
 def dequantize(blocks: torch.Tensor, type_id: int, K: int, dtype: torch.dtype) -> torch.Tensor:
     """(n, row bytes) -> (n, K) in `dtype`."""
-    return _dequantize(blocks, type_id, K).to(dtype)
+    return torch.ops.llmcli_gguf.dequantize(blocks, type_id, K).to(dtype)
 
 
-@torch.library.custom_op("llmcli::gguf_dequantize", mutates_args=())
-def _dequantize(blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
-    return _module.dequantize(blocks, type_id, K)
+def _register_fakes() -> None:
+    """Shapes for torch.compile's tracing, once the operators exist (after the build)."""
+    if getattr(_register_fakes, "done", False):
+        return
 
+    @torch.library.register_fake("llmcli_gguf::mm")
+    def _(x, blocks, type_id, K):
+        return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
-@_dequantize.register_fake
-def _(blocks, type_id, K):
-    return blocks.new_empty(blocks.shape[0], K, dtype=torch.float32)
+    @torch.library.register_fake("llmcli_gguf::dequantize")
+    def _(blocks, type_id, K):
+        return blocks.new_empty(blocks.shape[0], K, dtype=torch.float32)
+
+    _register_fakes.done = True
