@@ -40,9 +40,9 @@ def test_blocks_dequantize_and_multiply_as_gguf_py_reads_them(type_name, kernel,
     from gguf.quants import dequantize
 
     from llmcli.quant import gguf_kernel
-    from llmcli.quant.gguf_blocks import INT8_DOT_BLOCKS, GGUFBlockWeight
+    from llmcli.quant.gguf_blocks import INT8_DOT_TYPES, GGUFBlockWeight
 
-    if kernel and type_name in INT8_DOT_BLOCKS:
+    if kernel and type_name in INT8_DOT_TYPES and gguf_kernel.int8_dot():
         pytest.skip("int8 activations: test_int8_dot_kernel_multiplies_as_llama_cpp_does")
     if not kernel:
         monkeypatch.setattr(gguf_kernel, "_module", False)
@@ -60,7 +60,7 @@ def test_blocks_dequantize_and_multiply_as_gguf_py_reads_them(type_name, kernel,
     torch.testing.assert_close(w.matmul(a), a @ ref.T.to(BF16), rtol=0, atol=0)  # prefill: dequantized tile
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q5_1"])
 def test_int8_dot_kernel_multiplies_as_llama_cpp_does(type_name):
     """Q4_0/Q4_1/Q8_0 blocks against activations quantized to int8 per 32 (d = max|x| / 127, as
     llama.cpp's Q8_0/Q8_1): the kernel's integer dot products equal float64 arithmetic on those."""

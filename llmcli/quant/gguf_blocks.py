@@ -1,7 +1,8 @@
 """GGUF blocks kept as they are in the file: a packed format of llmcli's for the GGUF types whose
 codes do not fit the int4 kernel (5 and 6 bits), so they cost no more memory than in the file, and
-on CPUs with AVX2 also for Q4_0, Q4_1, Q8_0 and Q4_K, which the kernel multiplies with integer dot
-products (activations quantized to int8 per 32, as llama.cpp does): 2x torch's int4 kernel there.
+on CPUs with AVX2 also for Q4_0, Q4_1, Q8_0 and Q4_K. There the kernel multiplies all of these but
+Q5_K with integer dot products (activations quantized to int8 per 32, as llama.cpp does): 2x
+torch's int4 kernel, and 4x its own scalar path for Q5_0/Q6_K.
 
     Q4_0   18 bytes / 32:  d f16, qs[16]                            w = d * (q - 8)
     Q4_1   20 bytes / 32:  d, m f16, qs[16]                         w = d * q + m
@@ -32,6 +33,7 @@ BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6}
 # dot products (activations as int8, as llama.cpp takes them) beat torch's int4 kernel there.
 INT8_DOT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}
 BLOCKS.update(INT8_DOT_BLOCKS)
+INT8_DOT_TYPES = (*INT8_DOT_BLOCKS, "Q6_K", "Q5_0", "Q5_1")  # what the kernel multiplies with int8 activations
 BITS.update({"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4})
 TYPE_IDS["Q4_K"] = 7
 

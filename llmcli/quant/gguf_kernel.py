@@ -173,6 +173,14 @@ static inline __m256i nibbles(const uint8_t* qs) {  // 16 bytes -> 32 codes: low
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
 }
 
+static inline __m256i bytes_from_bits(const uint8_t* p) {  // bit j of 32 -> byte j: 0xFF if set, else 0
+    uint32_t x; std::memcpy(&x, p, 4);
+    const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bytes = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuffle),
+                                          _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
 static inline float hsum(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -199,23 +207,28 @@ static void q8_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, const
         for (int64_t k = 0; k < nb; ++k) {
             const uint8_t* b = row + k * bytes;
             const float d = f16c(b);
+            constexpr bool is_signed = T == 6 || T == 0;  // codes as signed bytes (sign trick) or unsigned
             __m256i w, aw;
             if constexpr (T == 6) {
                 w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-                aw = _mm256_sign_epi8(w, w);
+            } else if constexpr (T == 0) {  // Q5_0: nibble | 5th bit << 4, minus 16 = nibble - 16 where the bit is 0
+                w = _mm256_or_si256(nibbles(b + 6), _mm256_andnot_si256(bytes_from_bits(b + 2), _mm256_set1_epi8((char)0xF0)));
+            } else if constexpr (T == 1) {  // Q5_1: nibble | 5th bit << 4, 0..31
+                w = _mm256_or_si256(nibbles(b + 8), _mm256_and_si256(bytes_from_bits(b + 4), _mm256_set1_epi8(0x10)));
             } else {
                 w = nibbles(b + (T == 5 ? 4 : 2));
             }
-            const float o = T == 4 ? -8.f * d : (T == 5 ? f16c(b + 2) : 0.f);
+            if constexpr (is_signed) aw = _mm256_sign_epi8(w, w);
+            const float o = T == 4 ? -8.f * d : ((T == 5 || T == 1) ? f16c(b + 2) : 0.f);
             for (int t = 0; t < TM; ++t) {
                 const int64_t i = (m0 + t) * nb + k;
                 const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + i * 32));
                 __m256i pr;
-                if constexpr (T == 6) pr = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, w));  // |w| times y with w's sign
+                if constexpr (is_signed) pr = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, w));  // |w| times y with w's sign
                 else pr = _mm256_maddubs_epi16(w, y);
                 const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pr, _mm256_set1_epi16(1)));
                 acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * D[i]), p, acc[t]);
-                if constexpr (T != 6) off[t] += o * S[i];
+                if constexpr (!is_signed) off[t] += o * S[i];
             }
         }
         for (int t = 0; t < TM; ++t) O[(m0 + t) * N + n] = hsum(acc[t]) + off[t];
@@ -256,10 +269,61 @@ static void q4k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, cons
     }
 }
 
+// Q6_K (w = d*sc*(q - 32) per 16, q 6 bits: ql low nibbles/high nibbles + 2 bits of qh): signed codes
+// against int8 x with the sign trick; each 32-code vector spans two scales (lanes 0-3, 4-7).
+template <int TM>
+static void q6k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, float* O,
+                         int64_t m0, int64_t N, int64_t K, int64_t begin, int64_t end) {
+    const int64_t nb = K / 256, nx = K / 32;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32),
+                  ones = _mm256_set1_epi16(1);
+    for (int64_t n = begin; n < end; ++n) {
+        const uint8_t* row = B + n * nb * 210;
+        __m256 acc[TM];
+        for (int t = 0; t < TM; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < nb; ++k) {
+            const uint8_t* b = row + k * 210;
+            const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+            const float d = f16c(b + 208);
+            for (int h = 0; h < 2; ++h) {
+                const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+                const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+                const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+                __m256i w[4];
+                w[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
+                w[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
+                w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
+                w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+                for (int j = 0; j < 4; ++j) {
+                    const __m256i ws = _mm256_sub_epi8(w[j], c32), aw = _mm256_sign_epi8(ws, ws);
+                    const int8_t* s = sc + 8 * h + 2 * j;
+                    const __m256 scale = _mm256_set_m128(_mm_set1_ps(d * s[1]), _mm_set1_ps(d * s[0]));
+                    for (int t = 0; t < TM; ++t) {
+                        const int64_t i = (m0 + t) * nx + k * 8 + 4 * h + j;
+                        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + i * 32));
+                        const __m256i pr = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, ws));
+                        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pr, ones));
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(D[i])), p, acc[t]);
+                    }
+                }
+            }
+        }
+        for (int t = 0; t < TM; ++t) O[(m0 + t) * N + n] = hsum(acc[t]);
+    }
+}
+
 template <int T>
 static void q8_dot_all(const uint8_t* B, const int8_t* Q, const float* D, const float* S, float* O,
                        int64_t M, int64_t N, int64_t K, int64_t begin, int64_t end) {
     int64_t m = 0;
+    if constexpr (T == 3) {
+        for (; m + 4 <= M; m += 4) q6k_dot_rows<4>(B, Q, D, O, m, N, K, begin, end);
+        for (; m < M; ++m) q6k_dot_rows<1>(B, Q, D, O, m, N, K, begin, end);
+        return;
+    }
     if constexpr (T == 7) {
         for (; m + 4 <= M; m += 4) q4k_dot_rows<4>(B, Q, D, S, O, m, N, K, begin, end);
         for (; m < M; ++m) q4k_dot_rows<1>(B, Q, D, S, O, m, N, K, begin, end);
@@ -277,6 +341,9 @@ static void q8_mm(int T, const float* X, const uint8_t* B, float* O, int64_t M, 
         if (T == 4) q8_dot_all<4>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
         else if (T == 5) q8_dot_all<5>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
         else if (T == 7) q8_dot_all<7>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
+        else if (T == 3) q8_dot_all<3>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
+        else if (T == 0) q8_dot_all<0>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
+        else if (T == 1) q8_dot_all<1>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
         else q8_dot_all<6>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
     });
 }
@@ -325,13 +392,13 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor blocks, int64_t type, int64_t K)
     auto out = torch::empty({M, N}, xf.options());
     const float* X = xf.data_ptr<float>(); const uint8_t* B = b.data_ptr<uint8_t>(); float* O = out.data_ptr<float>();
     switch (type) {
+        case 2: mm_rows<2>(X, B, O, M, N, K); break;
+#ifdef LLMCLI_Q8_DOT
+        case 0: case 1: case 3: case 4: case 5: case 6: case 7: q8_mm((int)type, X, B, O, M, N, K); break;
+#else
         case 0: mm_rows<0>(X, B, O, M, N, K); break;
         case 1: mm_rows<1>(X, B, O, M, N, K); break;
-        case 2: mm_rows<2>(X, B, O, M, N, K); break;
         case 3: mm_rows<3>(X, B, O, M, N, K); break;
-#ifdef LLMCLI_Q8_DOT
-        case 4: case 5: case 6: case 7: q8_mm((int)type, X, B, O, M, N, K); break;
-#else
         case 4: mm_rows<4>(X, B, O, M, N, K); break;
         case 5: mm_rows<5>(X, B, O, M, N, K); break;
         case 6: mm_rows<6>(X, B, O, M, N, K); break;
