@@ -6,8 +6,8 @@ cached under torch's extensions folder (TORCH_EXTENSIONS_DIR), keyed by this sou
 compiler, or with LLMCLI_NO_KERNEL=1, `available()` is False and callers use the torch path.
 
 The matmul dequantizes one block (32 or 256 weights) into registers-sized float buffers and takes
-its dot products with every activation row: the weights are read once, as stored. Q4_0/Q4_1/Q8_0
-with AVX2 take llama.cpp's route instead: the activations are quantized to int8 per block of 32
+its dot products with every activation row: the weights are read once, as stored. With AVX2, every
+type but Q5_K (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) takes llama.cpp's route instead: the activations are quantized to int8 per block of 32
 (scale max|x|/127), and each block's dot product is integer multiply-adds (maddubs), 32 weights an
 instruction, scaled once per block. The ops are registered with the dispatcher (TORCH_LIBRARY), a
 few microseconds a call, and torch.compile keeps them in its graph.
