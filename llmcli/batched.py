@@ -28,7 +28,7 @@ import torch
 
 from .generate import Chunk, Logprobs, Stats, output_limit, prefill, rescore_near_ties, text_stream
 from .kv_cache import StaticKVCache
-from .sampling import SamplingParams, make_generator, sample
+from .sampling import SamplingParams, make_generator, penalty_history, sample
 
 
 @dataclass(eq=False)
@@ -188,9 +188,7 @@ class BatchEngine:
         req, params = seq.req, seq.req.params
         if params.greedy and h is not None:
             logits = rescore_near_ties(getattr(self.model, "lm_head", None), logits, h)
-        penalties = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
-        hist = torch.tensor(seq.history[-params.repeat_last_n:] if params.repeat_last_n > 0 else seq.history,
-                            dtype=torch.long, device=self.device) if penalties else _EMPTY
+        hist = penalty_history(seq.history, params, self.device)
         allowed = req.constraint.mask(logits) if req.constraint is not None else logits
         token = sample(allowed, hist, params, seq.generator)
         if req.logprobs is not None:
@@ -232,5 +230,3 @@ class BatchEngine:
         while self.busy:
             yield from self.step()
 
-
-_EMPTY = torch.empty(0, dtype=torch.long)

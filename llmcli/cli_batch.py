@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -215,7 +215,6 @@ class _Runner:
 
     def _submit(self, p: _Pending) -> None:
         from .batched import Request
-        from .generate import output_limit
 
         constraint = None
         if p.grammar is not None:
@@ -224,9 +223,9 @@ class _Runner:
 
                 self.compiler = GrammarCompiler(self.rt.loaded.tokenizer)
             constraint = self.compiler.constraint(p.grammar)
-        output_limit(len(p.prompt), self.engine.max_len, p.cap)  # a prompt with no room: this line's error
         params = self.params.with_(**p.job.sampling) if p.job.sampling else self.params
         p.pieces = []
+        # a prompt with no room raises PromptTooLongError here: _start reports it as this line's error
         self.engine.submit(Request(p.prompt, params, p.cap, p.job.stop or self.stop, constraint, tag=p))
 
     def _finished(self, p: _Pending, req, chunk, writer) -> bool:

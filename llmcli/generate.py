@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 import torch
 
 from .errors import PromptTooLongError
-from .sampling import SamplingParams, make_generator, sample, token_logprobs
+from .sampling import SamplingParams, make_generator, penalty_history, sample, token_logprobs
 from .tokenizer import StreamDecoder, Tokenizer
 
 PREFILL_CHUNK = 512  # tokens per forward pass when prefilling long prompts (bounds activation memory)
@@ -143,7 +143,6 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
     cache.token_ids = list(prompt[:reuse])
     stats.cached_tokens = reuse
     generator, stats.seed = make_generator(params.seed, device)
-    penalties = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
     history = list(prompt)
 
     greedy = params.greedy  # near-ties are rescored exactly (rescore_near_ties), which needs the hidden state
@@ -151,8 +150,7 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
     logits, h = out if greedy else (out, None)
     cache.token_ids.extend(prompt[reuse:])
     for i in range(max_new):
-        hist = torch.tensor(history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history,
-                            dtype=torch.long, device=device) if penalties else _EMPTY
+        hist = penalty_history(history, params, device)
         if greedy:
             logits = rescore_near_ties(getattr(model, "lm_head", None), logits, h)
         allowed = constraint.mask(logits) if constraint is not None else logits
@@ -179,8 +177,6 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
             logits, h = (out[0][0, -1], out[1][0, -1]) if greedy else (out[0, -1], None)
             cache.token_ids.append(token)
 
-
-_EMPTY = torch.empty(0, dtype=torch.long)
 
 
 def _partial_stop(text: str, stops: Iterable[str]) -> int:

@@ -79,6 +79,18 @@ def parse_parameter(params: SamplingParams, name: str, value: str) -> SamplingPa
     return replace(params, **{field: parsed})
 
 
+_NO_HISTORY = torch.empty(0, dtype=torch.long)
+
+
+def penalty_history(history: list[int], params: SamplingParams, device: torch.device) -> torch.Tensor:
+    """The ids the penalties look back over (the last repeat_last_n, or all for -1) as a tensor;
+    empty, and not built, when no penalty is on (the usual case, on every decode step)."""
+    if params.repeat_penalty == 1.0 and not params.presence_penalty and not params.frequency_penalty:
+        return _NO_HISTORY
+    window = history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history
+    return torch.tensor(window, dtype=torch.long, device=device)
+
+
 def make_generator(seed: int, device: torch.device) -> tuple[torch.Generator, int]:
     """A generator seeded with `seed`, or with a fresh random seed when seed is -1."""
     if seed is None or seed < 0:

@@ -25,7 +25,7 @@ import torch
 
 from .errors import InvalidParameterError
 from .generate import Stats, common_prefix, prefill, rescore_near_ties
-from .sampling import SamplingParams, make_generator, sample
+from .sampling import SamplingParams, make_generator, penalty_history, sample
 
 DRAFT_TOKENS = 8  # guesses per pass with a draft model (SmolLM2 bf16 + its q4 copy: see the README)
 LOOKUP_TOKENS = 10  # with prompt lookup: guesses cost nothing to make (transformers' prompt_lookup_num_tokens)
@@ -108,11 +108,9 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
     cache.token_ids = list(prompt[:reuse])
     stats.cached_tokens = reuse
     generator, stats.seed = make_generator(params.seed, device)
-    penalties = params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
 
     def pick(logits, h, history):  # exactly token_stream's greedy choice
-        hist = torch.tensor(history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history,
-                            dtype=torch.long, device=device) if penalties else _EMPTY
+        hist = penalty_history(history, params, device)
         return sample(rescore_near_ties(head, logits, h), hist, params, generator)
 
     logits, h = prefill(model, prompt[reuse:], cache, device, hidden=True)
@@ -150,8 +148,6 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
             stats.decode_s = time.perf_counter() - t0 - stats.prefill_s
             yield t
 
-
-_EMPTY = torch.empty(0, dtype=torch.long)
 
 
 def check_draft(target, draft, sample: str) -> None:
