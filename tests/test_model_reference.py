@@ -194,4 +194,4 @@ def test_fused_projections_give_the_same_logits(tmp_path, variant):
         cache = new_cache()
         after = torch.cat([loaded.model(tokens[:, :12], cache)[0]] +
                           [loaded.model(tokens[:, i:i + 1], cache)[0] for i in range(12, 20)])
-    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)

@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import CorruptModelError, UnsupportedModelError
 from .fusion import fuse_linears
 from .linear import Linear
+from ..quant import gguf_kernel
 
 
 @dataclass
@@ -256,10 +257,27 @@ class Attention(nn.Module):
         k, v = cache.update(self.layer_idx, start, k, v)  # (B, KV, start+T, D): the valid part only
         if self.window is not None and k.shape[2] > self.window:
             mask = _window_mask(mask, start, T, k.shape[2], self.window, x.device)
-        is_causal = mask is None and T > 1  # only when start == 0: queries and keys line up
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
-                                           enable_gqa=H != KV)  # (B, H, T, D)
+        if T == 1:
+            y = attend_one(q, k, v, mask, self.scale)
+        else:
+            is_causal = mask is None  # only when start == 0: queries and keys line up
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+                                               enable_gqa=H != KV)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
+
+
+def attend_one(q, k, v, mask, scale: float | None) -> torch.Tensor:
+    """Attention for one query per row (decoding): q (B, H, 1, D), k and v (B, KV, S, D), `mask` bool
+    broadcastable to (B, 1, 1, S) or None -> (B, H, 1, D). On the CPU with a float32 cache, a C++
+    kernel (quant/gguf_kernel.py): SDPA's per-call setup costs more than the work at this size
+    (37 us a layer on 2 threads, 1.1 ms a SmolLM2 token), and compiled, inductor turns any spelt-out
+    form back into SDPA."""
+    S = k.shape[2]
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    y = gguf_kernel.attend_one(q, k, v, None if mask is None else mask.reshape(-1, S), scale)
+    if y is not None:
+        return y
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _window_mask(mask, start, T: int, S: int, window: int, device) -> torch.Tensor:
