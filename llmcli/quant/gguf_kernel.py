@@ -669,7 +669,9 @@ def dequantize(blocks: torch.Tensor, type_id: int, K: int, dtype: torch.dtype) -
 def attend_one(q, k, v, mask, scale: float) -> torch.Tensor | None:
     """One query per row against a float32 CPU cache (models/llama.py's attend_one), or None where
     this kernel does not serve: q (B, H, 1, D), k and v (B, KV, S, D), mask bool (B or 1, S) or None."""
-    if q.device.type != "cpu" or k.dtype != torch.float32 or not available():
+    if q.device.type != "cpu" or k.dtype != torch.float32 or v.dtype != torch.float32 or not available():
+        return None
+    if k.stride(-1) != 1 or v.stride(-1) != 1:  # rows of D contiguous, as every cache here keeps them
         return None
     empty = mask is None
     y = torch.ops.llmcli_gguf.attend_one(q, k, v, q.new_empty(0, dtype=torch.bool) if empty else mask, scale)
