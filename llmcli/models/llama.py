@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CorruptModelError, UnsupportedModelError
+from ..quant import gguf_kernel
 from .fusion import fuse_linears
 from .linear import Linear
-from ..quant import gguf_kernel
 
 
 @dataclass
