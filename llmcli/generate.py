@@ -178,7 +178,6 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
             cache.token_ids.append(token)
 
 
-
 def _partial_stop(text: str, stops: Iterable[str]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
     best = 0

@@ -149,7 +149,6 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
             yield t
 
 
-
 def check_draft(target, draft, sample: str) -> None:
     """`target`, `draft`: loader.LoadedModel. A draft must speak the target's token ids."""
     a, b = target.args.vocab_size, draft.args.vocab_size

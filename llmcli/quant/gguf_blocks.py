@@ -25,17 +25,14 @@ import torch
 
 from . import gguf_kernel, kernels
 
-# type -> (elements per block, bytes per block)
-BLOCKS = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210)}
-TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6}  # the kernel's switch
-BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6}
-# Also kept as blocks on CPUs where the kernel is built (gguf_import.as_stored_preset): its integer
-# dot products (activations as int8, as llama.cpp takes them) beat torch's int4 kernel there.
+# Types that fit torch's int4/int8 kernels too, kept as blocks only on CPUs where the kernel is built
+# (gguf_import.as_stored_preset): its integer dot products (activations as int8, as llama.cpp takes
+# them) beat torch's int4 kernel there. type -> (elements per block, bytes per block)
 INT8_DOT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}
-BLOCKS.update(INT8_DOT_BLOCKS)
+BLOCKS = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210), **INT8_DOT_BLOCKS}
 INT8_DOT_TYPES = (*INT8_DOT_BLOCKS, "Q6_K", "Q5_0", "Q5_1")  # what the kernel multiplies with int8 activations
-BITS.update({"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4})
-TYPE_IDS["Q4_K"] = 7
+TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6, "Q4_K": 7}  # the kernel's switch
+BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4}
 
 
 def row_bytes(type_name: str, K: int) -> int:

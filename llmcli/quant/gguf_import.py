@@ -93,7 +93,7 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
 AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True),
              "Q4_K": QuantSpec(4, BLOCK, False),
              **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items() if t not in INT8_DOT_BLOCKS}}
-# ... and with Q4_0/Q4_1/Q8_0 as their blocks too (CPUs where the block kernel has integer dot products)
+# ... and with Q4_0/Q4_1/Q8_0/Q4_K as their blocks too (CPUs where the block kernel has integer dot products)
 AS_BLOCKS = {**AS_STORED, **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in INT8_DOT_BLOCKS.items()}}
 
 
@@ -101,7 +101,7 @@ def as_stored_preset(sources, device=None):
     """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0/Q4_K tensors stay packed
     (exactly, see the table at the top), Q5_0/Q5_1/Q5_K/Q6_K as their blocks, every other type is
     dequantized to the compute dtype. None when the file has no such tensors. On a `device` CPU
-    where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0 stay blocks as well."""
+    where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks as well."""
     from .presets import Preset, Rule
 
     table = AS_STORED

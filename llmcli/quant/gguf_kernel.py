@@ -33,6 +33,7 @@ _SOURCE = r"""
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 static inline float h2f(const uint8_t* p) {
@@ -149,6 +150,22 @@ template <> struct Block<7> {  // Q4_K
         }
     }
 };
+
+// Calls f(std::integral_constant<int, T>{}) for a runtime type id: the one switch over block types
+template <typename F>
+static void with_type(int64_t type, F&& f) {
+    switch (type) {
+        case 0: f(std::integral_constant<int, 0>{}); break;
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        default: TORCH_CHECK(false, "unknown GGUF block type");
+    }
+}
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -271,7 +288,7 @@ template <int TM>
 static void q4k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, const float* S, float* O,
                          int64_t m0, int64_t N, int64_t K, int64_t begin, int64_t end) {
     const int64_t nb = K / 256, nx = K / 32;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int64_t n = begin; n < end; ++n) {
         const uint8_t* row = B + n * nb * 144;
         __m256 acc[TM]; float off[TM];
@@ -288,8 +305,7 @@ static void q4k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, cons
                     const int64_t i = (m0 + t) * nx + k * 8 + 2 * c;  // x blocks of sub-blocks 2c and 2c + 1
                     const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + i * 32));
                     const __m256i y2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + (i + 1) * 32));
-                    const __m256 p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w1, y1), ones));
-                    const __m256 p2 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w2, y2), ones));
+                    const __m256 p1 = dot32<7>(w1, y1), p2 = dot32<7>(w2, y2);  // unsigned codes
                     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * c] * D[i]), p1, acc[t]);
                     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * c + 1] * D[i + 1]), p2, acc[t]);
                     off[t] -= mn[2 * c] * S[i] + mn[2 * c + 1] * S[i + 1];
@@ -306,8 +322,7 @@ template <int TM>
 static void q6k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, float* O,
                          int64_t m0, int64_t N, int64_t K, int64_t begin, int64_t end) {
     const int64_t nb = K / 256, nx = K / 32;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32),
-                  ones = _mm256_set1_epi16(1);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
     for (int64_t n = begin; n < end; ++n) {
         const uint8_t* row = B + n * nb * 210;
         __m256 acc[TM];
@@ -329,14 +344,13 @@ static void q6k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, floa
                 w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
                 for (int j = 0; j < 4; ++j) {
-                    const __m256i ws = _mm256_sub_epi8(w[j], c32), aw = _mm256_sign_epi8(ws, ws);
+                    const __m256i ws = _mm256_sub_epi8(w[j], c32);  // signed codes, as Q8_0's
                     const int8_t* s = sc + 8 * h + 2 * j;
                     const __m256 scale = _mm256_set_m128(_mm_set1_ps(d * s[1]), _mm_set1_ps(d * s[0]));
                     for (int t = 0; t < TM; ++t) {
                         const int64_t i = (m0 + t) * nx + k * 8 + 4 * h + j;
                         const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + i * 32));
-                        const __m256i pr = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, ws));
-                        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pr, ones));
+                        const __m256 p = dot32<6>(ws, y);
                         acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(D[i])), p, acc[t]);
                     }
                 }
@@ -364,18 +378,13 @@ static void q8_dot_all(const uint8_t* B, const int8_t* Q, const float* D, const 
     for (; m < M; ++m) q8_dot_rows<T, 1>(B, Q, D, S, O, m, N, K, begin, end);
 }
 
-static void q8_mm(int T, const float* X, const uint8_t* B, float* O, int64_t M, int64_t N, int64_t K) {
+template <int T>
+static void q8_mm(const float* X, const uint8_t* B, float* O, int64_t M, int64_t N, int64_t K) {
     const int64_t nb = K / 32;
     std::vector<int8_t> Q(M * K); std::vector<float> D(M * nb), S(M * nb);
     quantize_rows(X, M, K, Q.data(), D.data(), S.data());
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-        if (T == 4) q8_dot_all<4>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
-        else if (T == 5) q8_dot_all<5>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
-        else if (T == 7) q8_dot_all<7>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
-        else if (T == 3) q8_dot_all<3>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
-        else if (T == 0) q8_dot_all<0>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
-        else if (T == 1) q8_dot_all<1>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
-        else q8_dot_all<6>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
+        q8_dot_all<T>(B, Q.data(), D.data(), S.data(), O, M, N, K, begin, end);
     });
 }
 #endif
@@ -422,21 +431,13 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor blocks, int64_t type, int64_t K)
     const int64_t M = xf.size(0), N = b.size(0);
     auto out = torch::empty({M, N}, xf.options());
     const float* X = xf.data_ptr<float>(); const uint8_t* B = b.data_ptr<uint8_t>(); float* O = out.data_ptr<float>();
-    switch (type) {
-        case 2: mm_rows<2>(X, B, O, M, N, K); break;
+    with_type(type, [&](auto t) {
+        constexpr int T = decltype(t)::value;
 #ifdef LLMCLI_Q8_DOT
-        case 0: case 1: case 3: case 4: case 5: case 6: case 7: q8_mm((int)type, X, B, O, M, N, K); break;
-#else
-        case 0: mm_rows<0>(X, B, O, M, N, K); break;
-        case 1: mm_rows<1>(X, B, O, M, N, K); break;
-        case 3: mm_rows<3>(X, B, O, M, N, K); break;
-        case 4: mm_rows<4>(X, B, O, M, N, K); break;
-        case 5: mm_rows<5>(X, B, O, M, N, K); break;
-        case 6: mm_rows<6>(X, B, O, M, N, K); break;
-        case 7: mm_rows<7>(X, B, O, M, N, K); break;
+        if constexpr (T != 2) { q8_mm<T>(X, B, O, M, N, K); return; }  // every type but Q5_K
 #endif
-        default: TORCH_CHECK(false, "unknown GGUF block type");
-    }
+        mm_rows<T>(X, B, O, M, N, K);
+    });
     return out;
 }
 
@@ -445,17 +446,7 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t type, int64_t K) {
     const int64_t N = b.size(0);
     auto out = torch::empty({N, K}, torch::dtype(torch::kFloat));
     const uint8_t* B = b.data_ptr<uint8_t>(); float* O = out.data_ptr<float>();
-    switch (type) {
-        case 0: deq_rows<0>(B, O, N, K); break;
-        case 1: deq_rows<1>(B, O, N, K); break;
-        case 2: deq_rows<2>(B, O, N, K); break;
-        case 3: deq_rows<3>(B, O, N, K); break;
-        case 4: deq_rows<4>(B, O, N, K); break;
-        case 5: deq_rows<5>(B, O, N, K); break;
-        case 6: deq_rows<6>(B, O, N, K); break;
-        case 7: deq_rows<7>(B, O, N, K); break;
-        default: TORCH_CHECK(false, "unknown GGUF block type");
-    }
+    with_type(type, [&](auto t) { deq_rows<decltype(t)::value>(B, O, N, K); });
     return out;
 }
 
@@ -604,7 +595,7 @@ def available() -> bool:
 
 
 def int8_dot() -> bool:
-    """Whether Q4_0/Q4_1/Q8_0 blocks multiply here with integer dot products (AVX2), faster than
+    """Whether Q4_0/Q4_1/Q8_0/Q4_K blocks multiply here with integer dot products (AVX2), faster than
     torch's int4 kernel: then the loader keeps them as blocks too (gguf_import.as_stored_preset)."""
     return available() and _module.has_int8_dot()
 
@@ -673,9 +664,11 @@ def attend_one(q, k, v, mask, scale: float) -> torch.Tensor | None:
         return None
     if k.stride(-1) != 1 or v.stride(-1) != 1:  # rows of D contiguous, as every cache here keeps them
         return None
-    empty = mask is None
-    y = torch.ops.llmcli_gguf.attend_one(q, k, v, q.new_empty(0, dtype=torch.bool) if empty else mask, scale)
+    y = torch.ops.llmcli_gguf.attend_one(q, k, v, _NO_MASK if mask is None else mask, scale)
     return y.to(q.dtype)
+
+
+_NO_MASK = torch.empty(0, dtype=torch.bool)  # the op's "attend to every key"
 
 
 def _register_fakes() -> None:
