@@ -15,6 +15,7 @@ import time
 import torch
 from torch.utils.cpp_extension import load_inline
 
+from llmcli import native
 from llmcli.quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 from llmcli.runtime import open_model
 
@@ -26,11 +27,21 @@ ap.add_argument("--type", help="only weights of this GGUF type")
 ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
 
-old = subprocess.run(["git", "show", f"{a.rev}:llmcli/quant/gguf_kernel.py"], capture_output=True, text=True,
-                     check=True).stdout
-source = re.search(r'_SOURCE = r"""(.*?)"""', old, re.S).group(1).replace("llmcli_gguf", "llmcli_ab")
-load_inline(f"llmcli_ab_{abs(hash(source)) % 10**8}", cpp_sources=source, functions=["has_int8_dot"],
+
+
+def show(path: str) -> str:
+    return subprocess.run(["git", "show", f"{a.rev}:{path}"], capture_output=True, text=True, check=True).stdout
+
+
+try:  # the kernels' sources as llmcli/native holds them, or earlier, as quant/gguf_kernel.py's _SOURCE
+    source = "\n".join(show(f"llmcli/native/{name}") for name in native._SOURCES)
+except subprocess.CalledProcessError:
+    source = re.search(r'_SOURCE = r"""(.*?)"""', show("llmcli/quant/gguf_kernel.py"), re.S).group(1)
+source = source.replace("llmcli_gguf", "llmcli_ab")
+load_inline(f"llmcli_ab_{abs(hash(source)) % 10**8}", cpp_sources=source,
+            functions=None if "PYBIND11_MODULE" in source else ["has_int8_dot"],
             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+native.available()  # the tree's build, which registers llmcli_gguf
 rt = open_model(a.model, threads=a.threads, ctx_size=512)
 weights = list({id(v): v for m in rt.loaded.model.modules() for v in vars(m).values()
                 if isinstance(v, GGUFBlockWeight) and (a.type is None or v.type_name == a.type)}.values())

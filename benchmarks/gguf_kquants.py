@@ -102,7 +102,7 @@ def _formats(N: int, K: int):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from kquants import quantize as kquantize
 
-    from llmcli.quant import gguf_kernel
+    from llmcli import native
     from llmcli.quant.gguf_blocks import GGUFBlockWeight
     from llmcli.quant.gguf_import import AS_STORED, import_block_quants
     from llmcli.quant.packed import Int4Weight, Int8Weight
@@ -123,15 +123,15 @@ def _formats(N: int, K: int):
             out["Q4_K as int4 g32"] = (i4.matmul, i4.nbytes)
         elif t != "Q8_0":
             b = GGUFBlockWeight.from_blocks(torch.from_numpy(raw.copy()), t, cpu)
-            if gguf_kernel.available():
+            if native.available():
                 out[f"{t} blocks kernel"] = (b.matmul, b.nbytes)
 
             def fallback(x, b=b):
-                keep, gguf_kernel._module = gguf_kernel._module, False
+                keep, native._module = native._module, False
                 try:
                     return b.matmul(x)
                 finally:
-                    gguf_kernel._module = keep
+                    native._module = keep
 
             out[f"{t} blocks torch"] = (fallback, b.nbytes)
     return out

@@ -29,13 +29,20 @@ class Runtime:
         return self.loaded.placement
 
     def decode_step(self, compile: bool, background: bool = False):
-        """What runs one-token steps: the compiled model (compiled on first use, or in a background
-        thread meanwhile running eagerly), or the model itself."""
+        """What runs one-token steps: for a Llama-family model of GGUF blocks with a float32 cache on
+        the CPU, one C++ call a token (native_step.py), whatever `compile` says; otherwise the compiled
+        model (compiled on first use, or in a background thread meanwhile running eagerly), or the
+        model itself."""
+        from .native_step import NativeStep
+
+        model = self.loaded.model
+        if NativeStep.supports(model, self.new_cache(1)):
+            return NativeStep(model)
         if not compile or not self.compiles_well:
-            return self.loaded.model
+            return model
         from .compiled import CompiledStep
 
-        return CompiledStep(self.loaded.model, self.new_cache(64) if background else None)
+        return CompiledStep(model, self.new_cache(64) if background else None)
 
     @property
     def compiles_well(self) -> bool:

@@ -32,9 +32,9 @@ def test_a_context_that_fits_in_no_plan_says_what_it_needs_and_what_fits(smollm2
     assert_one_line_error(r, "a context of 8192 tokens needs at least", "but 200.00 MiB is free on cpu",
                           "--ctx-size", "with --kv-type int4 fits")
     r = run_cli("run", str(smollm2_gguf), "Hi", *BF16, env={"LLMCLI_MEMORY_LIMIT": "120MiB"})
-    from llmcli.quant import gguf_kernel
+    from llmcli import native
 
-    held = "92.04" if gguf_kernel.int8_dot() else "97.10"  # the file's blocks as they are, or as int4/int8 + scales
+    held = "92.04" if native.int8_dot() else "97.10"  # the file's blocks as they are, or as int4/int8 + scales
     assert_one_line_error(r, f"the weights need {held} MiB (Q4_1/Q8_0 as stored)", "use a smaller --quant preset")
 
 

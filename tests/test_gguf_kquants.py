@@ -39,14 +39,14 @@ def test_test_encoders_write_blocks_gguf_reads_back(type_name):
 def test_blocks_dequantize_and_multiply_as_gguf_py_reads_them(type_name, kernel, monkeypatch):
     from gguf.quants import dequantize
 
-    from llmcli.quant import gguf_kernel
+    from llmcli import native
     from llmcli.quant.gguf_blocks import INT8_DOT_TYPES, GGUFBlockWeight
 
-    if kernel and type_name in INT8_DOT_TYPES and gguf_kernel.int8_dot():
+    if kernel and type_name in INT8_DOT_TYPES and native.int8_dot():
         pytest.skip("int8 activations: test_int8_dot_kernel_multiplies_as_llama_cpp_does")
     if not kernel:
-        monkeypatch.setattr(gguf_kernel, "_module", False)
-    elif not gguf_kernel.available():
+        monkeypatch.setattr(native, "_module", False)
+    elif not native.available():
         pytest.skip("no C++ compiler: the kernel cannot be built here")
     x = _weights()
     blocks = quantize(x, type_name)
@@ -66,10 +66,10 @@ def test_int8_dot_kernel_multiplies_as_llama_cpp_does(type_name):
     llama.cpp's Q8_0/Q8_1): the kernel's integer dot products equal float64 arithmetic on those."""
     from gguf.quants import dequantize
 
-    from llmcli.quant import gguf_kernel
+    from llmcli import native
     from llmcli.quant.gguf_blocks import GGUFBlockWeight
 
-    if not gguf_kernel.int8_dot():
+    if not native.int8_dot():
         pytest.skip("no AVX2 block kernel here: these types use the int4 / int8 kernels")
     x = _weights(N=96)
     blocks = quantize(x, type_name)
@@ -145,10 +145,10 @@ def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
     modules = list(loaded.model.modules())
     assert not any(isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) for m in modules)
     blocks = {m.packed.type_name for m in modules if isinstance(m, GGUFBlockLinear)}
-    from llmcli.quant import gguf_kernel
+    from llmcli import native
 
     # Q8_0 and Q4_K tensors stay blocks where the kernel multiplies them as integers (else int8 / int4)
-    int8_dot = ({"Q8_0", "Q4_K"} if base == "Q4_K" else {"Q8_0"}) if gguf_kernel.int8_dot() else set()
+    int8_dot = ({"Q8_0", "Q4_K"} if base == "Q4_K" else {"Q8_0"}) if native.int8_dot() else set()
     assert blocks == ({"Q5_0", "Q6_K"} if base == "Q4_K" else {"Q5_K", "Q5_1", "Q6_K"}) | int8_dot
     assert any(isinstance(m, QuantEmbedding) for m in modules)
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CorruptModelError, UnsupportedModelError
-from ..quant import gguf_kernel
+from .. import native
 from .fusion import fuse_linears
 from .linear import Linear
 
@@ -269,12 +269,12 @@ class Attention(nn.Module):
 def attend_one(q, k, v, mask, scale: float | None) -> torch.Tensor:
     """Attention for one query per row (decoding): q (B, H, 1, D), k and v (B, KV, S, D), `mask` bool
     broadcastable to (B, 1, 1, S) or None -> (B, H, 1, D). On the CPU with a float32 cache, a C++
-    kernel (quant/gguf_kernel.py): SDPA's per-call setup costs more than the work at this size
+    kernel (native/attention.cpp): SDPA's per-call setup costs more than the work at this size
     (37 us a layer on 2 threads, 1.1 ms a SmolLM2 token), and compiled, inductor turns any spelt-out
     form back into SDPA."""
     S = k.shape[2]
     scale = scale if scale is not None else q.shape[-1] ** -0.5
-    y = gguf_kernel.attend_one(q, k, v, None if mask is None else mask.reshape(-1, S), scale)
+    y = native.attend_one(q, k, v, None if mask is None else mask.reshape(-1, S), scale)
     if y is not None:
         return y
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])

@@ -15,7 +15,7 @@ torch's int4 kernel, and 4x its own scalar path for Q5_0/Q6_K.
     Q6_K  210 bytes / 256: ql[128], qh[64], scales[16] i8, d f16     w = d*sc * (q - 32), per 16
 
 A (N, K) weight is its (N, K/B*bytes) rows of blocks. Decoding (few rows) runs a C++ kernel that
-reads the blocks (gguf_kernel.py); prefill, and machines without a compiler, dequantize a tile of
+reads the blocks (native/matmul.cpp); prefill, and machines without a compiler, dequantize a tile of
 rows to the activation dtype and run a dense GEMM. Nothing is rounded a second time.
 """
 
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from . import gguf_kernel, kernels
+from .. import native
+from . import kernels
 
 # Types that fit torch's int4/int8 kernels too, kept as blocks only on CPUs where the kernel is built
 # (gguf_import.as_stored_preset): its integer dot products (activations as int8, as llama.cpp takes
@@ -137,15 +138,15 @@ class GGUFBlockWeight:
 
     def _rows(self, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         K = self.shape[1]
-        if self.device.type == "cpu" and gguf_kernel.available():
-            return gguf_kernel.dequantize(blocks, TYPE_IDS[self.type_name], K, dtype)
+        if self.device.type == "cpu" and native.available():
+            return native.dequantize(blocks, TYPE_IDS[self.type_name], K, dtype)
         return dequantize_blocks(blocks, self.type_name, K).to(dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         N, K = self.shape
         rows = x.numel() // K
-        if self.device.type == "cpu" and kernels.use_kernel(self.device, rows) and gguf_kernel.available():
-            y = gguf_kernel.mm(x.reshape(rows, K), self.blocks, TYPE_IDS[self.type_name], K)
+        if self.device.type == "cpu" and kernels.use_kernel(self.device, rows) and native.available():
+            y = native.mm(x.reshape(rows, K), self.blocks, TYPE_IDS[self.type_name], K)
             return y.to(x.dtype).view(*x.shape[:-1], N)
         from .packed import _dense_tiles
 

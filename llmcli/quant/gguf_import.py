@@ -106,9 +106,9 @@ def as_stored_preset(sources, device=None):
 
     table = AS_STORED
     if device is not None and device.type == "cpu":
-        from . import gguf_kernel
+        from .. import native
 
-        if gguf_kernel.int8_dot():  # decoding 2.1x faster than the int4 kernel (benchmarks/gguf_kquants.py)
+        if native.int8_dot():  # decoding 2.1x faster than the int4 kernel (benchmarks/gguf_kquants.py)
             table = AS_BLOCKS
     rules = [Rule((s.name,), (), table[s.gguf_type]) for s in sources
              if s.gguf_type in table and len(s.shape) == 2]

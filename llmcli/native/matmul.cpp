@@ -1,32 +1,5 @@
-"""Small C++ CPU kernels: for GGUF blocks (gguf_blocks.py), y = x @ W.T reading the blocks and
-dequantization of rows; and decoding's one-query attention over a float32 KV cache (attend_one),
-all over torch's thread pool.
-
-Built on first use with torch.utils.cpp_extension.load_inline (about a minute on two cores) and
-cached under torch's extensions folder (TORCH_EXTENSIONS_DIR), keyed by this source. Without a
-compiler, or with LLMCLI_NO_KERNEL=1, `available()` is False and callers use the torch path.
-
-The matmul dequantizes one block (32 or 256 weights) into registers-sized float buffers and takes
-its dot products with every activation row: the weights are read once, as stored. With AVX2, every
-type but Q5_K (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) takes llama.cpp's route instead: the activations are quantized to int8 per block of 32
-(scale max|x|/127), and each block's dot product is integer multiply-adds (maddubs), 32 weights an
-instruction, scaled once per block. The ops are registered with the dispatcher (TORCH_LIBRARY), a
-few microseconds a call, and torch.compile keeps them in its graph.
-
-attend_one takes each head's scores, softmax (a vectorized exp) and weighted sum of values in one
-pass: SDPA's setup for a single query cost 37 us a layer, this 15 (SmolLM2 at ~100 tokens, 2 threads).
-"""
-
-from __future__ import annotations
-
-import hashlib
-import os
-
-import torch
-
-from .. import notices
-
-_SOURCE = r"""
+// GGUF blocks: dequantization, and y = x @ W.T read from the blocks (int8 dot products with AVX2).
+// The .cpp files of llmcli/native compile as one translation unit, in native/__init__.py's order.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -174,31 +147,31 @@ static void with_type(int64_t type, F&& f) {
 // Activations as llama.cpp takes them for these types: per row and block of 32, int8 codes with a
 // scale d (x ~ d * q) and s = d * sum(q) (for the weights' offsets). The dot products are then
 // integer multiply-adds, 32 weights per instruction, instead of float work per weight.
-static void quantize_rows(const float* X, int64_t M, int64_t K, int8_t* Q, float* D, float* S) {
-    const int64_t nb = K / 32;
+static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes packs' lane interleave
-    at::parallel_for(0, M * nb, 256, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const float* x = X + i * 32;
-            __m256 v[4];
-            __m256 amax = _mm256_setzero_ps();
-            for (int j = 0; j < 4; ++j) { v[j] = _mm256_loadu_ps(x + 8 * j); amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j])); }
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            const float d = _mm_cvtss_f32(m4) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-            __m256i q[4];
-            for (int j = 0; j < 4; ++j)  // round half to even, as nearbyint
-                q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)),
-                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-            s4 = _mm_hadd_epi32(s4, s4); s4 = _mm_hadd_epi32(s4, s4);
-            const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(Q + i * 32), _mm256_permutevar8x32_epi32(packed, order));
-            D[i] = d; S[i] = d * (float)_mm_cvtsi128_si32(s4);
-        }
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) { v[j] = _mm256_loadu_ps(x + 8 * j); amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j])); }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j)  // round half to even, as nearbyint
+        q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s4 = _mm_hadd_epi32(s4, s4); s4 = _mm_hadd_epi32(s4, s4);
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), _mm256_permutevar8x32_epi32(packed, order));
+    d_out = d; s_out = d * (float)_mm_cvtsi128_si32(s4);
+}
+
+static void quantize_rows(const float* X, int64_t M, int64_t K, int8_t* Q, float* D, float* S) {
+    at::parallel_for(0, M * (K / 32), 256, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) quantize_block(X + i * 32, Q + i * 32, D[i], S[i]);
     });
 }
 
@@ -389,30 +362,36 @@ static void q8_mm(const float* X, const uint8_t* B, float* O, int64_t M, int64_t
 }
 #endif
 
+// The float route (Q5_K, and every type without AVX2): output rows [begin, end) of all M rows of x,
+// each weight block dequantized once into a buffer and dotted with every row.
 template <int T>
-static void mm_rows(const float* X, const uint8_t* B, float* O, int64_t M, int64_t N, int64_t K) {
+static void mm_row_range(const float* X, const uint8_t* B, float* O, int64_t M, int64_t N, int64_t K,
+                         int64_t begin, int64_t end) {
     using Bk = Block<T>;
     const int64_t nb = K / Bk::size, rb = nb * Bk::bytes;
-    at::parallel_for(0, N, 8, [&](int64_t begin, int64_t end) {
-        alignas(64) float buf[256];
-        std::vector<float> acc(M);
-        for (int64_t n = begin; n < end; ++n) {
-            std::fill(acc.begin(), acc.end(), 0.f);
-            const uint8_t* row = B + n * rb;
-            for (int64_t k = 0; k < nb; ++k) {
-                Bk::deq(row + k * Bk::bytes, buf);
-                const float* xb = X + k * Bk::size;
-                for (int64_t m = 0; m < M; ++m) {
-                    const float* xm = xb + m * K;
-                    float s = 0.f;
-                    #pragma omp simd reduction(+:s)
-                    for (int i = 0; i < Bk::size; ++i) s += buf[i] * xm[i];
-                    acc[m] += s;
-                }
+    alignas(64) float buf[256];
+    std::vector<float> acc(M);
+    for (int64_t n = begin; n < end; ++n) {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        const uint8_t* row = B + n * rb;
+        for (int64_t k = 0; k < nb; ++k) {
+            Bk::deq(row + k * Bk::bytes, buf);
+            const float* xb = X + k * Bk::size;
+            for (int64_t m = 0; m < M; ++m) {
+                const float* xm = xb + m * K;
+                float s = 0.f;
+                #pragma omp simd reduction(+:s)
+                for (int i = 0; i < Bk::size; ++i) s += buf[i] * xm[i];
+                acc[m] += s;
             }
-            for (int64_t m = 0; m < M; ++m) O[m * N + n] = acc[m];
         }
-    });
+        for (int64_t m = 0; m < M; ++m) O[m * N + n] = acc[m];
+    }
+}
+
+template <int T>
+static void mm_rows(const float* X, const uint8_t* B, float* O, int64_t M, int64_t N, int64_t K) {
+    at::parallel_for(0, N, 8, [&](int64_t begin, int64_t end) { mm_row_range<T>(X, B, O, M, N, K, begin, end); });
 }
 
 template <int T>
@@ -450,242 +429,3 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t type, int64_t K) {
     return out;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-// e^x for 8 floats (Cephes' polynomial, as in avx_mathfun): relative error ~1e-7; below -87, ~1e-38
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(-87.f));  // 2^n stays a normal float
-    __m256 fx = _mm256_round_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(0x7f)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-#endif
-
-static inline float dot_f32(const float* a, const float* b, int64_t n) {
-    int64_t i = 0; float s = 0.f;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (; i + 32 <= n; i += 32)  // four independent chains: one would wait on each multiply-add
-        for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * j), _mm256_loadu_ps(b + i + 8 * j), acc[j]);
-    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[0]);
-    s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-#endif
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
-
-// o[0..D) = sum over s of w[s] * V[s * stride + 0..D): 64 columns at a time held in registers
-static inline void weighted_rows(const float* w, const float* V, int64_t stride, int64_t S, int64_t D, float* o) {
-    int64_t c = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-    for (; c + 64 <= D; c += 64) {
-        __m256 acc[8];
-        for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-        for (int64_t s = 0; s < S; ++s) {
-            const __m256 ws = _mm256_set1_ps(w[s]); const float* vr = V + s * stride + c;
-            for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vr + 8 * j), acc[j]);
-        }
-        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + c + 8 * j, acc[j]);
-    }
-#endif
-    for (; c < D; ++c) {
-        float acc = 0.f;
-        for (int64_t s = 0; s < S; ++s) acc += w[s] * V[s * stride + c];
-        o[c] = acc;
-    }
-}
-
-// p[0..S) = exp(p - max), returns their sum
-static inline float exp_shifted(float* p, int64_t S, float mx) {
-    int64_t s = 0; float sum = 0.f;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; s + 8 <= S; s += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + s), _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(p + s, e); acc = _mm256_add_ps(acc, e);
-    }
-    sum = hsum(acc);
-#endif
-    for (; s < S; ++s) { p[s] = std::exp(p[s] - mx); sum += p[s]; }
-    return sum;
-}
-
-// One query per row against a float32 KV cache: q (B, H, 1, D), k and v (B, KV, S, D) with rows of D
-// contiguous, mask (1 or B, S) bool or empty -> (B, H, 1, D) float32. Each head's scores, softmax
-// and weighted sum of values in one pass over its keys, no temporaries beyond S floats.
-torch::Tensor attend_one(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, double scale) {
-    TORCH_CHECK(k.scalar_type() == torch::kFloat && v.scalar_type() == torch::kFloat, "float32 cache only");
-    TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "cache rows must be contiguous");
-    auto qf = q.to(torch::kFloat).contiguous();
-    const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), S = k.size(2), G = H / KV;
-    auto out = torch::empty({B, H, 1, D}, qf.options());
-    const bool masked = mask.numel() > 0;
-    auto m = masked ? mask.to(torch::kBool).contiguous() : mask;
-    const int64_t mrows = masked ? m.size(0) : 0;
-    const float* Q = qf.data_ptr<float>(); float* O = out.data_ptr<float>();
-    const float* Kp = k.data_ptr<float>(); const float* Vp = v.data_ptr<float>();
-    const bool* Mp = masked ? m.data_ptr<bool>() : nullptr;
-    const float sc = (float)scale;
-    const int64_t kb0 = k.stride(0), kb1 = k.stride(1), ks = k.stride(2), vb0 = v.stride(0), vb1 = v.stride(1), vs = v.stride(2);
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * D));
-    at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
-        std::vector<float> p(S);
-        for (int64_t bh = begin; bh < end; ++bh) {
-            const int64_t b = bh / H, h = bh % H, g = h / G;
-            const float* qv = Q + bh * D;
-            const float* kb = Kp + b * kb0 + g * kb1;
-            const float* vb = Vp + b * vb0 + g * vb1;
-            const bool* mr = masked ? Mp + (mrows == 1 ? 0 : b) * S : nullptr;
-            float mx = -INFINITY;
-            for (int64_t s = 0; s < S; ++s) {
-                const float* kr = kb + s * ks;
-                const float dot = dot_f32(qv, kr, D);
-                p[s] = (mr && !mr[s]) ? -INFINITY : dot * sc;
-                mx = std::max(mx, p[s]);
-            }
-            const float inv = 1.f / exp_shifted(p.data(), S, mx);
-            for (int64_t s = 0; s < S; ++s) p[s] *= inv;
-            weighted_rows(p.data(), vb, vs, S, D, O + bh * D);
-        }
-    });
-    return out;
-}
-
-bool has_int8_dot() {
-#ifdef LLMCLI_Q8_DOT
-    return true;
-#else
-    return false;
-#endif
-}
-
-// As torch operators: called from C++ dispatch (a few microseconds) rather than through a Python
-// custom op (~45 us a call, which over 121 matmuls a token cost more than the matmuls), and visible
-// to torch.compile, which keeps them in its graph (their fake kernels are registered in Python).
-TORCH_LIBRARY(llmcli_gguf, m) {
-    m.def("mm(Tensor x, Tensor blocks, int type, int K) -> Tensor");
-    m.def("dequantize(Tensor blocks, int type, int K) -> Tensor");
-    m.def("attend_one(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(llmcli_gguf, CPU, m) {
-    m.impl("mm", &mm);
-    m.impl("dequantize", &dequantize);
-    m.impl("attend_one", &attend_one);
-}
-"""
-
-_module = None  # the built extension, False when it cannot be built
-
-
-def available() -> bool:
-    global _module
-    if _module is None:
-        _module = False if os.environ.get("LLMCLI_NO_KERNEL") else _build()
-    return _module is not False
-
-
-def int8_dot() -> bool:
-    """Whether Q4_0/Q4_1/Q8_0/Q4_K blocks multiply here with integer dot products (AVX2), faster than
-    torch's int4 kernel: then the loader keeps them as blocks too (gguf_import.as_stored_preset)."""
-    return available() and _module.has_int8_dot()
-
-
-def _build():
-    import contextlib
-    import io
-    import warnings
-
-    from torch.utils.cpp_extension import load_inline
-
-    # -march=native: a cache shared by machines (a home folder on NFS) must not hand one CPU's build to another
-    digest = hashlib.sha256((_SOURCE + torch.__version__ + _cpu_signature()).encode()).hexdigest()[:12]
-    name = f"llmcli_gguf_{digest}"
-    if notices.notify is not None and not _cached(name):
-        notices.say("building the GGUF block kernel for this CPU (once, about a minute)")
-    try:  # the library never prints: the build's output is swallowed, a failure means "use torch"
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            module = load_inline(name, cpp_sources=_SOURCE, functions=["mm", "dequantize", "has_int8_dot"],
-                                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                                 verbose=False)
-        _register_fakes()
-        return module
-    except Exception:  # no compiler, no headers, a failed build: the torch path still works
-        return False
-
-
-def _cpu_signature() -> str:
-    """The machine and its instruction-set flags (what -march=native compiles for)."""
-    import platform
-
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return platform.machine() + platform.processor() + flags
-
-
-def _cached(name: str) -> bool:
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
-
-        folder = _get_build_directory(name, verbose=False)
-        return any(f.endswith((".so", ".pyd", ".dylib")) for f in os.listdir(folder))
-    except Exception:
-        return False
-
-
-def mm(x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
-    """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32."""
-    return torch.ops.llmcli_gguf.mm(x, blocks, type_id, K)
-
-
-def dequantize(blocks: torch.Tensor, type_id: int, K: int, dtype: torch.dtype) -> torch.Tensor:
-    """(n, row bytes) -> (n, K) in `dtype`."""
-    return torch.ops.llmcli_gguf.dequantize(blocks, type_id, K).to(dtype)
-
-
-def attend_one(q, k, v, mask, scale: float) -> torch.Tensor | None:
-    """One query per row against a float32 CPU cache (models/llama.py's attend_one), or None where
-    this kernel does not serve: q (B, H, 1, D), k and v (B, KV, S, D), mask bool (B or 1, S) or None."""
-    if q.device.type != "cpu" or k.dtype != torch.float32 or v.dtype != torch.float32 or not available():
-        return None
-    if k.stride(-1) != 1 or v.stride(-1) != 1:  # rows of D contiguous, as every cache here keeps them
-        return None
-    y = torch.ops.llmcli_gguf.attend_one(q, k, v, _NO_MASK if mask is None else mask, scale)
-    return y.to(q.dtype)
-
-
-_NO_MASK = torch.empty(0, dtype=torch.bool)  # the op's "attend to every key"
-
-
-def _register_fakes() -> None:
-    """Shapes for torch.compile's tracing, once the operators exist (after the build)."""
-    if getattr(_register_fakes, "done", False):
-        return
-
-    @torch.library.register_fake("llmcli_gguf::mm")
-    def _(x, blocks, type_id, K):
-        return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
-
-    @torch.library.register_fake("llmcli_gguf::dequantize")
-    def _(blocks, type_id, K):
-        return blocks.new_empty(blocks.shape[0], K, dtype=torch.float32)
-
-    @torch.library.register_fake("llmcli_gguf::attend_one")
-    def _(q, k, v, mask, scale):
-        return q.new_empty(q.shape, dtype=torch.float32)
-
-    _register_fakes.done = True

@@ -1,0 +1,139 @@
+"""The C++ decode step (native_step.py, native/decode.cpp) against the model's own forward pass, on
+tiny GGUF files of the types and layouts real ones have: Q4_1/Q8_0 llama (SmolLM2's), a qwen2
+Q4_K_M and Q5_K_M mix (q/k/v biases, unfused q/k/v of different types, 32-block fallbacks, Q5_K
+on the float route), qwen3 (q/k norm); and a sliding window, a context shift's positions, hidden states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmcli import native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler for the kernels")
+
+
+def _tiny(model_type: str):
+    from tiny import hf_model
+
+    # rows of 256 take K-quants; the MLP's down projection (rows of 320) falls back to 32-blocks
+    return hf_model(model_type, hidden_size=256, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, tie_word_embeddings=True, seed=3)
+
+
+CASES = {  # name: (architecture, GGUF type of every 2-D weight, or a llama.cpp mix)
+    "llama-q4_1": ("llama", lambda name, shape: "Q8_0" if "embed" in name else "Q4_1"),
+    "llama-q4_0": ("llama", "Q4_0"),
+    "qwen2-q4_k_m": ("qwen2", "Q4_K"),
+    "qwen2-q5_k_m": ("qwen2", "Q5_K"),
+    "qwen3-q8_0": ("qwen3", "Q8_0"),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def loaded(request, tmp_path_factory):
+    from tiny import k_mix, write_gguf
+
+    from llmcli.runtime import open_model
+
+    arch, qtype = CASES[request.param]
+    if qtype in ("Q4_K", "Q5_K"):
+        qtype = k_mix(3, tied=True, base=qtype)
+    path = tmp_path_factory.mktemp("native") / f"{request.param}.gguf"
+    write_gguf(_tiny(arch), path, qtype)
+    rt = open_model(str(path), device="cpu", threads=2, ctx_size=64)  # as stored: "float32" would dequantize
+    if rt.placement.dtype != torch.float32:
+        pytest.skip("the native step runs float32 activations; this CPU computes in bfloat16")
+    return rt
+
+
+def _compare(rt, positions: int | None = None):
+    """Prefill with the model, then one-token steps, each run twice from the same cache: by the C++
+    step and by the model. Compared: logits, final hidden state, and the keys and values written.
+
+    Both sides quantize activations to int8 per block of 32. Where float32 rounding differs (an exp,
+    a fused multiply-add), a value now and then lands across a rounding boundary, and that one code
+    moves the result by a few percent of its scale. So: most steps agree to float32 rounding, none by
+    more than such a flip; a wrong rotation, bias, window or cache write breaks every step."""
+    import copy
+
+    from llmcli.native_step import NativeStep
+
+    step, model = rt.decode_step(compile=False), rt.loaded.model
+    assert isinstance(step, NativeStep)
+    cache = rt.new_cache()
+    exact, worst = 0, 0.0
+    with torch.inference_mode():
+        model(torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]]), cache)
+        for tok in [7, 99, 250, 31, 2, 64, 120, 8]:
+            theirs = copy.deepcopy(cache)
+            pos = None if positions is None else torch.tensor([positions + cache.length])
+            got = step(torch.tensor([[tok]]), cache, pos, True, True)
+            want = model(torch.tensor([[tok]]), theirs, pos, True, True)
+            assert cache.length == theirs.length
+            slot = cache.length - 1
+            errors = [_relative(g, w) for g, w in zip(got, want)]
+            errors += [_relative(g[:, :, slot], w[:, :, slot]) for g, w in zip(cache.k + cache.v, theirs.k + theirs.v)]
+            exact += max(errors) < 1e-5
+            worst = max(worst, *errors)
+    assert exact >= 5 and worst < 0.1, (exact, worst)
+
+
+def _relative(got, want) -> float:
+    return (got - want).abs().max().item() / want.abs().max().item()
+
+
+@pytest.fixture(autouse=True)
+def norms_summed_in_float64(monkeypatch):
+    """The model's RMSNorm summing squares in float64 as the C++ step does: with the sums in another
+    order, nearly every step had a flip (_compare) somewhere."""
+    from llmcli.models import llama
+
+    def forward(self, x):
+        xf = x.float()
+        r = 1.0 / torch.sqrt((xf.double() ** 2).mean(-1, keepdim=True).float() + self.eps)
+        return self.weight * (xf * r).to(x.dtype)
+
+    monkeypatch.setattr(llama.RMSNorm, "forward", forward)
+
+
+def test_native_steps_give_the_model_s_logits_and_cache(loaded):
+    _compare(loaded)
+
+
+def test_native_steps_follow_a_context_shift_s_positions(loaded):
+    """After a shift the RoPE position runs ahead of the cache slot."""
+    _compare(loaded, positions=5)
+
+
+def test_native_steps_keep_a_sliding_window(loaded, monkeypatch):
+    for layer in loaded.loaded.model.model.layers[1:]:
+        monkeypatch.setattr(layer.self_attn, "window", 4)
+    _compare(loaded)
+
+
+def test_what_the_native_step_does_not_cover_runs_the_model(loaded):
+    from llmcli.kv_cache import StaticKVCache
+    from llmcli.kv_cache import new_cache
+
+    step = loaded.decode_step(compile=False)
+    args = loaded.loaded.args
+    with torch.inference_mode():
+        for cache in (StaticKVCache.for_model(args, 16, torch.device("cpu"), torch.bfloat16,
+                                              compute_dtype=torch.float32),
+                      new_cache(args, 16, torch.device("cpu"), torch.float32, "int8", None)):
+            two = step(torch.tensor([[5, 6]]), cache)  # two tokens: the model's prefill
+            one = step(torch.tensor([[7]]), cache, last_only=True)  # another cache kind: the model too
+            assert two.shape[:2] == (1, 2) and one.shape[:2] == (1, 1) and cache.length == 3
+            assert step._cache is None  # the C++ step never saw these caches
+
+
+def test_no_native_step_without_a_float32_cache_or_the_kernels(loaded, monkeypatch):
+    from llmcli.kv_cache import StaticKVCache
+    from llmcli.native_step import NativeStep
+
+    bf16 = StaticKVCache.for_model(loaded.loaded.args, 4, torch.device("cpu"), torch.bfloat16)
+    assert not NativeStep.supports(loaded.loaded.model, bf16)
+    monkeypatch.setenv("LLMCLI_NO_KERNEL", "1")
+    monkeypatch.setattr(native, "_module", None)
+    assert not isinstance(loaded.decode_step(compile=False), NativeStep)
