@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 from conftest import REPO
 
 pexpect = pytest.importorskip("pexpect")
@@ -182,7 +183,8 @@ def test_background_compile_takes_over_while_chatting(tmp_path, tiny_gguf):
     and once compiled the session says so and keeps answering."""
     import time
 
-    child = spawn(tmp_path, str(tiny_gguf), "--temp", "0", "-n", "4", timeout=240, compile=True)
+    # bfloat16: in float32 a GGUF model decodes through the C++ step, with nothing to compile
+    child = spawn(tmp_path, str(tiny_gguf), "--temp", "0", "-n", "4", "--dtype", "bfloat16", timeout=240, compile=True)
     send(child, "Hello", "\\n")  # answered before compiling can have finished
     deadline = time.time() + 200
     while True:
@@ -192,4 +194,16 @@ def test_background_compile_takes_over_while_chatting(tmp_path, tiny_gguf):
         time.sleep(5)
     assert mode.startswith("compiled"), mode
     send(child, "Hello again", "\\n")
+    leave(child, tmp_path)
+
+
+def test_a_gguf_model_in_float32_decodes_natively(tmp_path, tiny_gguf):
+    from llmcli import native
+    from llmcli.device import resolve_device, resolve_dtype
+
+    if resolve_dtype(resolve_device("auto"), "auto") != torch.float32 or not native.available():
+        pytest.skip("this machine computes in bfloat16, or has no C++ compiler")
+    child = spawn(tmp_path, str(tiny_gguf), "--temp", "0", "-n", "4", "--dtype", "auto", compile=True)
+    assert send(child, "/show info", "decode +(\\S[^\\r\\n]*)").group(1).startswith("native")
+    send(child, "Hello", "\\n")
     leave(child, tmp_path)

@@ -71,19 +71,21 @@ def test_int8_dot_kernel_multiplies_as_llama_cpp_does(type_name):
 
     if not native.int8_dot():
         pytest.skip("no AVX2 block kernel here: these types use the int4 / int8 kernels")
-    x = _weights(N=96)
-    blocks = quantize(x, type_name)
-    ref = dequantize(blocks, _ggml(type_name)).reshape(x.shape).astype(np.float64)
-    w = GGUFBlockWeight.from_blocks(torch.from_numpy(blocks.copy()), type_name, torch.device("cpu"))
-    assert torch.equal(w.dequantize(torch.float32), torch.from_numpy(ref).float())
-    for M in (1, 3, 4, 9):  # the kernel takes activation rows 4 at a time, then one by one
-        a = np.random.default_rng(M).standard_normal((M, 512)).astype(np.float32)
-        blocks_a = a.reshape(M, -1, 32)
-        d = np.abs(blocks_a).max(-1, keepdims=True) / 127
-        a_hat = (np.round(blocks_a / d) * d).reshape(M, 512).astype(np.float64)
-        got = w.matmul(torch.from_numpy(a)).double().numpy()
-        np.testing.assert_allclose(got, a_hat @ ref.T, rtol=1e-4, atol=1e-4 * np.abs(a_hat @ ref.T).max())
-        assert np.abs(got - a @ ref.T).max() < 0.02 * np.abs(a @ ref.T).max()  # and close to float activations
+    # one activation row takes 32-blocks four at a time: K = 544 leaves one over
+    for K in (512,) if type_name.endswith("_K") else (512, 544):
+        x = _weights(N=96, K=K)
+        blocks = quantize(x, type_name)
+        ref = dequantize(blocks, _ggml(type_name)).reshape(x.shape).astype(np.float64)
+        w = GGUFBlockWeight.from_blocks(torch.from_numpy(blocks.copy()), type_name, torch.device("cpu"))
+        assert torch.equal(w.dequantize(torch.float32), torch.from_numpy(ref).float())
+        for M in (1, 3, 4, 9):  # the kernel takes activation rows 4 at a time, then one by one
+            a = np.random.default_rng(M).standard_normal((M, K)).astype(np.float32)
+            blocks_a = a.reshape(M, -1, 32)
+            d = np.abs(blocks_a).max(-1, keepdims=True) / 127
+            a_hat = (np.round(blocks_a / d) * d).reshape(M, K).astype(np.float64)
+            got = w.matmul(torch.from_numpy(a)).double().numpy()
+            np.testing.assert_allclose(got, a_hat @ ref.T, rtol=1e-4, atol=1e-4 * np.abs(a_hat @ ref.T).max())
+            assert np.abs(got - a @ ref.T).max() < 0.02 * np.abs(a @ ref.T).max()  # and close to float activations
 
 
 def test_q4_k_imports_as_int4_g32_rounding_only_the_scales():

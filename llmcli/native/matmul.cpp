@@ -256,6 +256,15 @@ static void q8_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, const
     }
 }
 
+static inline void prefetch_row(const uint8_t* row, int64_t bytes) {  // the row 4 rows on
+    for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(reinterpret_cast<const char*>(row + 4 * bytes + c), _MM_HINT_T0);
+}
+
+// Sums of 4 vectors' int32 lanes: low 128 bits [a0..a3 of m0..m3 summed], high [a4..a7 of m0..m3]
+static inline __m256 reduce4(__m256i m0, __m256i m1, __m256i m2, __m256i m3) {
+    return _mm256_cvtepi32_ps(_mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3)));
+}
+
 // The same for one activation row (decoding), four blocks a step: their int32 products reduced
 // together (hadd) and scaled by one vector, where one block at a time spends a conversion, a
 // broadcast and a multiply-add on each. The next rows are prefetched: 1.24x the blocks a second
@@ -268,7 +277,7 @@ static void q8_dot_row(const uint8_t* B, const int8_t* Q, const float* D, const 
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t n = begin; n < end; ++n) {
         const uint8_t* row = B + n * nb * bytes;
-        for (int64_t c = 0; c < nb * bytes; c += 64) _mm_prefetch(reinterpret_cast<const char*>(row + 4 * nb * bytes + c), _MM_HINT_T0);
+        prefetch_row(row, nb * bytes);
         __m256 acc = _mm256_setzero_ps();
         __m128 off = _mm_setzero_ps();
         int64_t k = 0;
@@ -282,13 +291,12 @@ static void q8_dot_row(const uint8_t* B, const int8_t* Q, const float* D, const 
                                                    : _mm256_maddubs_epi16(w, y);
                 m[j] = _mm256_madd_epi16(pr, ones);
             }
-            // lanes: blocks 0..3's sums over their low 16 codes, then over their high 16
-            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+            const __m256 h = reduce4(m[0], m[1], m[2], m[3]);  // blocks 0..3 over their low 16 codes, then high 16
             uint16_t dh[4];
             for (int j = 0; j < 4; ++j) std::memcpy(&dh[j], b + j * bytes, 2);
             const __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dh)));
             const __m128 s4 = _mm_mul_ps(dw, _mm_loadu_ps(D + k));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(s4, s4), acc);
+            acc = _mm256_fmadd_ps(h, _mm256_set_m128(s4, s4), acc);
             if constexpr (!signed_codes<T>) {  // the weights' offsets: Q4_0 -8d, Q4_1 and Q5_1 m
                 __m128 mw = _mm_mul_ps(dw, _mm_set1_ps(-8.f));
                 if constexpr (T != 4) {
@@ -391,18 +399,92 @@ static void q6k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, floa
     }
 }
 
+// Q4_K for one activation row, as q8_dot_row: the 8 sub-blocks' products reduced in two vectors
+static void q4k_dot_row(const uint8_t* B, const int8_t* Q, const float* D, const float* S, float* O,
+                        int64_t K, int64_t begin, int64_t end) {
+    const int64_t nb = K / 256;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int64_t n = begin; n < end; ++n) {
+        const uint8_t* row = B + n * nb * 144;
+        prefetch_row(row, nb * 144);
+        __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+        for (int64_t k = 0; k < nb; ++k) {
+            const uint8_t* b = row + k * 144;
+            alignas(32) float sc[8], mn[8];
+            for (int j = 0; j < 8; ++j) scale_min(j, b + 4, sc[j], mn[j]);
+            const int8_t* y = Q + k * 256;
+            __m256i m[8];
+            for (int c = 0; c < 4; ++c) {
+                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+                const __m256i w1 = _mm256_and_si256(raw, low4), w2 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                m[2 * c] = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 64 * c))), ones);
+                m[2 * c + 1] = _mm256_madd_epi16(_mm256_maddubs_epi16(w2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 64 * c + 32))), ones);
+            }
+            const __m256 s = _mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(sc), _mm256_set1_ps(f16c(b))), _mm256_loadu_ps(D + k * 8));
+            const __m128 s_lo = _mm256_castps256_ps128(s), s_hi = _mm256_extractf128_ps(s, 1);
+            acc = _mm256_fmadd_ps(reduce4(m[0], m[1], m[2], m[3]), _mm256_set_m128(s_lo, s_lo), acc);
+            acc = _mm256_fmadd_ps(reduce4(m[4], m[5], m[6], m[7]), _mm256_set_m128(s_hi, s_hi), acc);
+            off = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(mn), _mm256_set1_ps(f16c(b + 2))), _mm256_loadu_ps(S + k * 8), off);
+        }
+        O[n] = hsum(acc) - hsum(off);
+    }
+}
+
+// Q6_K for one activation row: per half of a block, its 4 vectors' products reduced together; the
+// low lanes take each vector's first 16 codes (scales 0, 2, 4, 6), the high lanes the next 16
+static void q6k_dot_row(const uint8_t* B, const int8_t* Q, const float* D, float* O,
+                        int64_t K, int64_t begin, int64_t end) {
+    const int64_t nb = K / 256;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    const __m256i ones = _mm256_set1_epi16(1), even_odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int64_t n = begin; n < end; ++n) {
+        const uint8_t* row = B + n * nb * 210;
+        prefetch_row(row, nb * 210);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < nb; ++k) {
+            const uint8_t* b = row + k * 210;
+            const float d = f16c(b + 208);
+            for (int h = 0; h < 2; ++h) {
+                const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+                const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+                const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+                __m256i w[4];
+                w[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
+                w[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
+                w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
+                w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+                const int64_t i = k * 8 + 4 * h;  // the x blocks of this half's 4 vectors
+                __m256i m[4];
+                for (int j = 0; j < 4; ++j) {
+                    const __m256i ws = _mm256_sub_epi8(w[j], c32);  // signed codes, as Q8_0's
+                    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + (i + j) * 32));
+                    m[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(ws, ws), _mm256_sign_epi8(y, ws)), ones);
+                }
+                const __m256 sc = _mm256_permutevar8x32_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * h)))), even_odd);
+                const __m128 dx = _mm_mul_ps(_mm_loadu_ps(D + i), _mm_set1_ps(d));
+                acc = _mm256_fmadd_ps(reduce4(m[0], m[1], m[2], m[3]), _mm256_mul_ps(sc, _mm256_set_m128(dx, dx)), acc);
+            }
+        }
+        O[n] = hsum(acc);
+    }
+}
+
 template <int T>
 static void q8_dot_all(const uint8_t* B, const int8_t* Q, const float* D, const float* S, float* O,
                        int64_t M, int64_t N, int64_t K, int64_t begin, int64_t end) {
     int64_t m = 0;
     if constexpr (T == 3) {
         for (; m + 4 <= M; m += 4) q6k_dot_rows<4>(B, Q, D, O, m, N, K, begin, end);
-        for (; m < M; ++m) q6k_dot_rows<1>(B, Q, D, O, m, N, K, begin, end);
+        for (; m < M; ++m) q6k_dot_row(B, Q + m * K, D + m * (K / 32), O + m * N, K, begin, end);
         return;
     }
     if constexpr (T == 7) {
         for (; m + 4 <= M; m += 4) q4k_dot_rows<4>(B, Q, D, S, O, m, N, K, begin, end);
-        for (; m < M; ++m) q4k_dot_rows<1>(B, Q, D, S, O, m, N, K, begin, end);
+        for (; m < M; ++m) q4k_dot_row(B, Q + m * K, D + m * (K / 32), S + m * (K / 32), O + m * N, K, begin, end);
         return;
     }
     for (; m + 4 <= M; m += 4) q8_dot_rows<T, 4>(B, Q, D, S, O, m, N, K, begin, end);
