@@ -1,16 +1,21 @@
 """Where a decode step's time goes: torch.profiler over 32 one-token steps after a 64-token prefill.
 
-    python benchmarks/decode_profile.py MODEL eager|compiled [THREADS]
+    python benchmarks/decode_profile.py MODEL eager|compiled|native [THREADS]
 
 Prints wall ms/token, the ops with the most self time, and buckets (int4 matmuls, dense matmuls,
-attention, sampling); the rest of the self time is norms, rope and element-wise ops.
+attention, sampling); the rest of the self time is norms, rope and element-wise ops. `native` (the
+C++ step of a GGUF model, native_step.py) is one call the profiler cannot see into: it prints the
+call's own ms/token beside the step's.
 """
 import sys, time, collections, torch
 from llmcli.runtime import open_model
-M, mode = sys.argv[1], sys.argv[2]  # MODEL eager|compiled [THREADS]
+M, mode = sys.argv[1], sys.argv[2]  # MODEL eager|compiled|native [THREADS]
 rt = open_model(M, threads=int(sys.argv[3]) if len(sys.argv) > 3 else 2, ctx_size=512)
 model = rt.loaded.model
-step = rt.decode_step(mode == "compiled")
+from llmcli.compiled import CompiledStep
+from llmcli.native_step import NativeStep
+step = {"eager": model, "compiled": CompiledStep(model), "native": rt.decode_step(False)}[mode]
+assert mode != "native" or isinstance(step, NativeStep), "no native step for this model here"
 cache = rt.new_cache()
 from llmcli.generate import prefill
 with torch.inference_mode():
@@ -23,6 +28,13 @@ with torch.inference_mode():
     for _ in range(N):
         tok = step(tok, cache, last_only=True)[0, -1].argmax().view(1, 1)
     print(f"{mode}: {(time.perf_counter()-t)/N*1e3:.2f} ms/token wall")
+    if mode == "native":  # the C++ call alone: every layer, the final norm and the output projection
+        x = model.model.embed_tokens(tok).reshape(-1)
+        cos, sin = model.rope(torch.tensor([cache.length]), cache, torch.float32)
+        t = time.perf_counter()
+        for _ in range(N):
+            step._steps.run(x, cache.length, cos, sin)
+        print(f"native: {(time.perf_counter()-t)/N*1e3:.2f} ms/token in the C++ call")
     from torch.profiler import profile, ProfilerActivity
     t = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

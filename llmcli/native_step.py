@@ -29,18 +29,18 @@ class NativeStep:
     native = True
     fallback_reason = None
 
-    def __init__(self, model: llama.Transformer):
+    def __init__(self, model: llama.Transformer, threads: int | None = None):
         self.model = model
+        self.threads = threads or torch.get_num_threads()
         self.ready = threading.Event()
         self.ready.set()
         self._cache = None  # the cache _steps was built on (it holds that cache's tensors)
         self._steps = None
 
     @staticmethod
-    def supports(model, cache) -> bool:
-        """Whether every layer is the plain Llama decoder with GGUF-block projections on the CPU, and
-        `cache` (a cache of the planned kind) the float32 cache the C++ step writes."""
-        if type(model) is not llama.Transformer or not _fits(cache) or native.module() is None:
+    def supports(model) -> bool:
+        """Whether every layer is the plain Llama decoder with GGUF-block projections on the CPU."""
+        if type(model) is not llama.Transformer or native.module() is None:
             return False
         if model.inv_freq.device.type != "cpu" or model.model.norm.weight.dtype != torch.float32:
             return False
@@ -52,11 +52,18 @@ class NativeStep:
                 return False
         return _is_blocks(model.lm_head)
 
+    @staticmethod
+    def fits(cache) -> bool:
+        """Whether `cache` is what the C++ step writes: a float32 static cache of one row on the CPU,
+        stored as computed (no conversion buffers)."""
+        return (type(cache) is StaticKVCache and cache.out is None and cache.k[0].dtype == torch.float32
+                and cache.k[0].shape[0] == 1 and cache.k[0].device.type == "cpu")
+
     def wait(self, timeout: float | None = None) -> bool:
         return True
 
     def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False):
-        if tokens.shape != (1, 1) or not _fits(cache) or cache.length >= cache.max_len:
+        if tokens.shape != (1, 1) or not self.fits(cache) or cache.length >= cache.max_len:
             return self.model(tokens, cache, positions, last_only, hidden)
         if cache is not self._cache:
             self._steps, self._cache = self._build(cache), cache
@@ -75,7 +82,7 @@ class NativeStep:
         attn = self.model.model.layers[0].self_attn
         scale = attn.scale if attn.scale is not None else args.head_dim ** -0.5
         steps = native.module().DecodeSteps(args.num_attention_heads, args.num_key_value_heads, args.head_dim,
-                                            args.rotary_dim, args.rms_norm_eps, scale, torch.get_num_threads())
+                                            args.rotary_dim, args.rms_norm_eps, scale, self.threads)
         for i, layer in enumerate(self.model.model.layers):
             qkv, o, gate_up, down = (list(map(_spec, group)) for group in _projections(layer))
             a = layer.self_attn
@@ -110,9 +117,3 @@ def _spec(module):
     p = module.packed
     bias = module.bias.detach() if module.bias is not None else _EMPTY
     return p.blocks, TYPE_IDS[p.type_name], p.shape[1], bias
-
-
-def _fits(cache) -> bool:
-    """A float32 static cache of one row, stored as computed (no conversion buffers)."""
-    return (type(cache) is StaticKVCache and cache.out is None and cache.k[0].dtype == torch.float32
-            and cache.k[0].shape[0] == 1 and cache.k[0].device.type == "cpu")

@@ -36,7 +36,7 @@ class Runtime:
         from .native_step import NativeStep
 
         model = self.loaded.model
-        if NativeStep.supports(model, self.new_cache(1)):
+        if NativeStep.supports(model) and NativeStep.fits(self.new_cache(1)):
             return NativeStep(model)
         if not compile or not self.compiles_well:
             return model

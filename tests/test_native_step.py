@@ -41,7 +41,7 @@ def loaded(request, tmp_path_factory):
         qtype = k_mix(3, tied=True, base=qtype)
     path = tmp_path_factory.mktemp("native") / f"{request.param}.gguf"
     write_gguf(_tiny(arch), path, qtype)
-    rt = open_model(str(path), device="cpu", threads=2, ctx_size=64)  # as stored: "float32" would dequantize
+    rt = open_model(str(path), device="cpu", ctx_size=64)  # as stored: "float32" would dequantize
     if rt.placement.dtype != torch.float32:
         pytest.skip("the native step runs float32 activations; this CPU computes in bfloat16")
     return rt
@@ -59,8 +59,9 @@ def _compare(rt, positions: int | None = None):
 
     from llmcli.native_step import NativeStep
 
-    step, model = rt.decode_step(compile=False), rt.loaded.model
-    assert isinstance(step, NativeStep)
+    assert isinstance(rt.decode_step(compile=False), NativeStep)
+    model = rt.loaded.model
+    step = NativeStep(model, threads=3)  # more threads than CPUs here: uneven shares, threads that wait
     cache = rt.new_cache()
     exact, worst = 0, 0.0
     with torch.inference_mode():
@@ -132,8 +133,8 @@ def test_no_native_step_without_a_float32_cache_or_the_kernels(loaded, monkeypat
     from llmcli.kv_cache import StaticKVCache
     from llmcli.native_step import NativeStep
 
-    bf16 = StaticKVCache.for_model(loaded.loaded.args, 4, torch.device("cpu"), torch.bfloat16)
-    assert not NativeStep.supports(loaded.loaded.model, bf16)
+    assert NativeStep.supports(loaded.loaded.model)
+    assert not NativeStep.fits(StaticKVCache.for_model(loaded.loaded.args, 4, torch.device("cpu"), torch.bfloat16))
     monkeypatch.setenv("LLMCLI_NO_KERNEL", "1")
     monkeypatch.setattr(native, "_module", None)
     assert not isinstance(loaded.decode_step(compile=False), NativeStep)

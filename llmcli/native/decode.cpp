@@ -101,7 +101,7 @@ class Team {
         { std::lock_guard<std::mutex> g(m_); gen_.fetch_add(1, std::memory_order_release); }
         cv_.notify_all();
         f(0);
-        while (pending_.load(std::memory_order_acquire) > 0) pause();
+        for (int spins = 0; pending_.load(std::memory_order_acquire) > 0; ++spins) wait_a_little(spins);
     }
 
     void barrier() {
@@ -110,7 +110,7 @@ class Team {
             arrived_.store(0, std::memory_order_relaxed);
             phase_.store(phase + 1, std::memory_order_release);
         } else {
-            while (phase_.load(std::memory_order_acquire) == phase) pause();
+            for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; ++spins) wait_a_little(spins);
         }
     }
 
@@ -130,6 +130,13 @@ class Team {
 #if defined(__x86_64__) || defined(_M_X64)
         _mm_pause();
 #endif
+    }
+
+    // Spin, then give the CPU away: with more threads than free CPUs, the thread waited for may be
+    // the one this CPU should run.
+    static void wait_a_little(int spins) {
+        if (spins < 4096) pause();
+        else std::this_thread::yield();
     }
 
     void serve(int i) {
