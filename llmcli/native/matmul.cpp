@@ -355,13 +355,25 @@ static void q4k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, cons
     }
 }
 
+// Q6_K: half h (128 weights) of block b as 4 vectors of 32 signed codes q - 32, as Q8_0's: low
+// nibbles of ql and 2 bits of qh each
+static inline void q6k_codes(const uint8_t* b, int h, __m256i w[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m256i lo[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
+                           _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
+    for (int j = 0; j < 4; ++j)
+        w[j] = _mm256_sub_epi8(_mm256_or_si256(lo[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), two), 4)), c32);
+}
+
 // Q6_K (w = d*sc*(q - 32) per 16, q 6 bits: ql low nibbles/high nibbles + 2 bits of qh): signed codes
 // against int8 x with the sign trick; each 32-code vector spans two scales (lanes 0-3, 4-7).
 template <int TM>
 static void q6k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, float* O,
                          int64_t m0, int64_t N, int64_t K, int64_t begin, int64_t end) {
     const int64_t nb = K / 256, nx = K / 32;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
     for (int64_t n = begin; n < end; ++n) {
         const uint8_t* row = B + n * nb * 210;
         __m256 acc[TM];
@@ -371,19 +383,10 @@ static void q6k_dot_rows(const uint8_t* B, const int8_t* Q, const float* D, floa
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
             const float d = f16c(b + 208);
             for (int h = 0; h < 2; ++h) {
-                const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
-                const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
-                const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
                 __m256i w[4];
-                w[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
-                w[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
-                w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
-                w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+                q6k_codes(b, h, w);
                 for (int j = 0; j < 4; ++j) {
-                    const __m256i ws = _mm256_sub_epi8(w[j], c32);  // signed codes, as Q8_0's
+                    const __m256i ws = w[j];  // signed, as Q8_0 codes
                     const int8_t* s = sc + 8 * h + 2 * j;
                     const __m256 scale = _mm256_set_m128(_mm_set1_ps(d * s[1]), _mm_set1_ps(d * s[0]));
                     for (int t = 0; t < TM; ++t) {
@@ -435,7 +438,6 @@ static void q4k_dot_row(const uint8_t* B, const int8_t* Q, const float* D, const
 static void q6k_dot_row(const uint8_t* B, const int8_t* Q, const float* D, float* O,
                         int64_t K, int64_t begin, int64_t end) {
     const int64_t nb = K / 256;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
     const __m256i ones = _mm256_set1_epi16(1), even_odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     for (int64_t n = begin; n < end; ++n) {
         const uint8_t* row = B + n * nb * 210;
@@ -445,21 +447,12 @@ static void q6k_dot_row(const uint8_t* B, const int8_t* Q, const float* D, float
             const uint8_t* b = row + k * 210;
             const float d = f16c(b + 208);
             for (int h = 0; h < 2; ++h) {
-                const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
-                const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
-                const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
                 __m256i w[4];
-                w[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
-                w[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
-                w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
-                w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+                q6k_codes(b, h, w);
                 const int64_t i = k * 8 + 4 * h;  // the x blocks of this half's 4 vectors
                 __m256i m[4];
                 for (int j = 0; j < 4; ++j) {
-                    const __m256i ws = _mm256_sub_epi8(w[j], c32);  // signed codes, as Q8_0's
+                    const __m256i ws = w[j];  // signed, as Q8_0 codes
                     const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q + (i + j) * 32));
                     m[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(ws, ws), _mm256_sign_epi8(y, ws)), ones);
                 }
