@@ -1,4 +1,4 @@
-"""Every cache kind on the real SmolLM2 for 128 greedy tokens, against the static cache.
+"""Every cache kind on the real SmolLM2 for 64 greedy tokens, against the static cache.
 
 Each kind is fed the static cache's greedy tokens (teacher forcing): where its argmax equals the
 token the static cache chose at every step up to i, its own greedy output is the same up to i.
@@ -16,7 +16,7 @@ from llmcli.kv_cache import StaticKVCache, new_cache
 from llmcli.runtime import Runtime
 
 CPU = torch.device("cpu")
-STEPS = 128
+STEPS = 64
 PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint. Give details."}]
 
 
