@@ -8,13 +8,11 @@ model's own StaticKVCache (float32), written in place, so prefill, rollback and 
 on it as before. A cache other than the last one seen (a new conversation) rebuilds the C++ side's
 list of tensors, about a millisecond.
 
-Runtime.decode_step uses it where `supports` says so; a call it does not cover (a batch, several
+Runtime.decode_step uses it where `supports` and `fits` say so; a call it does not cover (a batch, several
 tokens, another kind of cache) runs the model eagerly.
 """
 
 from __future__ import annotations
-
-import threading
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +26,11 @@ from .quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 class NativeStep:
     """Callable like the model (`step(tokens, cache, positions, last_only, hidden)`), for one-token steps."""
 
-    native = True
-    fallback_reason = None
+    native = True  # chat_session.decode_mode says so
 
     def __init__(self, model: llama.Transformer, threads: int | None = None):
         self.model = model
         self.threads = threads or torch.get_num_threads()
-        self.ready = threading.Event()
-        self.ready.set()
         self._cache = None  # the cache _steps was built on (it holds that cache's tensors)
         self._steps = None
 
@@ -60,9 +55,6 @@ class NativeStep:
         stored as computed (no conversion buffers)."""
         return (type(cache) is StaticKVCache and cache.out is None and cache.k[0].dtype == torch.float32
                 and cache.k[0].shape[0] == 1 and cache.k[0].device.type == "cpu")
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return True
 
     def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False):
         if tokens.shape != (1, 1) or not self.fits(cache) or cache.length >= cache.max_len:

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CorruptModelError, UnsupportedModelError
 from .. import native
+from ..errors import CorruptModelError, UnsupportedModelError
 from .fusion import fuse_linears
 from .linear import Linear
 

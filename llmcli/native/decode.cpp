@@ -89,7 +89,6 @@ class Team {
         cv_.notify_all();
         for (auto& t : workers_) t.join();
     }
-    int size() const { return n_; }
 
     // f(thread index) on every member, which share() rows in at most `stages` stages; returns when all are done
     void run(int64_t stages, const std::function<void(int)>& f) {
@@ -251,9 +250,9 @@ class DecodeSteps {
         auto cos_f = cos.to(torch::kFloat).contiguous(), sin_f = sin.to(torch::kFloat).contiguous();
         const float* cs = cos_f.data_ptr<float>(); const float* sn = sin_f.data_ptr<float>();
         std::vector<float> qkv((H + 2 * KV) * D), attn(H * D), gu(2 * inter);
-        team.run(6 * (int64_t)layers.size() + 1, [&](int t) {
+        team.run(6 * (int64_t)layers.size() + 1, [&](int t) {  // six shared stages a layer, then the head
             Activation a(hidden), a_attn(H * D), a_mlp(inter);  // this thread's copies
-            std::vector<float> y(std::max(hidden, 2 * inter)), p(slot + 1);
+            std::vector<float> y(hidden), p(slot + 1);  // o's and down's rows, attention's scores
             int64_t stage = 0;
             for (auto& l : layers) {
                 rms_norm(x, l.in_norm.data_ptr<float>(), hidden, eps, a.x.data());
