@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from llmcli.batched import BatchEngine, Request
-from llmcli.runtime import open_model
-from llmcli.sampling import SamplingParams
+from llmcli.decode.batched import BatchEngine, Request
+from llmcli.decode.sampling import SamplingParams
+from llmcli.runtime.runtime import open_model
 
 PROMPTS = ["Name a colour.", "What is the capital of France?", "Write a haiku about the sea.",
            "Explain what a CPU does.", "Give three fruits.", "Why is the sky blue?", "Say hello in French.",

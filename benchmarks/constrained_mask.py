@@ -14,10 +14,10 @@ import json
 import statistics
 import time
 
-from llmcli import constrained
-from llmcli.generate import generate
-from llmcli.runtime import open_model
-from llmcli.sampling import SamplingParams
+from llmcli.decode import constrained
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
+from llmcli.runtime.runtime import open_model
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "languages"],
           "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0},

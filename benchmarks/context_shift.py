@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from llmcli.context_shift import rerotation
-from llmcli.device import place
-from llmcli.generate import prefill
-from llmcli.kv_cache import new_cache
-from llmcli.loader import load_model
+from llmcli.cache.context_shift import rerotation
+from llmcli.cache.static import new_cache
+from llmcli.decode.generate import prefill
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
 
 CPU = torch.device("cpu")
 

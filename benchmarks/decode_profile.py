@@ -7,17 +7,25 @@ attention, sampling); the rest of the self time is norms, rope and element-wise 
 C++ step of a GGUF model, native_step.py) is one call the profiler cannot see into: it prints the
 call's own ms/token beside the step's.
 """
-import sys, time, collections, torch
-from llmcli.runtime import open_model
+import collections
+import sys
+import time
+
+import torch
+
+from llmcli.runtime.runtime import open_model
+
 M, mode = sys.argv[1], sys.argv[2]  # MODEL eager|compiled|native [THREADS]
 rt = open_model(M, threads=int(sys.argv[3]) if len(sys.argv) > 3 else 2, ctx_size=512)
 model = rt.loaded.model
-from llmcli.compiled import CompiledStep
-from llmcli.native_step import NativeStep
+from llmcli.runtime.compiled import CompiledStep
+from llmcli.runtime.native_step import NativeStep
+
 step = {"eager": model, "compiled": CompiledStep(model), "native": rt.decode_step(False)}[mode]
 assert mode != "native" or isinstance(step, NativeStep), "no native step for this model here"
 cache = rt.new_cache()
-from llmcli.generate import prefill
+from llmcli.decode.generate import prefill
+
 with torch.inference_mode():
     logits = prefill(model, list(range(100, 164)), cache, rt.placement.device)
     tok = logits.argmax().view(1, 1)
@@ -35,7 +43,7 @@ with torch.inference_mode():
         for _ in range(N):
             step._steps.run(x, cache.length, cos, sin)
         print(f"native: {(time.perf_counter()-t)/N*1e3:.2f} ms/token in the C++ call")
-    from torch.profiler import profile, ProfilerActivity
+    from torch.profiler import ProfilerActivity, profile
     t = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(N):

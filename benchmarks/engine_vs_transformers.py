@@ -16,14 +16,14 @@ from pathlib import Path
 
 import torch
 
-from llmcli.device import place
-from llmcli.generate import generate
-from llmcli.loader import load_model
-from llmcli.sampling import SamplingParams
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
 
 
 def llmcli_once(loaded, prompt: list[int], n: int, ctx: int, step=None) -> tuple[float, float]:
-    from llmcli.kv_cache import StaticKVCache
+    from llmcli.cache.static import StaticKVCache
 
     tok = replace(loaded.tokenizer, eos_ids=frozenset())  # always generate n tokens
     cache = StaticKVCache.for_model(loaded.args, ctx, loaded.placement.device, loaded.placement.dtype)
@@ -77,7 +77,7 @@ def main() -> None:
 
     steps = {"llmcli": None}
     if a.compile:
-        from llmcli.compiled import CompiledStep
+        from llmcli.runtime.compiled import CompiledStep
 
         steps["llmcli compiled"] = CompiledStep(ours.model)
     for step in steps.values():

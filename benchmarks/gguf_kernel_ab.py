@@ -17,7 +17,7 @@ from torch.utils.cpp_extension import load_inline
 
 from llmcli import native
 from llmcli.quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
-from llmcli.runtime import open_model
+from llmcli.runtime.runtime import open_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model")

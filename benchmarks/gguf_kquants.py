@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmcli.device import place
-from llmcli.loader import LoadedModel, load_model
-from llmcli.perplexity import Scores, logprobs, text_windows
+from llmcli.bench.perplexity import Scores, logprobs, text_windows
+from llmcli.formats.open import open_model_file
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import LoadedModel, load_model
 
 
 def _variant(path: Path, which: str, reference: LoadedModel) -> LoadedModel:
-    from llmcli import gguf_file
-    from llmcli.quant import convert, gguf_import, pipeline
+    from llmcli.quant import gguf_import, pipeline
     from llmcli.quant.presets import Preset, Rule
 
     if which == "default":
@@ -46,8 +46,7 @@ def _variant(path: Path, which: str, reference: LoadedModel) -> LoadedModel:
         finally:
             gguf_import.as_stored_preset = keep
     type_name = which.removesuffix(" only")
-    reader = gguf_file.open_gguf(path)
-    sources = convert.gguf_sources(reader, reference.args, reference.metadata["architecture"])
+    sources = open_model_file(path).sources()
     rules = [Rule((s.name,), (), gguf_import.AS_STORED[s.gguf_type]) for s in sources if s.gguf_type == type_name]
     if reference.args.tie_word_embeddings and any(r.patterns == ("model.embed_tokens.weight",) for r in rules):
         rules.append(Rule(("lm_head.weight",), (), gguf_import.AS_STORED[type_name]))
@@ -58,14 +57,12 @@ def _variant(path: Path, which: str, reference: LoadedModel) -> LoadedModel:
 
 
 def quality(a) -> None:
-    from llmcli.bench import weights_bytes
-    from llmcli.gguf_file import open_gguf
+    from llmcli.bench.bench import weights_bytes
     from llmcli.quant.gguf_import import AS_STORED
 
     text = Path(a.file).read_text(encoding="utf-8")
     for path in map(Path, a.files):
-        reader = open_gguf(path)
-        types = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) > 1)
+        types = Counter(t.tensor_type.name for t in open_model_file(path).reader.tensors if len(t.shape) > 1)
         file_bytes = path.stat().st_size
         reference = load_model(path, place("cpu", "float32", 2))
         todo = text_windows(reference, text, a.ctx, a.chunks)

@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from llmcli.device import place
-from llmcli.generate import prefill
-from llmcli.kv_cache import new_cache
-from llmcli.loader import load_model
+from llmcli.cache.static import new_cache
+from llmcli.decode.generate import prefill
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
 
 KINDS = {"static": (None, None), "bf16": ("bf16", None), "f16": ("f16", None), "int8": ("int8", None),
          "int4": ("int4", None), "offload": (None, 0), "offload-half": (None, "half")}

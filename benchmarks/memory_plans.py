@@ -14,10 +14,10 @@ import argparse
 
 import torch
 
-from llmcli.memory_plan import NotEnoughMemoryError, plan
-from llmcli.memory_probe import Budget, detect_budget, model_shapes, parse_size, weights_bytes, weights_from_files
 from llmcli.models.llama import ModelArgs
 from llmcli.quant.presets import load_preset
+from llmcli.runtime.plan import NotEnoughMemoryError, plan
+from llmcli.runtime.probe import Budget, detect_budget, model_shapes, parse_size, weights_bytes, weights_from_files
 
 SMOLLM2 = ModelArgs(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True)

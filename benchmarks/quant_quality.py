@@ -26,15 +26,15 @@ from pathlib import Path
 
 import torch
 
-from llmcli.device import place
-from llmcli.generate import prefill
-from llmcli.kv_cache import StaticKVCache
-from llmcli.loader import LoadedModel, load_model
-from llmcli.perplexity import Scores, logprobs, text_windows
+from llmcli.bench.perplexity import Scores, logprobs, text_windows
+from llmcli.cache.static import StaticKVCache
+from llmcli.decode.generate import prefill
 from llmcli.quant.convert import convert
 from llmcli.quant.model import build
 from llmcli.quant.pipeline import open_source
 from llmcli.quant.presets import load_preset, parse_preset
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import LoadedModel, load_model
 
 VARIANT_PRESETS = {
     "q8_row": '[[rules]]\nmatch = "*"\nbits = 8\ngroup_size = "row"\n',

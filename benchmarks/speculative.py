@@ -20,11 +20,11 @@ from functools import partial
 
 import torch
 
-from llmcli import speculative
-from llmcli.beam import beam_stream
-from llmcli.generate import generate
-from llmcli.runtime import open_model
-from llmcli.sampling import SamplingParams
+from llmcli.decode import speculative
+from llmcli.decode.beam import beam_stream
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
+from llmcli.runtime.runtime import open_model
 
 CODE = '''def total_price(items, tax_rate):
     subtotal = 0

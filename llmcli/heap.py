@@ -1,4 +1,5 @@
-"""Giving freed memory back to the system while a model loads.
+"""The process's memory: giving freed memory back to the system while a model loads, and reading
+the kernel's figures (/proc) for the memory plan and `bench`.
 
 Loading makes large temporaries (dequantized tensors, int32 copies for packing) one after another.
 glibc's malloc keeps much of what is freed as fragmented free heap memory, more or less of it from
@@ -30,3 +31,16 @@ def trim() -> None:
     """Return free heap memory to the system (glibc), so it does not add to the peak."""
     if _malloc_trim is not None:
         _malloc_trim(0)
+
+
+def proc_bytes(path: str, key: str) -> int | None:
+    """A `key: N kB` line of a /proc file (MemAvailable in /proc/meminfo, VmHWM in /proc/self/status)
+    in bytes; None where there is no such file or line (not Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

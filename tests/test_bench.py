@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import run_cli
 
-from llmcli.bench import Result, format_results, parse_sizes, stddev
+from llmcli.bench.bench import Result, format_results, parse_sizes, stddev
 from llmcli.errors import InvalidParameterError
 
 
@@ -51,8 +51,8 @@ def _parse(text: str, fmt: str) -> list[dict]:
 
 def test_every_format_holds_the_same_numbers(tiny_folder):
     """One measurement, written in each format and read back: the same rows and numbers."""
-    from llmcli.runtime import open_model
-    from llmcli import bench
+    from llmcli.bench import bench
+    from llmcli.runtime.runtime import open_model
 
     results = []
     for preset in ("none", "q8"):
@@ -126,7 +126,7 @@ print(json.dumps([{{"model_type": "llama ?B Q8_0", "model_size": 1000, "model_n_
 
 
 def test_llama_bench_json_is_read():
-    from llmcli.baseline_llamabench import parse_json
+    from llmcli.bench.baseline_llamabench import parse_json
 
     [t] = parse_json(LLAMA_BENCH_JSON)
     assert (t["kind"], t["n"], t["depth"], t["quant"], t["params"]) == ("tg", 128, 0, "Q4_1", 134515008)
@@ -136,7 +136,7 @@ def test_llama_bench_json_is_read():
 
 
 def test_llama_bench_unreadable_output_is_an_error():
-    from llmcli.baseline_llamabench import LlamaBenchError, parse_json
+    from llmcli.bench.baseline_llamabench import LlamaBenchError, parse_json
 
     with pytest.raises(LlamaBenchError, match="no JSON"):
         parse_json("main: error: failed to load model\n")
@@ -145,9 +145,9 @@ def test_llama_bench_unreadable_output_is_an_error():
 def test_llama_bench_runs_interleaved_with_llmcli(tiny_gguf, tmp_path):
     """A fake llama-bench: one invocation per repetition, alternating with llmcli's (L B L B), never warmed
     up separately (it warms up itself), and its rows and the ratio come out."""
-    from llmcli import bench
-    from llmcli.baseline_llamabench import LlamaBenchBaseline
-    from llmcli.runtime import open_model
+    from llmcli.bench import bench
+    from llmcli.bench.baseline_llamabench import LlamaBenchBaseline
+    from llmcli.runtime.runtime import open_model
 
     log = tmp_path / "log"
     fake = tmp_path / "llama-bench"

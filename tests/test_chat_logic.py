@@ -8,16 +8,16 @@ import json
 import pytest
 from tiny import hf_model, write_gguf
 
-from llmcli.chat import dropped_notice
-from llmcli.chat_commands import NAMES, CommandError, MessageAssembler, run_command, take
-from llmcli.chat_session import ChatSession
-from llmcli.conversation import Conversation, ConversationFileError, fit, load, reply_room, save
-from llmcli.device import place
+from llmcli.chat.commands import NAMES, CommandError, MessageAssembler, run_command, take
+from llmcli.chat.conversation import Conversation, ConversationFileError, fit, load, reply_room, save
+from llmcli.chat.session import ChatSession
+from llmcli.cli.repl import dropped_notice
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import InvalidParameterError, PromptTooLongError
-from llmcli.generate import generate
-from llmcli.loader import load_model
-from llmcli.runtime import Runtime
-from llmcli.sampling import SamplingParams
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
+from llmcli.runtime.runtime import Runtime
 
 GREEDY = SamplingParams(temperature=0)
 

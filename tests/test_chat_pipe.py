@@ -7,13 +7,13 @@ import json
 
 from conftest import run_cli
 
-from llmcli import chat
-from llmcli.chat_session import ChatSession
-from llmcli.conversation import Conversation
-from llmcli.device import place
-from llmcli.loader import load_model
-from llmcli.runtime import DEFAULT_MODEL, Runtime
-from llmcli.sampling import SamplingParams
+from llmcli.chat.conversation import Conversation
+from llmcli.chat.session import ChatSession
+from llmcli.cli import repl as chat
+from llmcli.decode.sampling import SamplingParams
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
+from llmcli.runtime.runtime import DEFAULT_MODEL, Runtime
 
 
 def test_piped_messages_get_only_replies(tiny_gguf, tmp_path):

@@ -199,7 +199,7 @@ def test_background_compile_takes_over_while_chatting(tmp_path, tiny_gguf):
 
 def test_a_gguf_model_in_float32_decodes_natively(tmp_path, tiny_gguf):
     from llmcli import native
-    from llmcli.device import resolve_device, resolve_dtype
+    from llmcli.runtime.device import resolve_device, resolve_dtype
 
     if resolve_dtype(resolve_device("auto"), "auto") != torch.float32 or not native.available():
         pytest.skip("this machine computes in bfloat16, or has no C++ compiler")

@@ -12,7 +12,7 @@ from hub_server import StandInHub
 from test_cli_run import assert_one_line_error
 from tiny import CHAT_TEMPLATE, hf_model, save_hf, write_gguf
 
-from llmcli.store import Store
+from llmcli.hub.store import Store
 
 REGISTRY = """
 [models."tiny:q8"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcli.compiled import CompiledStep
-from llmcli.generate import generate
-from llmcli.runtime import Runtime
-from llmcli.sampling import SamplingParams
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
+from llmcli.runtime.compiled import CompiledStep
+from llmcli.runtime.runtime import Runtime
 
 
 @pytest.mark.slow
@@ -17,8 +17,8 @@ def test_compiled_and_eager_decode_choose_the_same_tokens(smollm2_gguf, tmp_path
     (Free-running, two greedy replies part for good at the first near tie that bfloat16 rounding
     and int8 activations tip the other way: comparing whole replies tested luck.)"""
     monkeypatch.setenv("LLMCLI_HOME", str(tmp_path))
-    from llmcli.device import place
-    from llmcli.loader import load_model
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     loaded = load_model(smollm2_gguf, place("cpu", "bfloat16"))  # the default path: Q4_1 blocks kept packed
     loaded.model.fuse()
@@ -48,9 +48,9 @@ def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from tiny import hf_model, save_hf
 
-    from llmcli.device import place
-    from llmcli.kv_cache import StaticKVCache
-    from llmcli.loader import load_model
+    from llmcli.cache.static import StaticKVCache
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     monkeypatch.setenv("LLMCLI_HOME", str(tmp_path))
     loaded = load_model(save_hf(hf_model("llama"), tmp_path / "m"), place("cpu", "float32"))
@@ -71,9 +71,9 @@ def test_quantized_and_offloaded_caches_decode_eagerly(tmp_path):
     """Compiling does not pay with them (measured slower): --compile keeps the eager model there."""
     from tiny import hf_model, save_hf
 
-    from llmcli.device import place
-    from llmcli.loader import load_model
-    from llmcli.memory_plan import CacheChoice
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
+    from llmcli.runtime.plan import CacheChoice
 
     loaded = load_model(save_hf(hf_model("llama"), tmp_path / "m"), place("cpu", "float32"))
 
@@ -101,9 +101,9 @@ def test_compiled_step_runs_the_new_architectures(tmp_path, monkeypatch, model_t
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from tiny import hf_model, save_hf
 
-    from llmcli.device import place
-    from llmcli.kv_cache import StaticKVCache
-    from llmcli.loader import load_model
+    from llmcli.cache.static import StaticKVCache
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     monkeypatch.setenv("LLMCLI_HOME", str(tmp_path))
     loaded = load_model(save_hf(hf_model(model_type, **overrides), tmp_path / "m"), place("cpu", "float32"))

@@ -15,13 +15,13 @@ from test_cli_run import assert_one_line_error
 from test_generate import ScriptedModel
 from tiny import tokenizer_json
 
-from llmcli import constrained
+from llmcli.cache.static import StaticKVCache
+from llmcli.decode import constrained
+from llmcli.decode.generate import Logprobs, generate
+from llmcli.decode.sampling import SamplingParams, token_logprobs
 from llmcli.errors import GrammarError, InvalidParameterError
-from llmcli.generate import Logprobs, generate
-from llmcli.kv_cache import StaticKVCache
-from llmcli.runtime import Runtime
-from llmcli.sampling import SamplingParams, token_logprobs
-from llmcli.tokenizer import from_hf_folder
+from llmcli.formats.tokenizer import from_hf_folder
+from llmcli.runtime.runtime import Runtime
 
 GREEDY = SamplingParams(temperature=0)
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -303,8 +303,8 @@ def test_chat_every_reply_follows_the_schema(capsys, monkeypatch, smollm2_gguf, 
 
 
 def test_chat_refuses_stop_texts_with_a_grammar_before_adding_the_message(tok):
-    from llmcli.chat_session import ChatSession
-    from llmcli.conversation import Conversation
+    from llmcli.chat.conversation import Conversation
+    from llmcli.chat.session import ChatSession
 
     rt = type("Rt", (), {"new_cache": lambda self: None, "ctx_size": 64})()
     session = ChatSession(rt, Conversation(stop=("}",)), grammar=constrained.from_regex("[0-9]+"))

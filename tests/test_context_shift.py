@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcli.context_shift import ContextShift, prefix_length, rerotation
-from llmcli.generate import Stats, prefill, token_stream
-from llmcli.kv_cache import StaticKVCache
+from llmcli.cache.context_shift import ContextShift, prefix_length, rerotation
+from llmcli.cache.static import StaticKVCache
+from llmcli.decode.generate import Stats, prefill, token_stream
+from llmcli.decode.sampling import SamplingParams
 from llmcli.models.llama import ModelArgs, apply_rope, rope_cos_sin, rope_inv_freq
-from llmcli.runtime import Runtime
-from llmcli.sampling import SamplingParams
+from llmcli.runtime.runtime import Runtime
 
 CPU = torch.device("cpu")
 

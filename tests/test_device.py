@@ -2,7 +2,7 @@
 
 import torch
 
-from llmcli.device import place
+from llmcli.runtime.device import place
 
 
 def test_full_precision_only_when_float32_is_asked_for():

@@ -8,11 +8,11 @@ import pytest
 import torch
 from tiny import tokenizer_json
 
+from llmcli.cache.static import StaticKVCache
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import PromptTooLongError
-from llmcli.generate import generate
-from llmcli.kv_cache import StaticKVCache
-from llmcli.sampling import SamplingParams
-from llmcli.tokenizer import from_hf_folder
+from llmcli.formats.tokenizer import from_hf_folder
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -109,7 +109,7 @@ def test_prompt_longer_than_context_is_an_error(tok):
 
 
 def test_long_prompt_is_prefilled_in_chunks(tok, monkeypatch):
-    import llmcli.generate as g
+    import llmcli.decode.generate as g
 
     monkeypatch.setattr(g, "PREFILL_CHUNK", 4)
     chunks, model = run(tok, ids_of(tok, "ok") + [2], prompt="a prompt of quite a few tokens here")
@@ -128,7 +128,7 @@ def test_stats_are_filled(tok):
 def test_greedy_rescores_a_tie_made_by_half_precision_rounding():
     """Exact logits 20.03125 < 20.0625 both round to 20.0 in bfloat16; argmax of the rounded ones
     would take the first, the rescored ones the right one. Far apart logits are left alone."""
-    from llmcli.generate import rescore_near_ties
+    from llmcli.decode.picker import rescore_near_ties
     from llmcli.models.linear import Linear
 
     head = Linear(4, 3, bias=False).to(torch.bfloat16)
@@ -146,8 +146,8 @@ def test_greedy_rescores_a_tie_made_by_half_precision_rounding():
 
 def test_quantized_heads_read_back_their_rows(smollm2_gguf):
     """The real model's Q8_0 output head (shared with the embedding) gives its dequantized rows."""
-    from llmcli.device import place
-    from llmcli.loader import load_model
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     head = load_model(smollm2_gguf, place("cpu", "bfloat16", threads=1)).model.lm_head
     ids = torch.tensor([0, 17, 49151])

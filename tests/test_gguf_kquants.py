@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from kquants import quantize
 from tiny import k_mix, reference_from, write_gguf
 
@@ -122,16 +121,16 @@ def mixed_gguf(request, tmp_path_factory):
 
 
 def _forward(model, ids, dtype: torch.dtype) -> torch.Tensor:
-    from llmcli.kv_cache import StaticKVCache
+    from llmcli.cache.static import StaticKVCache
 
     return model(ids, StaticKVCache.for_model(model.args, 64, torch.device("cpu"), dtype))[0].float()
 
 
 def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
     """issue 11: layers whose attn_v is Q6_K (and q/k biases beside packed weights) loaded by default."""
-    from llmcli.device import place
-    from llmcli.loader import load_model
     from llmcli.quant.modules import GGUFBlockLinear, QuantEmbedding
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     path, ref, base = mixed_gguf
     ids = torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]])
@@ -157,10 +156,10 @@ def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
 
 def test_packed_blocks_give_the_logits_of_their_dequantized_weights(mixed_gguf, monkeypatch):
     """Default load (packed, fused as runtime.py fuses) vs the same file dequantized to bfloat16."""
-    from llmcli.device import place
-    from llmcli.kv_cache import StaticKVCache
-    from llmcli.loader import load_model
+    from llmcli.cache.static import StaticKVCache
     from llmcli.quant import gguf_import
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     path = mixed_gguf[0]
     ids = torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]])
@@ -177,11 +176,11 @@ def test_packed_blocks_give_the_logits_of_their_dequantized_weights(mixed_gguf, 
 
 
 def test_held_bytes_are_the_plan_and_about_the_file_size(mixed_gguf):
-    from llmcli.bench import weights_bytes
-    from llmcli.device import place
-    from llmcli.gguf_file import open_gguf
-    from llmcli.loader import load_model
-    from llmcli.memory_probe import weights_from_files
+    from llmcli.bench.bench import weights_bytes
+    from llmcli.formats.gguf import open_gguf
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
+    from llmcli.runtime.probe import weights_from_files
 
     path = mixed_gguf[0]
     loaded = load_model(path, place("cpu", "bfloat16", threads=1))

@@ -8,14 +8,13 @@ import pytest
 import torch
 from tiny import hf_model, save_hf
 
-from llmcli.device import place
-from llmcli.generate import prefill
-from llmcli.kv_cache import StaticKVCache, new_cache
-from llmcli.kv_offload import OffloadedKVCache, Transfer
-from llmcli.kv_quant import GROUP, dequantize_keys_into, dequantize_values_into, \
-    quantize_keys, quantize_values
-from llmcli.loader import load_model
-from llmcli.memory_plan import CacheChoice, kv_parts
+from llmcli.cache import StaticKVCache, new_cache
+from llmcli.cache.offload import OffloadedKVCache, Transfer
+from llmcli.cache.quantized import GROUP, dequantize_keys_into, dequantize_values_into, quantize_keys, quantize_values
+from llmcli.decode.generate import prefill
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
+from llmcli.runtime.plan import CacheChoice, kv_parts
 
 CPU = torch.device("cpu")
 
@@ -149,7 +148,7 @@ def test_int8_cache_is_about_half_of_bf16_at_8192():
 
 
 def test_shift_moves_and_rerotates_keys(tiny):
-    from llmcli.context_shift import rerotation
+    from llmcli.cache.context_shift import rerotation
 
     rerotate = rerotation(tiny.model.inv_freq)
     ids = ids_for(100)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcli.generate import prefill
-from llmcli.kv_cache import StaticKVCache, new_cache
-from llmcli.runtime import Runtime
+from llmcli.cache import StaticKVCache, new_cache
+from llmcli.decode.generate import prefill
+from llmcli.runtime.runtime import Runtime
 
 CPU = torch.device("cpu")
 STEPS = 64

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcli.kv_offload import OffloadedKVCache
-from llmcli.memory_plan import CacheChoice, NotEnoughMemoryError, activation_bytes, kv_parts, plan
-from llmcli.memory_probe import Budget, model_shapes, parse_size, weights_bytes, weights_from_files
+from llmcli.cache.offload import OffloadedKVCache
+from llmcli.runtime.plan import CacheChoice, NotEnoughMemoryError, activation_bytes, kv_parts, plan
+from llmcli.runtime.probe import Budget, model_shapes, parse_size, weights_bytes, weights_from_files
 
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16
@@ -107,9 +107,9 @@ def test_planned_bytes_are_what_is_allocated(smollm2_loaded, smollm2_gguf, smoll
 def test_quantized_weights_are_planned_at_their_packed_size(tmp_path, preset_name):
     from tiny import hf_model, save_hf
 
-    from llmcli.device import place
-    from llmcli.loader import load_model
     from llmcli.quant.presets import load_preset
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     folder = save_hf(hf_model("llama", hidden_size=128, intermediate_size=256, num_hidden_layers=3), tmp_path / "m")
     preset = load_preset(preset_name)
@@ -128,9 +128,9 @@ def test_quantized_weights_are_planned_at_their_packed_size(tmp_path, preset_nam
 def test_gguf_blocks_kept_as_stored_are_planned_at_their_size(smollm2_gguf):
     """The default 16-bit load keeps the file's Q4_1/Q8_0 blocks packed: the plan counts them so, and
     bench's weight size (the tensors held) agrees."""
-    from llmcli.bench import weights_bytes
-    from llmcli.device import place
-    from llmcli.loader import load_model
+    from llmcli.bench.bench import weights_bytes
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
 
     loaded = load_model(smollm2_gguf, place("cpu", "bfloat16", threads=1))
     info = weights_from_files(smollm2_gguf, None, BF16, CPU)
@@ -139,8 +139,8 @@ def test_gguf_blocks_kept_as_stored_are_planned_at_their_size(smollm2_gguf):
 
 
 def test_registry_default_context_is_kept_unless_it_does_not_fit(smollm2_gguf, monkeypatch):
-    from llmcli.device import place
-    from llmcli.runtime import plan_memory
+    from llmcli.runtime.device import place
+    from llmcli.runtime.runtime import plan_memory
 
     class Entry:
         context_length = 4096

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny import VOCAB, hf_model, reference_from, save_hf, write_gguf
 
-from llmcli.device import place
-from llmcli.kv_cache import StaticKVCache
-from llmcli.loader import load_model
+from llmcli.cache.static import StaticKVCache
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
 
 CPU32 = place("cpu", "float32")
 
@@ -149,7 +149,7 @@ def test_gguf_tied_embeddings_and_tokenizer(tmp_path):
 
 
 def test_qk_permutation_round_trips():
-    from llmcli.gguf_file import permute_rows, unpermute_rows
+    from llmcli.formats.gguf import permute_rows, unpermute_rows
 
     w = torch.randn(12 * 8, 5)
     assert torch.equal(unpermute_rows(permute_rows(w, 12), 12), w)
@@ -165,7 +165,7 @@ def test_header_parser_agrees_with_gguf_reader(tmp_path, qtype):
     import numpy as np
     from gguf import GGUFReader
 
-    from llmcli.gguf_file import open_gguf
+    from llmcli.formats.gguf import open_gguf
 
     path = tmp_path / "t.gguf"
     write_gguf(hf_model("llama"), path, qtype)

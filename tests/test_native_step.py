@@ -34,7 +34,7 @@ CASES = {  # name: (architecture, GGUF type of every 2-D weight, or a llama.cpp 
 def loaded(request, tmp_path_factory):
     from tiny import k_mix, write_gguf
 
-    from llmcli.runtime import open_model
+    from llmcli.runtime.runtime import open_model
 
     arch, qtype = CASES[request.param]
     if qtype in ("Q4_K", "Q5_K"):
@@ -57,7 +57,7 @@ def _compare(rt, positions: int | None = None):
     more than such a flip; a wrong rotation, bias, window or cache write breaks every step."""
     import copy
 
-    from llmcli.native_step import NativeStep
+    from llmcli.runtime.native_step import NativeStep
 
     assert isinstance(rt.decode_step(compile=False), NativeStep)
     model = rt.loaded.model
@@ -114,8 +114,7 @@ def test_native_steps_keep_a_sliding_window(loaded, monkeypatch):
 
 
 def test_what_the_native_step_does_not_cover_runs_the_model(loaded):
-    from llmcli.kv_cache import StaticKVCache
-    from llmcli.kv_cache import new_cache
+    from llmcli.cache.static import StaticKVCache, new_cache
 
     step = loaded.decode_step(compile=False)
     args = loaded.loaded.args
@@ -130,8 +129,8 @@ def test_what_the_native_step_does_not_cover_runs_the_model(loaded):
 
 
 def test_no_native_step_without_a_float32_cache_or_the_kernels(loaded, monkeypatch):
-    from llmcli.kv_cache import StaticKVCache
-    from llmcli.native_step import NativeStep
+    from llmcli.cache.static import StaticKVCache
+    from llmcli.runtime.native_step import NativeStep
 
     assert NativeStep.supports(loaded.loaded.model)
     assert not NativeStep.fits(StaticKVCache.for_model(loaded.loaded.args, 4, torch.device("cpu"), torch.bfloat16))

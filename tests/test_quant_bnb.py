@@ -7,8 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from llmcli.quant.bnb_formats import (NF4Weight, bitsandbytes, dequantize_nf4, pack_nf4, quantize_nf4,
-                                      unpack_nf4)
+from llmcli.quant.bnb_formats import NF4Weight, bitsandbytes, dequantize_nf4, pack_nf4, quantize_nf4, unpack_nf4
 from llmcli.quant.modules import LLMInt8Linear, NF4Linear
 
 CPU = torch.device("cpu")

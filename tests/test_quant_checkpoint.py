@@ -15,16 +15,17 @@ import torch
 from conftest import REPO
 from tiny import hf_model, save_hf, write_gguf
 
-from llmcli.device import place
-from llmcli.generate import generate
-from llmcli.kv_cache import StaticKVCache
-from llmcli.loader import load_model
+from llmcli.cache.static import StaticKVCache
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
+from llmcli.formats.tensors import gguf_sources
 from llmcli.quant import checkpoint
-from llmcli.quant.convert import gguf_sources, quantize_source
+from llmcli.quant.convert import quantize_source
 from llmcli.quant.pipeline import quantize_to_folder
 from llmcli.quant.presets import QuantSpec, load_preset
 from llmcli.quant.primitives import dequantize, unpack_int4
-from llmcli.sampling import SamplingParams
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
 
 CPU = place("cpu", "bfloat16")
 CPU32 = place("cpu", "float32")
@@ -108,7 +109,7 @@ def test_gguf_block_import_is_exact(tmp_path, qtype, spec):
     import gguf
     from gguf.quants import dequantize as gguf_dequantize
 
-    from llmcli import gguf_file
+    from llmcli.formats import gguf as gguf_file
     from llmcli.quant import gguf_import
 
     ref = hf_model("llama")

@@ -7,8 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmcli.quant.primitives import (SCALE_DTYPE, dequantize, pack_int4, quantize, reconstruction_error,
-                                     unpack_int4)
+from llmcli.quant.primitives import SCALE_DTYPE, dequantize, pack_int4, quantize, reconstruction_error, unpack_int4
 
 FAST = settings(max_examples=40, deadline=None)
 

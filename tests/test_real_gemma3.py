@@ -15,12 +15,12 @@ import torch
 from conftest import GEMMA3_SHA256
 from conftest import test_cache_dir as cache_dir
 
-from llmcli.chat_template import GEMMA_TEMPLATE
-from llmcli.device import place
-from llmcli.generate import generate
-from llmcli.loader import load_model
-from llmcli.runtime import Runtime
-from llmcli.sampling import SamplingParams
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
+from llmcli.formats.chat_template import GEMMA_TEMPLATE
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
+from llmcli.runtime.runtime import Runtime
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],

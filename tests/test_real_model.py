@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcli.generate import generate
-from llmcli.runtime import Runtime
-from llmcli.sampling import SamplingParams
+from llmcli.decode.generate import generate
+from llmcli.decode.sampling import SamplingParams
+from llmcli.runtime.runtime import Runtime
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],

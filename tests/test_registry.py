@@ -9,7 +9,7 @@ from conftest import SMOLLM2_MEMBER, SMOLLM2_PACKAGE, SMOLLM2_SHA256, run_cli
 from test_cli_run import assert_one_line_error
 
 from llmcli.errors import InvalidModelNameError, ModelNotFoundError, RegistryError
-from llmcli.registry import Registry, add, load_registry, parse_model, parse_name, shipped_registry
+from llmcli.hub.registry import Registry, add, load_registry, parse_model, parse_name, shipped_registry
 
 USER_ENTRY = """
 [models."smollm2:135m"]

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from llmcli.decode.sampling import (SamplingParams, apply_min_p, apply_penalties, apply_temperature, apply_top_k,
+                                    apply_top_p, make_generator, parse_parameter, sample)
 from llmcli.errors import InvalidParameterError
-from llmcli.sampling import (SamplingParams, apply_min_p, apply_penalties, apply_temperature, apply_top_k,
-                             apply_top_p, make_generator, parse_parameter, sample)
 
 INF = float("-inf")
 

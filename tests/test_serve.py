@@ -23,14 +23,14 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from llmcli import server as server_mod
-from llmcli.batched import BatchEngine, Request
+from llmcli.decode.batched import BatchEngine, Request
+from llmcli.decode.generate import Logprobs, generate
+from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import ServeError
-from llmcli.generate import Logprobs, generate
-from llmcli.openai_api import token_bytes
-from llmcli.runtime import Runtime, open_model
-from llmcli.sampling import SamplingParams
-from llmcli.server import Server, bind
+from llmcli.runtime.runtime import Runtime, open_model
+from llmcli.serve import http as server_mod
+from llmcli.serve.http import Server, bind
+from llmcli.serve.openai_api import token_bytes
 
 GREEDY = SamplingParams(temperature=0)
 ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]

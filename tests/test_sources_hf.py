@@ -17,8 +17,8 @@ from test_cli_run import assert_one_line_error
 from tiny import hf_model, save_hf
 
 from llmcli.errors import DiskFullError, NotCachedError
-from llmcli.registry import Source
-from llmcli.sources import hf
+from llmcli.hub.registry import Source
+from llmcli.hub.sources import hf
 
 BIG = 24 << 20  # larger than huggingface_hub's 10 MB download chunk, so a cut lands after a written chunk
 

@@ -13,11 +13,11 @@ from conftest import REPO, SMOLLM2_MEMBER, SMOLLM2_PACKAGE, SMOLLM2_SHA256, run_
 from conftest import test_cache_dir as cache_dir
 from test_cli_run import assert_one_line_error
 
-from llmcli import store as store_module
 from llmcli.errors import CorruptModelError, DiskFullError, DownloadError, ModelNotFoundError
-from llmcli.registry import Source
-from llmcli.sources import pypi
-from llmcli.store import Store
+from llmcli.hub import store as store_module
+from llmcli.hub.registry import Source
+from llmcli.hub.sources import pypi
+from llmcli.hub.store import Store
 
 NAME = Path(SMOLLM2_MEMBER).name
 SOURCE = Source("pypi", package=SMOLLM2_PACKAGE, member=SMOLLM2_MEMBER, sha256=((NAME, SMOLLM2_SHA256),))

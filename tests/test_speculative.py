@@ -8,13 +8,13 @@ import pytest
 import torch
 from tiny import VOCAB, hf_model, save_hf
 
-from llmcli.device import place
-from llmcli.generate import Stats, generate, token_stream
-from llmcli.kv_cache import StaticKVCache
-from llmcli.loader import load_model
+from llmcli.cache.static import StaticKVCache
+from llmcli.decode.generate import Stats, generate, token_stream
+from llmcli.decode.sampling import SamplingParams
+from llmcli.decode.speculative import DraftModel, PromptLookup, speculative_stream
 from llmcli.quant.presets import load_preset
-from llmcli.sampling import SamplingParams
-from llmcli.speculative import DraftModel, PromptLookup, speculative_stream
+from llmcli.runtime.device import place
+from llmcli.runtime.loader import load_model
 
 CPU32 = place("cpu", "float32")
 GREEDY = SamplingParams(temperature=0)
@@ -100,7 +100,7 @@ def test_through_generate_with_stops(tiny, one_thread, tmp_path):
     """As generate()'s stream: the chunks (text, tokens, finish reason) equal plain greedy's."""
     from tiny import write_tokenizer
 
-    from llmcli.tokenizer import from_hf_folder
+    from llmcli.formats.tokenizer import from_hf_folder
 
     write_tokenizer(tmp_path)
     tok = from_hf_folder(tmp_path, {"eos_token_id": 2})
@@ -119,7 +119,7 @@ def test_through_generate_with_stops(tiny, one_thread, tmp_path):
 @pytest.mark.slow
 def test_real_model_draft_and_lookup_give_greedy_tokens(smollm2_loaded, smollm2_gguf):
     """SmolLM2 in float32, drafted by its Q4_1 blocks in bfloat16 (the int4 kernel), and by lookup."""
-    from llmcli.runtime import Runtime
+    from llmcli.runtime.runtime import Runtime
 
     target = smollm2_loaded.model
     draft = load_model(smollm2_gguf, place("cpu", "bfloat16")).model

@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 from tiny import tokenizer_json
 
-from llmcli.tokenizer import StreamDecoder, Tokenizer, from_gguf_metadata, from_hf_folder
+from llmcli.formats.tokenizer import StreamDecoder, Tokenizer, from_gguf_metadata, from_hf_folder
 
 TEXTS = [
     "Hello world", " leading space", "  two leading spaces", "trailing space ", "a\nnew line\n\nand two",

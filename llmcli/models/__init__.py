@@ -7,6 +7,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ..errors import CorruptModelError
 from . import gemma3, llama, phi3
 
 # model_type -> module with ModelArgs and Transformer
@@ -53,8 +54,6 @@ def build(args, state_dict: dict, device: torch.device) -> torch.nn.Module:
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
     missing = [m for m in missing if not (args.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
-        from ..errors import CorruptModelError
-
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise CorruptModelError(f"the weights do not match the config ({what}); the download may be incomplete")
     set_rope(model, args, device)

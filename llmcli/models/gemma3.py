@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import llama
-from .llama import forward_layout, per_row, rope_cos_sin, rope_inv_freq
+from .llama import per_row, rope_cos_sin, rope_inv_freq
 
 
 @dataclass
@@ -115,25 +115,19 @@ class Transformer(llama.Transformer):
         return {"inv_freq": rope_inv_freq(args),
                 "inv_freq_local": rope_inv_freq(args, theta=args.rope_local_base_freq, scaling={})}
 
-    def forward(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
-                last_only: bool = False, hidden: bool = False, slots: torch.Tensor | None = None):
-        """tokens (B, T) -> logits (B, T, vocab) float32; see llama.Transformer.forward."""
-        B, T = tokens.shape
-        start, positions, mask = forward_layout(T, cache, positions, slots, tokens.device)
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(tokens)  # (B, T, hidden)
-        x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)  # the scale rounded like HF's
+        return x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)  # the scale rounded like HF's
+
+    def run_layers(self, x, positions, cache, start, mask, slots) -> torch.Tensor:
         global_rope = per_row(*rope_cos_sin(self.inv_freq, positions, x.dtype), slots)
         local_rope = per_row(*rope_cos_sin(self.inv_freq_local, positions, x.dtype), slots)
         for layer, kind in zip(self.model.layers, self.args.layer_types):
             cos, sin = local_rope if kind == "sliding_attention" else global_rope
             x = layer(x, cos, sin, cache, start, mask)
-        if slots is None:
-            cache.length = start + T
-        if last_only:
-            x = x[:, -1:, :]
-        h = self.model.norm(x)
+        return x
+
+    def output(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(h).float()
         cap = self.args.final_logit_softcapping
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return (logits, h) if hidden else logits
+        return torch.tanh(logits / cap) * cap if cap else logits

@@ -411,14 +411,26 @@ class Transformer(nn.Module):
         """
         B, T = tokens.shape
         start, positions, mask = forward_layout(T, cache, positions, slots, tokens.device)
-        x = self.model.embed_tokens(tokens)
-        cos, sin = per_row(*self.rope(positions, cache, x.dtype), slots)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, cache, start, mask)
+        x = self.run_layers(self.embed(tokens), positions, cache, start, mask, slots)
         if slots is None:
             cache.length = start + T
         if last_only:
             x = x[:, -1:, :]
         h = self.model.norm(x)
-        logits = self.lm_head(h).float()
+        logits = self.output(h)
         return (logits, h) if hidden else logits
+
+    # the three steps a family may change (gemma3 scales the embedding, has two RoPE tables, caps logits)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(tokens)  # (B, T, hidden)
+
+    def run_layers(self, x, positions, cache, start, mask, slots) -> torch.Tensor:
+        cos, sin = per_row(*self.rope(positions, cache, x.dtype), slots)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache, start, mask)
+        return x
+
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (..., vocab) float32 from the final normed hidden states."""
+        return self.lm_head(h).float()

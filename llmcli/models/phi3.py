@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..errors import CorruptModelError
 from . import llama
 from .linear import Linear
 from .llama import rope_cos_sin
@@ -61,8 +62,6 @@ def rope_inv_freq(args: ModelArgs, long: bool = False) -> torch.Tensor:
     dim = args.rotary_dim
     factors = torch.tensor(args.rope_scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
     if factors.numel() != dim // 2:
-        from ..errors import CorruptModelError
-
         raise CorruptModelError(f"LongRoPE has {factors.numel()} factors for {dim // 2} frequencies; the config is broken")
     return (1.0 / (factors * args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))).float()
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CorruptModelError, LlmcliError, UnsupportedModelError
+from ..formats.hf_folder import read_tensors
 from .convert import Converted, QuantizedTensor
 from .presets import QuantSpec
 
@@ -96,8 +97,6 @@ def write(folder: Path, config: dict, converted: Converted, quantization: dict) 
 
 def read(files: list[Path], quantization: dict) -> Converted:
     """Tensors of a checkpoint, memory-mapped: quantized ones grouped per weight, the rest as floats."""
-    from safetensors import SafetensorError, safe_open
-
     version = quantization.get("format_version")
     if quantization.get("quant_method") != METHOD:
         raise UnsupportedModelError("this folder is quantized in a format llmcli does not read (its config.json "
@@ -109,17 +108,12 @@ def read(files: list[Path], quantization: dict) -> Converted:
     modules = {name.removesuffix(".weight"): name for name in specs}
     parts: dict[str, dict[str, torch.Tensor]] = {name: {} for name in specs}
     out = Converted()
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for key in f.keys():
-                    module, _, part = key.rpartition(".")
-                    if part in _PARTS and module in modules:
-                        parts[modules[module]][part] = f.get_tensor(key)
-                    else:
-                        out.floats[key] = f.get_tensor(key)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CorruptModelError(f"{path} is truncated or corrupt ({e}); quantize the model again") from None
+    for key, t in read_tensors(files, "quantize the model again"):
+        module, _, part = key.rpartition(".")
+        if part in _PARTS and module in modules:
+            parts[modules[module]][part] = t
+        else:
+            out.floats[key] = t
     for name, spec in specs.items():
         state = parts[name]
         needed = {"qweight", "absmax"} if spec.kind == "nf4" else {"qweight", "scales"} | (

@@ -1,7 +1,7 @@
 """A model's tensors -> the formats a preset asks for, one tensor at a time.
 
 Sources are read lazily (a memory-mapped GGUF file or safetensors shards), so converting never holds
-the whole float model. GGUF tensors already in a block format the preset wants (Q4_0, Q4_1, Q4_K -> int4
+the whole float model (formats/tensors.py). GGUF tensors already in a block format the preset wants (Q4_0, Q4_1, Q4_K -> int4
 g32; Q8_0 -> int8 g32; Q5_x, Q6_K kept as blocks) are imported as they are (gguf_import.py); everything else is dequantized to
 float32 and quantized per the preset. The result is portable (CPU tensors, no device layout).
 """
@@ -9,34 +9,19 @@ float32 and quantized per the preset. The result is portable (CPU tensors, no de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
+from ..formats.gguf import unpermute_rows
+from ..formats.tensors import Source
+from .bnb_formats import pack_nf4, quantize_nf4
 from .gguf_import import direct_spec, import_block_quants
 from .presets import KEEP, Preset, QuantSpec
 from .primitives import SCALE_DTYPE, pack_int4, quantize
 
 EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 Progress = Callable[[int, int, str], None]  # (elements done, elements in all, tensor name)
-
-
-@dataclass
-class Source:
-    """One tensor of the source model, under its Hugging Face name."""
-
-    name: str
-    shape: tuple[int, ...]
-    values: Callable[[], torch.Tensor]  # float32 on the CPU, Q/K rows already un-permuted
-    gguf_type: str | None = None  # e.g. "Q4_1" for a GGUF tensor
-    raw: Callable[[], np.ndarray] | None = None  # the GGUF bytes, for a direct import
-    heads: int | None = None  # rows to un-permute after a direct import (llama Q/K in GGUF)
-
-    @property
-    def numel(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
 
 
 @dataclass
@@ -63,38 +48,6 @@ class Converted:
     def nbytes(self) -> int:
         return (sum(q.nbytes for q in self.quantized.values())
                 + sum(t.numel() * t.element_size() for t in self.floats.values()))
-
-
-def gguf_sources(reader, args, arch: str) -> list[Source]:
-    from .. import gguf_file
-
-    out = []
-    for name, t, heads in gguf_file.iter_tensors(reader, args, arch):
-        def values(t=t, heads=heads):
-            w = torch.from_numpy(gguf_file.tensor_values(t, arch))
-            return (gguf_file.unpermute_rows(w, heads) if heads is not None else w).float()
-
-        out.append(Source(name, gguf_file.tensor_shape(t), values, t.tensor_type.name, lambda t=t: t.data, heads))
-    return out
-
-
-def folder_sources(files: list[Path]) -> list[Source]:
-    from safetensors import safe_open
-
-    out = []
-    for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if name.endswith("rotary_emb.inv_freq"):
-                    continue
-                shape = tuple(f.get_slice(name).get_shape())
-
-                def values(path=path, name=name):
-                    with safe_open(str(path), framework="pt", device="cpu") as g:
-                        return g.get_tensor(name).float()
-
-                out.append(Source(name, shape, values))
-    return out
 
 
 def stronger(a: QuantSpec, b: QuantSpec) -> QuantSpec:
@@ -144,20 +97,14 @@ def quantize_source(s: Source, spec: QuantSpec, search: bool = True, portable: b
     if s.gguf_type and s.raw is not None and direct_spec(s.gguf_type, spec):
         imported = import_block_quants(s.raw(), s.gguf_type, N, K, spec)
         if "blocks" in imported:  # kept as GGUF blocks: rows are independent, un-permuted as they are
-            from ..gguf_file import unpermute_rows
-
             blocks = imported["blocks"] if s.heads is None else unpermute_rows(imported["blocks"], s.heads).contiguous()
             return QuantizedTensor(spec, {"blocks": blocks}, direct=True)
         codes, scales, zeros = imported["codes"], imported["scales"], imported["zeros"]
         if s.heads is not None:
-            from ..gguf_file import unpermute_rows
-
             codes, scales = unpermute_rows(codes, s.heads), unpermute_rows(scales, s.heads)
             zeros = None if zeros is None else unpermute_rows(zeros, s.heads)
         return QuantizedTensor(spec, _portable(codes, scales, zeros, spec.bits, portable), direct=True)
     if spec.kind == "nf4":
-        from .bnb_formats import pack_nf4, quantize_nf4
-
         codes, absmax = quantize_nf4(s.values(), spec.group_size)
         return QuantizedTensor(spec, {"qweight": pack_nf4(codes), "absmax": absmax})
     q = quantize(s.values(), spec.bits, spec.group_size or K, spec.symmetric, search)

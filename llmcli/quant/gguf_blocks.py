@@ -25,6 +25,7 @@ import torch
 
 from .. import native
 from . import kernels
+from .packed import _dense_tiles
 
 # Types that fit torch's int4/int8 kernels too, kept as blocks only on CPUs where the kernel is built
 # (gguf_import.as_stored_preset): its integer dot products (activations as int8, as llama.cpp takes
@@ -107,7 +108,6 @@ def dequantize_blocks(blocks: torch.Tensor, type_name: str, K: int) -> torch.Ten
 
 class GGUFBlockWeight:
     """A (N, K) weight held as its GGUF blocks, rows of `row_bytes` bytes (packed.py's interface)."""
-
     symmetric = False
     rows_readable = True
 
@@ -148,7 +148,6 @@ class GGUFBlockWeight:
         if self.device.type == "cpu" and kernels.use_kernel(self.device, rows) and native.available():
             y = native.mm(x.reshape(rows, K), self.blocks, TYPE_IDS[self.type_name], K)
             return y.to(x.dtype).view(*x.shape[:-1], N)
-        from .packed import _dense_tiles
 
         return _dense_tiles(x, N, K, self._tile_t)
 

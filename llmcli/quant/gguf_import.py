@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .gguf_blocks import BITS, BLOCKS, INT8_DOT_BLOCKS
-from .presets import QuantSpec
+from .. import native
+from .gguf_blocks import BITS, BLOCKS, INT8_DOT_BLOCKS, _k_scales, _nibble_pairs
+from .presets import Preset, QuantSpec, Rule
 
 BLOCK = 32
 
@@ -56,7 +57,6 @@ def _nibbles(qs: np.ndarray, N: int, K: int) -> torch.Tensor:
 def _q4_k(raw: np.ndarray, N: int, K: int) -> dict[str, torch.Tensor]:
     b = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(N, K // 256, 144))
     d, dmin = (b[..., i:i + 2].contiguous().view(torch.float16).float() for i in (0, 2))  # (N, K/256, 1)
-    from .gguf_blocks import _k_scales, _nibble_pairs
 
     sc, m = _k_scales(b[..., 4:16])  # (N, K/256, 8)
     s = d * sc
@@ -102,12 +102,8 @@ def as_stored_preset(sources, device=None):
     (exactly, see the table at the top), Q5_0/Q5_1/Q5_K/Q6_K as their blocks, every other type is
     dequantized to the compute dtype. None when the file has no such tensors. On a `device` CPU
     where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks as well."""
-    from .presets import Preset, Rule
-
     table = AS_STORED
     if device is not None and device.type == "cpu":
-        from .. import native
-
         if native.int8_dot():  # decoding 2.1x faster than the int4 kernel (benchmarks/gguf_kquants.py)
             table = AS_BLOCKS
     rules = [Rule((s.name,), (), table[s.gguf_type]) for s in sources

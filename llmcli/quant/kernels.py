@@ -15,7 +15,6 @@ memory); where no known layout matches, weights stay in the portable form and us
 
 from __future__ import annotations
 
-
 import torch
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels accept

@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import heap, models
 from ..errors import CorruptModelError
-from .convert import EMBEDDING, HEAD, Converted, QuantizedTensor, Source, convert
-from .modules import QuantEmbedding, QuantLinear, linear_class
+from .bnb_formats import LLMInt8Weight, NF4Weight
+from .convert import EMBEDDING, HEAD, KEEP, Converted, QuantizedTensor, Source, convert, plan, quantize_source
 from .gguf_blocks import BLOCKS, GGUFBlockWeight
+from .modules import QuantEmbedding, QuantLinear, linear_class
 from .packed import Int4Weight, Int8Weight
 from .presets import Preset
 
@@ -24,8 +26,6 @@ def packed_weight(q: QuantizedTensor, device: torch.device, rows_needed: bool = 
     if q.spec.kind in BLOCKS:
         return GGUFBlockWeight.from_blocks(q.state["blocks"], q.spec.kind, device)
     if q.spec.kind != "int":
-        from .bnb_formats import LLMInt8Weight, NF4Weight
-
         cls = NF4Weight if q.spec.kind == "nf4" else LLMInt8Weight
     else:
         cls = Int4Weight if q.spec.bits == 4 else Int8Weight
@@ -59,8 +59,6 @@ def install(model: nn.Module, quantized: dict[str, QuantizedTensor], biases: dic
 
 def build(args, converted: Converted, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """A ready model from converted tensors: quantized modules installed, float tensors adopted."""
-    from .. import models
-
     model = models.skeleton(args)
     floats = {k: v.to(device=device, dtype=dtype) for k, v in converted.floats.items()}
     install(model, converted.quantized, floats, device, dtype,
@@ -72,9 +70,6 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
                        search: bool = True) -> nn.Module:
     """build(convert(...)) one tensor at a time: each weight is packed for the device as soon as it
     is converted, so the portable copies of all weights never exist at once (peak memory at load)."""
-    from .. import heap, models
-    from .convert import KEEP, plan, quantize_source
-
     specs = plan(sources, preset, args.num_hidden_layers, args.tie_word_embeddings)
     keep_dtype = {"float16": torch.float16, "float32": torch.float32}.get(preset.dtype, torch.bfloat16)
     model = models.skeleton(args)
@@ -99,8 +94,6 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
 
 def _finish(model: nn.Module, args, floats: dict, quantized_embedding: bool, device: torch.device) -> nn.Module:
     """Adopt the float tensors, check nothing is missing, set up RoPE and a tied head."""
-    from .. import models
-
     tied = args.tie_word_embeddings
     if tied:
         floats.pop(HEAD, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .bnb_formats import LLMInt8Weight, NF4Weight, pack_nf4, quantize_nf4
 from .gguf_blocks import BLOCKS, GGUFBlockWeight
 from .packed import Int4Weight, Int8Weight
 from .primitives import quantize
@@ -121,8 +122,6 @@ class NF4Linear(QuantLinear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 64, device: torch.device | None = None) -> "NF4Linear":
-        from .bnb_formats import NF4Weight, pack_nf4, quantize_nf4
-
         codes, absmax = quantize_nf4(linear.weight, group_size)
         device = device or linear.weight.device
         bias = None if linear.bias is None else linear.bias.detach().to(device)
@@ -134,8 +133,6 @@ class LLMInt8Linear(QuantLinear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, search: bool = True, device: torch.device | None = None) -> "LLMInt8Linear":
-        from .bnb_formats import LLMInt8Weight
-
         q = quantize(linear.weight, 8, linear.in_features, True, search)
         device = device or linear.weight.device
         bias = None if linear.bias is None else linear.bias.detach().to(device)

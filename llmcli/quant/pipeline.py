@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ModelNotFoundError, UnsupportedModelError
+from ..errors import UnsupportedModelError
+from ..formats.open import ModelFile, open_model_file
+from ..formats.tensors import Source
 from . import checkpoint
-from .convert import Converted, Progress, Source, convert, folder_sources, gguf_sources
+from .convert import Converted, Progress, convert
 from .model import build, build_from_sources
 from .presets import Preset, load_preset
 
@@ -67,37 +69,24 @@ def hf_config(args) -> dict:
     return d
 
 
-def open_source(path: Path) -> SourceModel:
-    """A located model (a .gguf file or a Hugging Face folder) as lazily read source tensors."""
-    from .. import gguf_file, hf_folder
-    from ..models import args_from_hf_config
-    from ..tokenizer import from_gguf_metadata
-
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise ModelNotFoundError(f"{path} does not exist; pass a .gguf file or a model folder")
-    if path.is_dir():
-        config = hf_folder.read_config(path)
-        if "quantization" in config:
-            raise AlreadyQuantizedError(f"{path} is already quantized (preset {config['quantization'].get('preset')!r}); "
+def open_source(model: ModelFile | Path) -> SourceModel:
+    """A model on disk (a ModelFile, or a path to open) as lazily read source tensors."""
+    mf = model if isinstance(model, ModelFile) else open_model_file(model)
+    if not mf.is_gguf:
+        if mf.quantization is not None:
+            raise AlreadyQuantizedError(f"{mf.path} is already quantized (preset {mf.quantization.get('preset')!r}); "
                                         "quantize the original model instead")
-        files = hf_folder.safetensors_files(path)
-        return SourceModel(path, args_from_hf_config(config), folder_sources(files), config,
-                           hf_folder.weights_bytes(files), lambda out: checkpoint.copy_tokenizer_files(path, out))
-    if not gguf_file.is_gguf(path):
-        raise UnsupportedModelError(f"{path} is neither a GGUF file nor a model folder")
-    reader = gguf_file.open_gguf(path)
-    meta = gguf_file.read_metadata(reader)
-    args = gguf_file.model_args(meta, {t.name for t in reader.tensors}, reader)
-    tokenizer = from_gguf_metadata(meta)
+        return SourceModel(mf.path, mf.args, mf.sources(), mf.metadata, mf.nbytes,
+                           lambda out: checkpoint.copy_tokenizer_files(mf.path, out))
+    args, tokenizer = mf.args, mf.tokenizer
     config = hf_config(args)
     if tokenizer.bos_id is not None:
         config["bos_token_id"] = tokenizer.bos_id
     config["eos_token_id"] = sorted(tokenizer.eos_ids)
     extra = {"rope_freq_factors": list(args.rope_freq_factors)} if args.rope_freq_factors else {}
-    template = meta.get("tokenizer.chat_template")
-    return SourceModel(path, args, gguf_sources(reader, args, meta["general.architecture"]), config,
-                       path.stat().st_size, lambda out: checkpoint.write_tokenizer(tokenizer, template, out), extra)
+    template = mf.stored_chat_template
+    return SourceModel(mf.path, args, mf.sources(), config, mf.nbytes,
+                       lambda out: checkpoint.write_tokenizer(tokenizer, template, out), extra)
 
 
 def _source_stamp(path: Path) -> dict:

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+
+import tomllib
 
 from ..errors import InvalidParameterError, LlmcliError
 

@@ -1,0 +1,65 @@
+"""KV caches. A cache is an argument to the model's forward, never part of the model.
+
+Kinds (new_cache picks one; nothing else builds a cache):
+    StaticKVCache      preallocated, in the compute dtype or a 16-bit storage dtype (kv-type bf16/f16)
+    QuantizedKVCache   int8 / int4 codes with scales (quantized.py)
+    OffloadedKVCache   the first N layers on the device, the rest in host memory (offload.py)
+
+static.py lists the interface they share; context_shift.py drops the oldest tokens of a full cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import InvalidParameterError
+from .offload import OffloadedKVCache
+from .quantized import QuantizedKVCache
+from .static import StaticKVCache
+
+KV_TYPES = ("bf16", "f16", "int8", "int4")
+KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+KV_BITS = {"int8": 8, "int4": 4}
+
+
+def check_kv_type(kv_type: str | None) -> str | None:
+    """For CLI options: None / "auto" (the planner decides) or one of KV_TYPES."""
+    if kv_type is None or kv_type == "auto":
+        return None
+    if kv_type not in KV_TYPES:
+        raise InvalidParameterError(f"unknown --kv-type {kv_type!r}; choose one of auto, {', '.join(KV_TYPES)}")
+    return kv_type
+
+
+def new_cache(args, max_len: int, device: torch.device, dtype: torch.dtype, kv_type: str | None = None,
+              device_layers: int | None = None, batch: int = 1):
+    """A cache of `kv_type` (None: static in the compute `dtype`) for `batch` rows of `max_len` tokens.
+
+    `device_layers` below the layer count offloads the other layers to host memory (float kinds only)."""
+    bits = KV_BITS.get(kv_type)
+    store = KV_DTYPES.get(kv_type, dtype)
+    if device_layers is not None and device_layers < args.num_hidden_layers:
+        if bits:
+            raise ValueError("an offloaded cache stores floats; use kv_type bf16, f16 or None")
+        return OffloadedKVCache.for_model(args, max_len, device, store, device_layers, batch, compute_dtype=dtype)
+    if bits:
+        return QuantizedKVCache.for_model(args, max_len, device, dtype, bits, batch)
+    return StaticKVCache.for_model(args, max_len, device, store, batch, compute_dtype=dtype)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def reuse_prefix(cache, prompt: list[int]) -> int:
+    """Keep what the cache holds of `prompt`'s start (its `token_ids` list the ids in its slots),
+    leaving at least one prompt token to run for the next logits; returns the tokens kept."""
+    held = getattr(cache, "token_ids", [])[: cache.length]
+    reuse = min(common_prefix(held, prompt), len(prompt) - 1)
+    cache.truncate(reuse)
+    cache.token_ids = list(prompt[:reuse])
+    return reuse

@@ -1,0 +1,166 @@
+"""One chat session: a conversation, the model that answers it, and the KV cache kept across turns.
+
+Each reply is generated from the whole conversation rendered through the model's chat template;
+generate() reuses the longest prefix the cache already holds, so a new turn only prefills the tokens
+that are new since the last reply. No terminal I/O here: chat.py reads and prints.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..decode.constrained import GrammarCompiler, incomplete_message
+from ..decode.generate import Stats, generate
+from ..decode.strategy import Strategy
+from ..errors import IncompleteOutputError, InvalidParameterError
+from ..runtime.runtime import Runtime
+from ..text_input import check_text
+from .conversation import Conversation, fit
+
+
+@dataclass
+class Turn:
+    """What the last reply did."""
+    text: str
+    finish: str  # "stop" | "length" | "interrupted"
+    tokens: int  # tokens generated
+    ttft_s: float | None  # None when interrupted before the first token
+    stats: Stats | None  # None when interrupted (generate reports stats with its last chunk)
+    context_used: int  # tokens in the cache after the reply
+
+
+class ChatSession:
+    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, context_shift: bool = False,
+                 grammar=None):
+        self.rt = rt
+        self.grammar = grammar  # constrained.Grammar every reply must follow (None: free text)
+        self._compiler = None  # its GrammarCompiler, built with the first constrained reply
+        self.context_shift = context_shift  # a reply may run past the context (context_shift.py)
+        self.conv = conv or Conversation()
+        self.cache = rt.new_cache()
+        self.step = step  # what runs decode steps (a compiled model); None: the model
+        self.last: Turn | None = None
+        self.replies = 0
+        self.generated = 0
+        self._prompt: list[int] | None = None  # set by add_user / take_back_reply, used by reply()
+
+    def decode_mode(self) -> str:
+        """How decode steps run: native, eager, compiling (eager meanwhile), compiled, or why not compiled."""
+        step = self.step
+        if step is None or step is self.rt.loaded.model:
+            return "eager" if self.rt.compiles_well else "eager (compiling does not pay with this KV cache)"
+        if getattr(step, "native", False):
+            return "native (one C++ call a token)"
+        if step.fallback_reason:
+            return f"eager (compiling failed: {step.fallback_reason})"
+        return "compiled (torch.compile)" if step.ready.is_set() else "compiling in the background; eager meanwhile"
+
+    @property
+    def ctx_size(self) -> int:
+        return self.rt.ctx_size
+
+    @property
+    def model_info(self) -> dict:
+        """How a saved conversation names the model it was written with."""
+        loaded = self.rt.loaded
+        return {"name": loaded.name, "architecture": loaded.metadata.get("architecture") or loaded.args.model_type,
+                "weights": loaded.weights_type, "path": str(loaded.path)}
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        return self.rt.prompt_ids(messages)
+
+    def context_used(self) -> int:
+        """Tokens the conversation takes in the context now (0 before the first message)."""
+        return len(self.encode(self.conv.window())) if self.conv.messages else 0
+
+    def add_user(self, text: str) -> list[dict]:
+        """Add a user message and fit the conversation to the context; returns the messages dropped
+        to make room (usually none). A message that cannot fit is refused and not added."""
+        if not text.strip():
+            raise InvalidParameterError("the message is empty; type some text")
+        check_text(text, "the message")
+        self._check_stop()
+        self.conv.messages.append({"role": "user", "content": text})
+        try:
+            fitted = fit(self.conv, self.encode, self.ctx_size)
+        except BaseException:
+            self.conv.messages.pop()
+            raise
+        self._prompt = fitted.ids
+        return fitted.dropped
+
+    def take_back_reply(self) -> list[dict]:
+        """For /regen: forget the last reply so reply() answers the same message again."""
+        reply = self.conv.last_reply
+        if reply is None:
+            raise InvalidParameterError("there is no reply to generate again; send a message first")
+        self._check_stop()
+        self.conv.messages.pop()
+        try:
+            fitted = fit(self.conv, self.encode, self.ctx_size)
+        except BaseException:
+            self.conv.messages.append(reply)
+            raise
+        self._prompt = fitted.ids
+        return fitted.dropped
+
+    def reply(self) -> Iterator[str]:
+        """Generate the assistant's reply, yielding text as it arrives. Closing this iterator early
+        (Ctrl-C) stops generation between two tokens; the partial reply is kept, marked interrupted."""
+        if self._prompt is None:
+            raise RuntimeError("reply() needs add_user() or take_back_reply() first")
+        prompt, self._prompt = self._prompt, None
+        loaded = self.rt.loaded
+        t0 = time.perf_counter()
+        pieces, tokens, ttft, last = [], 0, None, None
+        shift = self.rt.context_shift(self.conv.window()) if self.context_shift else None
+        chunks = generate(loaded.model, loaded.tokenizer, prompt, self.conv.params, self.cache,
+                          max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device,
+                          step=self.step, shift=shift, constraint=self._constraint())
+        try:
+            for chunk in chunks:
+                if chunk.tokens and ttft is None:
+                    ttft = time.perf_counter() - t0
+                tokens += len(chunk.tokens)
+                if chunk.finish_reason:
+                    last = chunk
+                if chunk.text:
+                    pieces.append(chunk.text)
+                    yield chunk.text
+        finally:
+            chunks.close()
+            text = "".join(pieces)
+            message = {"role": "assistant", "content": text}
+            if last is None:
+                message["interrupted"] = True
+            self.conv.messages.append(message)
+            self.replies += 1
+            self.generated += tokens
+            self.last = Turn(text, last.finish_reason if last else "interrupted", tokens,
+                             last.stats.ttft_s if last else ttft, last.stats if last else None,
+                             len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1)
+
+    def _constraint(self):
+        """A fresh per-reply matcher for the session's grammar (None without one)."""
+        if self.grammar is None:
+            return None
+        if self._compiler is None:
+            self._compiler = GrammarCompiler(self.rt.loaded.tokenizer)
+        return self._compiler.constraint(self.grammar)
+
+    def _check_stop(self) -> None:
+        """Before a message is added: stop texts could cut a reply the grammar must complete."""
+        Strategy(context_shift=self.context_shift, constrained=self.grammar is not None,
+                 stop=self.conv.stop).check(self.conv.params, "stop texts", hint="; /set parameter stop none")
+
+    def check_reply(self) -> None:
+        """With a grammar: raise unless the last reply is complete and valid (an interrupted one is
+        left as it is: the user stopped it)."""
+        turn = self.last
+        if self.grammar is None or turn is None or turn.finish == "interrupted":
+            return
+        if turn.finish == "length":
+            raise IncompleteOutputError(incomplete_message(self.grammar, turn.tokens, self.conv.max_tokens))
+        self.grammar.check_output(turn.text)

@@ -1,0 +1,106 @@
+"""The command line: parse flags, pick consoles, print. Nothing else lives here.
+
+stdout carries only the answer (or one JSON object); everything else goes to stderr. Errors a user
+can cause end in one line, `error: ...`, and a non-zero exit; `--debug` shows the traceback.
+
+Each command is a plain function in a module of its own (run.py, chat.py, ...), registered on the
+app here, as the `hf` CLI does: nothing in llmcli imports this package.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import warnings
+
+import typer
+
+from .. import notices
+from ..errors import LlmcliError, LlmcliWarning
+from . import batch, bench, chat, models, quant, run, serve
+from .signals import Terminated, install_signal_handlers, stopped
+
+app = typer.Typer(
+    name="llmcli",
+    help="Run large language models locally, quantized, on CUDA, MPS or CPU.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root():
+    """Run large language models locally, quantized, on CUDA, MPS or CPU."""
+
+
+for command, name in ((run.run, "run"), (batch.batch, "batch"), (bench.bench, "bench"), (chat.chat, "chat"),
+                      (models.pull, "pull"), (models.list_models, "list"), (models.show, "show"), (models.rm, "rm"),
+                      (quant.quantize, "quantize"), (quant.perplexity, "perplexity"), (serve.serve, "serve")):
+    app.command(name)(command)
+
+
+def _click_exceptions():
+    try:  # typer >= 0.20 vendors its own copy of click
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, LlmcliWarning):  # one line, like errors
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the app and turns every user error into one line and an exit code."""
+    install_signal_handlers()
+    warnings.showwarning = _show_warning
+    notices.notify = lambda message: print(f"note: {message}", file=sys.stderr, flush=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("LLMCLI_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    command = typer.main.get_command(app)
+    click_errors = _click_exceptions()
+    try:
+        code = command.main(args=argv, prog_name="llmcli", standalone_mode=False)
+        if code == 130:  # typer turns a KeyboardInterrupt into a silent return of 130
+            stopped("interrupted (Ctrl-C)", 130)
+        if isinstance(code, int) and code:  # without standalone mode, click returns `typer.Exit(code)`'s code
+            sys.exit(code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except click_errors.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+            print(e.ctx.get_help())
+            sys.exit(0)
+        if debug:
+            raise
+        where = f"{e.ctx.command_path} --help" if e.ctx else "llmcli --help"
+        print(f"error: {e.format_message()} (see `{where}`)", file=sys.stderr)
+        sys.exit(2)
+    except click_errors.ClickException as e:
+        print(f"error: {e.format_message()}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        stopped("interrupted (Ctrl-C)", 130)
+    except Terminated as e:
+        stopped(f"terminated ({signal.Signals(e.signum).name})", 128 + e.signum)
+    except LlmcliError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except BrokenPipeError:
+        # the reader went away (e.g. `| head`): stop quietly, without a second error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

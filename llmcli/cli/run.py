@@ -1,0 +1,240 @@
+"""`llmcli run MODEL [PROMPT]`: one answer, streamed to stdout (or one JSON object with --json)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import partial
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InvalidParameterError
+from .options import (Beams, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant, DraftTokens, Dtype,
+                      FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup, LookupNgram,
+                      MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile, RepeatLastN,
+                      RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, Verbose, check_max_tokens,
+                      check_text_options, model_flags, read_grammar, report_plan, sampling_params, stderr_console)
+
+Prompt = Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when absent or '-'.", show_default=False)]
+Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")]
+LogprobsN = Annotated[Optional[int], typer.Option("--logprobs", help="With --json: each token's log-probability and the N (0-20) most likely alternatives.", show_default=False)]
+
+
+def run(
+    model: ModelArg, prompt: Prompt = None,
+    temp: Temp = 0.8, top_k: TopK = 40, top_p: TopP = 0.95, min_p: MinP = 0.05,
+    repeat_penalty: RepeatPenalty = 1.0, repeat_last_n: RepeatLastN = 64,
+    presence_penalty: PresencePenalty = 0.0, frequency_penalty: FrequencyPenalty = 0.0,
+    seed: Seed = -1, max_tokens: MaxTokens = None, stop: Stop = None, ctx_size: CtxSize = None,
+    system: System = None, raw: Raw = False,
+    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
+    compile: Compile = False,
+    kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
+    beams: Beams = 1, length_penalty: LengthPenalty = 1.0,
+    draft: Draft = None, draft_quant: DraftQuant = None, draft_tokens: DraftTokens = None,
+    lookup: Lookup = False, lookup_ngram: LookupNgram = 3,
+    json_out: JsonOut = False, json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
+    logprobs: LogprobsN = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
+):
+    """Generate one answer to PROMPT and stream it to stdout."""
+    from ..decode.strategy import Strategy
+
+    params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+                             presence_penalty, frequency_penalty, seed)
+    check_max_tokens(max_tokens)
+    check_text_options(system, stop)
+    if logprobs is not None and not json_out:
+        raise InvalidParameterError("--logprobs needs --json: the log-probabilities are part of the JSON object")
+    grammar_of = read_grammar(json_schema, regex, grammar)
+    strategy = Strategy(beams, length_penalty, draft is not None, draft_tokens, lookup, lookup_ngram, context_shift,
+                        grammar_of is not None, logprobs, tuple(stop or ()))
+    strategy.check(params)
+    text = read_prompt(prompt)
+    flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
+                        kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline)
+    err = stderr_console()
+    rt, draft_rt = _open(err, flags, draft, draft_quant, text)
+    report_plan(err, rt, verbose)
+    if verbose:
+        _report_model(err, rt)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    answer = _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw, max_tokens, compile, json_out)
+    _print_result(err, rt, answer, json_out, verbose)
+
+
+def read_prompt(prompt: str | None) -> str:
+    """PROMPT, or all of stdin for none or '-'; empty text is an error."""
+    from ..text_input import check_text, read_stdin
+
+    if prompt is not None and prompt != "-":
+        if not prompt.strip():
+            raise InvalidParameterError("the prompt is empty; pass some text")
+        return check_text(prompt, "the prompt")
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InvalidParameterError("no prompt: pass PROMPT as an argument or pipe it on stdin (or use `llmcli chat`)")
+    text = read_stdin()
+    if not text.strip():
+        raise InvalidParameterError("stdin was empty; pipe some text in or pass PROMPT as an argument")
+    return text
+
+
+def _open(err, flags, draft: str | None, draft_quant: str | None, sample: str):
+    """The model, and the draft model for --draft (checked to speak the same tokens)."""
+    from ..decode.speculative import check_draft
+    from ..runtime.runtime import open_model
+    from .progress import download_progress
+
+    with download_progress(err) as progress:
+        rt = open_model(flags, progress)
+        draft_rt = None
+        if draft is not None:
+            draft_rt = open_model(flags.with_(model=draft, quant=draft_quant, ctx_size=rt.ctx_size, kv_type=None,
+                                              kv_offload="auto"), progress)
+            check_draft(rt.loaded, draft_rt.loaded, sample)
+    return rt, draft_rt
+
+
+def _report_model(err, rt) -> None:
+    err.print(f"[dim]{rt.placement.reason}[/dim]")
+    a = rt.loaded.args
+    err.print(f"[dim]loaded {rt.loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, "
+              f"{rt.loaded.weights_type}) in {rt.loaded.load_seconds:.2f} s; context {rt.ctx_size}[/dim]")
+
+
+class _Answer:
+    """What generation produced: the text (streamed already unless held), the last chunk, and what
+    rode along (the grammar's constraint, the logprobs recorder, the context shift)."""
+
+    def __init__(self, held: bool):
+        self.held = held  # --json or a grammar: printed at the end, not streamed
+        self.pieces: list[str] = []
+        self.last = None
+        self.grammar = self.constraint = self.recorder = self.shift = self.max_tokens = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max_tokens, compile: bool,
+            json_out: bool) -> _Answer:
+    """Generate, streaming the text to stdout as it comes unless it is held for the end."""
+    from ..decode.constrained import GrammarCompiler
+    from ..decode.generate import generate
+    from ..decode.picker import Logprobs
+
+    out = _Answer(held=json_out or grammar_of is not None)  # constrained text is printed once complete and valid
+    out.grammar, out.max_tokens = grammar_of, max_tokens
+    ids = rt.prompt_ids(messages, raw=raw)
+    out.shift = rt.context_shift(messages, raw) if strategy.context_shift else None
+    if grammar_of is not None:
+        out.constraint = GrammarCompiler(rt.loaded.tokenizer).constraint(grammar_of)
+    out.recorder = Logprobs(strategy.logprobs) if strategy.logprobs is not None else None
+    for chunk in generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
+                          max_tokens=max_tokens, stop=strategy.stop, device=rt.placement.device,
+                          step=rt.decode_step(compile), shift=out.shift, constraint=out.constraint,
+                          logprobs=out.recorder, stream=decoding_stream(rt, draft_rt, compile, strategy)):
+        out.pieces.append(chunk.text)
+        if not out.held and chunk.text:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        out.last = chunk
+    return out
+
+
+def _print_result(err, rt, answer: _Answer, json_out: bool, verbose: bool) -> None:
+    """The end of the answer (or its JSON object), then with -v the figures; a grammar's output that
+    is incomplete ends in an error after --json's object, which keeps the partial text."""
+    last, stats = answer.last, answer.last.stats
+    problem = None
+    if answer.constraint is not None:  # checked before anything is printed
+        problem = check_constrained(answer.grammar, answer.constraint, answer.text, last.finish_reason, stats,
+                                    answer.max_tokens)
+    if json_out:
+        sys.stdout.write(json.dumps(result_json(rt, answer), ensure_ascii=False) + "\n")
+    elif problem is None:
+        sys.stdout.write(answer.text + "\n" if answer.held else "\n")
+    sys.stdout.flush()
+    if verbose:
+        _report_stats(err, answer)
+    if problem is not None:
+        raise problem
+
+
+def result_json(rt, answer: _Answer) -> dict:
+    """--json's object: text, finish_reason, usage, timings (and logprobs)."""
+    stats = answer.last.stats
+    out = {"model": rt.loaded.name, "text": answer.text, "finish_reason": answer.last.finish_reason,
+           "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+                     "total_tokens": stats.prompt_tokens + stats.completion_tokens},
+           "timings": {"load_s": round(rt.loaded.load_seconds, 4), **stats.as_dict()}}
+    if answer.recorder is not None:
+        out["logprobs"] = logprobs_json(answer.recorder, rt.loaded.tokenizer)
+    return out
+
+
+def _report_stats(err, answer: _Answer) -> None:
+    stats, constraint = answer.last.stats, answer.constraint
+    if constraint is not None:
+        step_ms = stats.decode_s / max(1, stats.completion_tokens - 1) * 1000
+        err.print(f"[dim]constraint ({answer.grammar.kind}): mask + advance {constraint.mean_s * 1000:.3f} ms/token "
+                  f"({constraint.mean_s * 1000 / step_ms:.1%} of a {step_ms:.1f} ms decode step); "
+                  f"first mask {constraint.first_s * 1000:.1f} ms[/dim]")
+    err.print(f"[dim]{stats.prompt_tokens} prompt tokens, {stats.completion_tokens} generated "
+              f"(finish: {answer.last.finish_reason}); ttft {stats.ttft_s * 1000:.0f} ms; "
+              f"prefill {stats.prefill_tps:.1f} t/s; decode {stats.decode_tps:.1f} t/s; seed {stats.seed}[/dim]")
+    extra = stats.extra
+    if "acceptance_rate" in extra:
+        err.print(f"[dim]speculative: {extra['accepted_tokens']} of {extra['draft_tokens']} guessed tokens "
+                  f"accepted ({extra['acceptance_rate']:.0%})[/dim]")
+    if "beams" in extra:
+        err.print(f"[dim]beam search: {extra['beams']} beams, {extra['beam_steps']} steps, "
+                  f"best score {extra['beam_score']}[/dim]")
+    shift = answer.shift
+    if shift is not None and shift.shifts:
+        err.print(f"[dim]context shifted {shift.shifts} times, {shift.dropped} tokens dropped "
+                  f"(the first {shift.keep} kept)[/dim]")
+
+
+def check_constrained(grammar, constraint, text: str, finish: str, stats, max_tokens):
+    """The error to end with (after --json's object, which keeps the partial text), or None when the
+    output is complete and valid. A check that fails here is a bug and raises at once."""
+    from ..decode.constrained import incomplete_message
+    from ..errors import IncompleteOutputError, InvalidOutputError
+
+    if finish == "length":  # even where the text matches so far: the model had not finished it
+        return IncompleteOutputError(incomplete_message(grammar, stats.completion_tokens, max_tokens))
+    if not constraint.is_accepting():
+        raise InvalidOutputError(f"the output ended before {grammar.what} was complete; this is a bug, please report it")
+    grammar.check_output(text)
+    return None
+
+
+def logprobs_json(recorder, tokenizer) -> list[dict]:
+    """--json's `logprobs`: per generated token, its text, id and logprob, and the top alternatives."""
+    def one(token_id, logprob):
+        return {"token": tokenizer.decode([token_id], skip_special=False), "id": token_id, "logprob": round(logprob, 6)}
+
+    return [{**one(t, lp), "top": [one(a, alp) for a, alp in top]} for t, lp, top in recorder.entries]
+
+
+def decoding_stream(rt, draft_rt, compile: bool, strategy):
+    """generate()'s `stream`: beam search, speculative decoding, or None (token by token)."""
+    from ..decode import speculative
+    from ..decode.beam import beam_stream
+
+    if strategy.beams > 1:
+        return partial(beam_stream, beams=strategy.beams, length_penalty=strategy.length_penalty,
+                       eos_ids=rt.loaded.tokenizer.eos_ids)
+    if draft_rt is None and not strategy.lookup:
+        return None
+    if strategy.lookup:
+        proposer = speculative.PromptLookup(strategy.lookup_ngram)
+        k = strategy.draft_tokens or speculative.LOOKUP_TOKENS
+    else:
+        proposer = speculative.DraftModel(draft_rt.loaded.model, draft_rt.new_cache(rt.ctx_size),
+                                          draft_rt.placement.device, draft_rt.decode_step(compile))
+        k = strategy.draft_tokens or speculative.DRAFT_TOKENS
+    return partial(speculative.speculative_stream, proposer=proposer, draft_tokens=k)

@@ -1,0 +1,95 @@
+"""`llmcli serve MODEL`: the OpenAI-compatible server (serve/http.py) on 127.0.0.1, one line per
+request on stderr with -v, stopped by Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InvalidParameterError
+from .options import (Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads, model_flags, report_plan,
+                      stderr_console)
+from .signals import Terminated
+
+DEFAULT_CTX = 4096  # per request when -c is not given: the KV cache holds rows x this many tokens
+
+
+def serve(
+    model: ModelArg,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on. The server has no authentication: "
+                                      "anything that can reach it can use it, so keep 127.0.0.1 unless the network is yours.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
+    rows: Annotated[int, typer.Option("--rows", help="Requests decoded together (continuous batching); more wait for a free row.")] = 8,
+    ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help=f"Tokens per request, prompt and answer (default: the model's context, at most {DEFAULT_CTX}). The KV cache holds --rows x this many tokens.", show_default=False)] = None,
+    device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
+    registry: RegistryFile = None, offline: Offline = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
+):
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models)."""
+    from ..runtime.runtime import open_model
+    from ..serve.http import Server, bind
+    from .progress import download_progress
+
+    if not 1 <= rows <= 256:
+        raise InvalidParameterError(f"--rows must be from 1 to 256, got {rows}")
+    if not 0 <= port <= 65535:
+        raise InvalidParameterError(f"--port must be from 0 to 65535, got {port}")
+    if ctx_size is not None and ctx_size < 2:
+        raise InvalidParameterError(f"--ctx-size must be at least 2, got {ctx_size}")
+    err = stderr_console()
+    if not _loopback(host):
+        print(f"warning: --host {host} lets other machines reach this server, which has no authentication",
+              file=sys.stderr)
+    listener = bind(host, port)  # a busy port fails now, before the model loads
+    try:
+        with download_progress(err) as progress:
+            rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
+                                        quant=quant, registry=registry, offline=offline, rows=rows,
+                                        ctx_cap=DEFAULT_CTX), progress)
+        report_plan(err, rt, verbose)
+        server = Server(rt, listener, model_id=model, rows=rows)
+    except BaseException:
+        listener.server_close()
+        raise
+    _log_to_stderr(verbose)
+    engine = server.loop.engine
+    if verbose:
+        err.print(f"{rt.placement.reason}; KV cache {rows} rows x {engine.max_len} tokens, "
+                  f"{engine.cache.nbytes / 2**20:.0f} MiB", markup=False, style="dim")
+    err.print(f"serving {model} on {server.url} ({rows} rows of {engine.max_len} tokens)", markup=False)
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, Terminated) as e:  # the usual way to stop a server: exit 0
+        why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
+        server.close()
+        err.print(f"stopped ({why})", markup=False)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    """serve/http.py logs through `logging`: requests at INFO (shown with -v), failures at ERROR."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    logger = logging.getLogger("llmcli.server")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
+
+
+class _OneLine(logging.Formatter):
+    def format(self, record):
+        line = record.getMessage()
+        return f"error: {line}" if record.levelno >= logging.ERROR else line

@@ -1,0 +1,216 @@
+"""Several sequences decoded together: one forward pass per step for every running sequence.
+
+Continuous batching over a StaticKVCache of `rows` rows. Each sequence owns one row and its own
+length; the live rows are always rows [0, n) so that a step is a (n, 1) forward over a plain slice
+of the cache (forward_layout's `slots`: row b's token goes to slot length_b and sees slots
+0..length_b). A finished sequence's row is refilled from the last live row (one copy of its
+slots), and a waiting request is admitted into row n as soon as one is free, between steps:
+
+    submit(request)      queue it (thread-safe; checks the prompt fits the context)
+    cancel(request)      drop it, queued or running (a client went away); no event follows
+    step() -> events     admit what fits, run one decode step, return (request, Chunk) pairs
+
+A new sequence's prompt is prefilled alone through a batch-1 view of its row, exactly as
+generate() prefills, so what a sequence produces does not depend on its neighbours beyond the
+rounding of batched matrix products. Sampling, stop strings, end tokens, constraints and
+logprobs are generate()'s own (token by token per row): the chunks and finish reasons are the same.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from ..cache import new_cache
+from .generate import Chunk, output_limit, prefill, text_stream
+from .picker import Logprobs, Picker
+from .sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Request:
+    """One completion to make. `tag` is the caller's (an id, a reply queue)."""
+
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    constraint: object = None  # constrained.TokenConstraint, one per request
+    logprobs: Logprobs | None = None
+    tag: object = None
+
+
+class _Sequence:
+    """A running request: its row's length, its Picker and its text stream."""
+
+    def __init__(self, req: Request, limit: int, device: torch.device, model, tokenizer):
+        self.req, self.limit = req, limit
+        self.picker = Picker(req.params, req.prompt, device, head=getattr(model, "lm_head", None),
+                             constraint=req.constraint, logprobs=req.logprobs)
+        self.stats = self.picker.stats
+        self.length = 0  # tokens in its cache row
+        self.last = -1  # the token the next step feeds
+        self.pending: int | None = None  # the token text_stream reads next
+        self.text = text_stream(self._feed(), tokenizer, tuple(s for s in req.stop if s), req.prompt, self.stats)
+
+    def _feed(self) -> Iterator[int]:
+        while self.pending is not None:
+            token, self.pending = self.pending, None
+            yield token
+
+    def push(self, token: int | None) -> Chunk:
+        """The next chunk of text after `token` (None: the limit is reached, the last chunk)."""
+        self.pending = token
+        return next(self.text)
+
+
+class BatchEngine:
+    def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, rows: int, max_len: int,
+                 kv_type: str | None = None):
+        """`rows` sequences at most at once, each up to `max_len` tokens (prompt + output); the cache
+        stores keys and values as `kv_type` says (None: the compute `dtype`; "bf16" or "f16": that
+        storage type; the rows need a static cache)."""
+        if rows < 1:
+            raise ValueError("rows must be at least 1")
+        if kv_type not in (None, "bf16", "f16"):
+            raise ValueError("a batch of rows needs a float KV cache: kv_type None, bf16 or f16")
+        self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.rows, self.max_len = rows, max_len
+        self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
+        self.waiting: deque[Request] = deque()
+        self.running: list[_Sequence] = []  # running[i] holds cache row i
+        self.cancelled: set[Request] = set()  # requests to drop (held, not id()s: a freed id can be reused)
+        self.lock = threading.Lock()
+        self.clean = 0  # slots [0, clean) of every row hold finite numbers (see _clean_up_to)
+        self.steps = 0  # decode steps run
+        self.row_steps = 0  # rows decoded over all steps (steps x batch size)
+
+    # ------------------------------------------------------------------ the caller's side
+
+    def submit(self, req: Request) -> None:
+        output_limit(len(req.prompt), self.max_len, req.max_tokens)  # PromptTooLongError now, not later
+        with self.lock:
+            self.waiting.append(req)
+
+    def cancel(self, req: Request) -> None:
+        with self.lock:
+            self.cancelled.add(req)
+
+    @property
+    def busy(self) -> bool:
+        with self.lock:
+            return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ the engine's side
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Request, Chunk]]:
+        """Admit waiting requests into free rows (prefilling each), then one decode step for every
+        running sequence. Returns the chunks made, in row order; a chunk with a finish_reason is its
+        request's last."""
+        events: list[tuple[Request, Chunk]] = []
+        self._drop_cancelled()
+        while len(self.running) < self.rows:
+            with self.lock:
+                if not self.waiting:
+                    break
+                req = self.waiting.popleft()
+            self._admit(req, events)
+        if self.running:
+            self._decode(events)
+        return events
+
+    def _drop_cancelled(self) -> None:
+        with self.lock:
+            if not self.cancelled:
+                return
+            gone, self.cancelled = self.cancelled, set()
+            self.waiting = deque(r for r in self.waiting if r not in gone)
+        for i in reversed(range(len(self.running))):
+            if self.running[i].req in gone:
+                self._free(i)
+
+    def _admit(self, req: Request, events) -> None:
+        seq = _Sequence(req, output_limit(len(req.prompt), self.max_len, req.max_tokens), self.device,
+                        self.model, self.tokenizer)
+        row = len(self.running)
+        view = self.cache.row(row)
+        view.length = 0
+        hidden = seq.picker.wants_hidden
+        out = prefill(self.model, req.prompt, view, self.device, hidden=hidden)
+        logits, h = out if hidden else (out, None)
+        seq.length = len(req.prompt)
+        self.running.append(seq)
+        if not self._emit(row, logits, h, events):
+            self._free(row)
+
+    def _decode(self, events) -> None:
+        n = len(self.running)
+        slots = torch.tensor([s.length for s in self.running], dtype=torch.long, device=self.device)
+        tokens = torch.tensor([[s.last] for s in self.running], dtype=torch.long, device=self.device)
+        self.cache.length = max(s.length for s in self.running) + 1
+        self._clean_up_to(self.cache.length)
+        logits, h = self.model(tokens, self.cache, slots=slots, last_only=True, hidden=True)
+        self.steps += 1
+        self.row_steps += n
+        done = []
+        for i, seq in enumerate(self.running):
+            seq.length += 1
+            if not self._emit(i, logits[i, -1], h[i, -1], events):
+                done.append(i)
+        for i in reversed(done):
+            self._free(i)
+
+    def _clean_up_to(self, n: int) -> None:
+        """Make slots [0, n) of every row finite. A step reads each row up to the longest row's end;
+        the mask gives the slots past a row's own end zero weight, but 0 x NaN is NaN, and the cache
+        comes from torch.empty (its pages are touched only as contexts fill). Slots below `clean`
+        are finite in every row (zeroed, or written by some sequence); live slots are never zeroed.
+        Done 64 slots ahead at a time, so that it costs a step now and then, not every step."""
+        if n <= self.clean:
+            return
+        end = min(self.max_len, n + 64)
+        live = len(self.running)
+        for t in self.cache.k + self.cache.v:
+            for b, seq in enumerate(self.running):
+                if max(self.clean, seq.length) < end:
+                    t[b, :, max(self.clean, seq.length):end] = 0
+            t[live:, :, self.clean:end] = 0
+        self.clean = end
+
+    def _emit(self, row: int, logits: torch.Tensor, h, events) -> bool:
+        """Pick row's next token from logits (V,), push it through its text stream; False once the
+        sequence has finished."""
+        seq = self.running[row]
+        token = seq.picker.pick(logits, h)
+        seq.last = token
+        chunk = seq.push(token)
+        if chunk.finish_reason is None and seq.picker.grammar_done:
+            events.append((seq.req, chunk))
+            chunk = seq.push(seq.req.constraint.end_token)  # the grammar allows nothing else: it ends here
+        elif chunk.finish_reason is None and seq.stats.completion_tokens >= seq.limit:
+            events.append((seq.req, chunk))
+            chunk = seq.push(None)
+        events.append((seq.req, chunk))
+        return chunk.finish_reason is None
+
+    def _free(self, row: int) -> None:
+        """Drop row's sequence; the last live row moves into its place."""
+        last = len(self.running) - 1
+        if row != last:
+            moved = self.running[last]
+            self.cache.move_row(last, row, moved.length)
+            self.running[row] = moved
+        self.running.pop()
+
+    def run(self, requests: list[Request]) -> Iterator[tuple[Request, Chunk]]:
+        """Every request to its end: the events as they come."""
+        for r in requests:
+            self.submit(r)
+        while self.busy:
+            yield from self.step()
+

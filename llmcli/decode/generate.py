@@ -1,0 +1,151 @@
+"""Generation as a stack of generators:
+
+    token_stream   prefill the prompt (reusing what the cache already holds), then decode one token
+                   per step and yield each id
+    text_stream    ids -> text: end-of-sequence ids, stop strings (never printed, even when split
+                   across tokens), whole UTF-8 characters only
+    generate       the public entry: checks the prompt fits, picks the output limit, yields Chunk
+
+The last chunk carries `finish_reason` ("stop" or "length") and the `Stats`. Two optional
+per-sequence objects ride along: a `constraint` (constrained.TokenConstraint: a grammar masks the
+logits, and a complete grammar ends the sequence) and `logprobs` (Logprobs: records each sampled
+token's log-probability and the top alternatives).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+
+from ..cache import reuse_prefix
+from ..errors import PromptTooLongError
+from ..formats.tokenizer import StreamDecoder, Tokenizer
+from .picker import Logprobs, Picker, Stats
+from .sampling import SamplingParams
+
+PREFILL_CHUNK = 512  # tokens per forward pass when prefilling long prompts (bounds activation memory)
+
+
+@dataclass
+class Chunk:
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
+    stats: Stats | None = None
+
+
+@torch.inference_mode()
+def prefill(model, ids: list[int], cache, device: torch.device, chunk: int | None = None, hidden: bool = False):
+    """Run `ids` into the cache (after what it holds); logits (V,) of the last one (and with
+    `hidden`, its final hidden state (H,))."""
+    chunk = chunk or PREFILL_CHUNK
+    out = None
+    for i in range(0, len(ids), chunk):
+        piece = torch.tensor([ids[i:i + chunk]], dtype=torch.long, device=device)
+        out = model(piece, cache, last_only=True, hidden=hidden)
+    return (out[0][0, -1], out[1][0, -1]) if hidden else out[0, -1]
+
+
+@torch.inference_mode()
+def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int,
+                 device: torch.device, stats: Stats, step=None, shift=None, constraint=None,
+                 logprobs: Logprobs | None = None) -> Iterator[int]:
+    """Yield up to `max_new` token ids. `cache.token_ids` lists the ids in the cache slots; the
+    longest prefix shared with `prompt` is reused and only the rest is prefilled. `step` runs the
+    one-token decode steps (e.g. a compiled model); prefill always runs `model`. `shift`
+    (context_shift.ContextShift) makes room when the cache is full. `constraint` masks each step's
+    logits; once it is complete, its end token is yielded without another step (the grammar allows
+    nothing else) and not counted as generated. `logprobs` records each sampled token."""
+    step = step or model
+    picker = Picker(params, prompt, device, head=getattr(model, "lm_head", None), constraint=constraint,
+                    logprobs=logprobs, stats=stats)
+    reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
+    hidden = picker.wants_hidden
+    out = prefill(model, prompt[reuse:], cache, device, hidden=hidden)
+    logits, h = out if hidden else (out, None)
+    cache.token_ids.extend(prompt[reuse:])
+    for i in range(max_new):
+        token = picker.pick(logits, h)
+        yield token
+        if picker.grammar_done:
+            yield constraint.end_token
+            return
+        if i + 1 < max_new:
+            if shift is not None and cache.length >= cache.max_len:
+                shift.make_room(cache)
+            out = step(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True, hidden=hidden)
+            logits, h = (out[0][0, -1], out[1][0, -1]) if hidden else (out[0, -1], None)
+            cache.token_ids.append(token)
+
+
+def _partial_stop(text: str, stops: Iterable[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, ...], context: list[int],
+                stats: Stats) -> Iterator[Chunk]:
+    """Token ids -> text chunks; ends on an end-of-sequence id, a stop string, or the token limit."""
+    decoder = StreamDecoder(tokenizer, context)
+    pending = ""  # decoded text held back because it might be the start of a stop string
+    for token in tokens:
+        if token in tokenizer.eos_ids:
+            tokens.close()
+            yield Chunk(pending, [token], "stop", stats)
+            return
+        pending += decoder.push(token)
+        hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
+        if hits:
+            tokens.close()
+            yield Chunk(pending[: min(hits)], [token], "stop", stats)
+            return
+        keep = _partial_stop(pending, stops)
+        out, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")
+        yield Chunk(out, [token])
+    yield Chunk(pending + decoder.flush(), [], "length", stats)
+
+
+def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> int:
+    """min(context - prompt, max_tokens); a prompt that leaves no room is an error, never a truncation."""
+    room = ctx_size - prompt_tokens
+    if room < 1:
+        raise PromptTooLongError(
+            f"the prompt is {prompt_tokens} tokens but the context holds {ctx_size}; "
+            "shorten the prompt or raise --ctx-size")
+    return room if max_tokens is None else min(room, max_tokens)
+
+
+def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
+             max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None,
+             step=None, shift=None, constraint=None, logprobs: Logprobs | None = None,
+             stream=None) -> Iterator[Chunk]:
+    """Stream the completion of `prompt` (token ids) as Chunks; `step` runs decode steps (default: model).
+    With `shift` (context_shift.ContextShift) generation goes past the context: only `max_tokens` ends it.
+    `constraint` (constrained.TokenConstraint, one per sequence) keeps the output inside a grammar;
+    `logprobs` (Logprobs) collects each sampled token's log-probabilities. `stream` replaces
+    token_stream (same arguments): another decoding strategy, e.g. beam.py's or speculative.py's,
+    under the same stop, end-token and UTF-8 handling; it takes no constraint or logprobs."""
+    if not prompt:
+        raise ValueError("empty prompt")
+    device = device or next(model.parameters()).device
+    limit = output_limit(len(prompt), cache.max_len, max_tokens)
+    if shift is not None:
+        limit = max_tokens or sys.maxsize
+    stats = Stats(prompt_tokens=len(prompt))
+    if stream is None:
+        tokens = token_stream(model, prompt, cache, params, limit, device, stats, step, shift, constraint, logprobs)
+    elif constraint is not None or logprobs is not None:
+        raise ValueError("a constraint or logprobs need token-by-token decoding")
+    else:
+        tokens = stream(model, prompt, cache, params, limit, device, stats, step, shift)
+    stops = tuple(s for s in stop if s)
+    yield from text_stream(tokens, tokenizer, stops, prompt, stats)

@@ -1,0 +1,130 @@
+"""The choice of each token of one sequence, in one place for every way of decoding.
+
+A Picker belongs to one sequence. Given the logits (V,) of its next position (and, for greedy
+decoding, the final hidden state (H,)), it rescores near ties in float32, applies the penalties over
+the sequence's own history, masks what a grammar forbids, samples with the sequence's seeded
+generator, records the token's log-probabilities and keeps the timing stats. generate.py,
+batched.py and speculative.py all pick through it, so their tokens are the same for the same logits.
+Beam search is the exception: it ranks every beam's continuations together (beam.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams, make_generator, penalty_history, sample, token_logprobs
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV were already in the cache (not prefilled again)
+    ttft_s: float = 0.0  # from the call to the first sampled token
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    seed: int = -1
+    extra: dict = field(default_factory=dict)  # what a decoding strategy adds (beams, draft acceptance)
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefilled_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        # the first token comes out of prefill; the rest are decode steps
+        steps = max(0, self.completion_tokens - 1)
+        return steps / self.decode_s if self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens, "ttft_s": round(self.ttft_s, 4),
+                "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
+                "prefill_tokens_per_s": round(self.prefill_tps, 2), "decode_tokens_per_s": round(self.decode_tps, 2),
+                "seed": self.seed, **self.extra}
+
+
+@dataclass
+class Logprobs:
+    """Per sampled token: (id, logprob, [(id, logprob) of the `top` most likely]), from the model's own
+    distribution: before penalties, temperature, truncation and any grammar mask (as OpenAI reports)."""
+
+    top: int = 0
+    entries: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+
+    def record(self, logits: torch.Tensor, token: int) -> None:
+        self.entries.append((token, *token_logprobs(logits, token, self.top)))
+
+
+NEAR_TIE = 2.0 ** -6  # relative gap under which half-precision rounding may have decided the top token
+RESCORED = 8  # candidates rescored in float32
+
+
+def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Logits (V,) with the best candidates recomputed in float32 when the top two are nearly tied.
+
+    Half-precision kernels give logits 8 significant bits: near 20 they are 0.125 apart, so near-ties
+    become ties and greedy decoding would turn on rounding (on SmolLM2 q4, one step in ~50), and on
+    which kernels ran (eager or compiled). Rescoring from the head's weight rows and the hidden state
+    `h` (H,) costs a few dot products, only then. A quantized head rounds too, whatever the compute
+    dtype: its kernels take bfloat16 activations (a float32 model on a CPU without native bf16)."""
+    exact = h.dtype == torch.float32 and getattr(getattr(head, "weight", None), "dtype", None) == torch.float32
+    if exact or logits.shape[-1] < 2 or getattr(head, "bias", None) is not None or not hasattr(head, "weight_rows"):
+        return logits
+    top = logits.topk(min(RESCORED, logits.shape[-1]))
+    if float(top.values[0] - top.values[1]) > NEAR_TIE * abs(float(top.values[0])):
+        return logits
+    rows = head.weight_rows(top.indices, torch.float32)
+    if rows is None:
+        return logits
+    return logits.index_put((top.indices,), rows @ h.float())
+
+
+class Picker:
+    """Chooses the tokens of one sequence. `head`: the model's output layer (for rescoring near
+    ties); `constraint` (constrained.TokenConstraint) masks the logits; `logprobs` records each pick."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int], device: torch.device, *, head=None,
+                 constraint=None, logprobs: Logprobs | None = None, stats: Stats | None = None):
+        self.params, self.device, self.head = params, device, head
+        self.constraint, self.logprobs = constraint, logprobs
+        self.stats = stats if stats is not None else Stats(prompt_tokens=len(prompt))
+        self.generator, self.stats.seed = make_generator(params.seed, device)
+        self.history = list(prompt)  # what the penalties look back over
+        self.t0 = time.perf_counter()  # the first pick ends the prefill; later ones are decode
+
+    @property
+    def wants_hidden(self) -> bool:
+        """Greedy picks rescore near ties from the final hidden state: the model must return it."""
+        return self.params.greedy
+
+    def pick(self, logits: torch.Tensor, h: torch.Tensor | None = None) -> int:
+        """The next token for logits (V,); `h` (H,) the hidden state they came from (greedy)."""
+        if self.params.greedy and h is not None:
+            logits = rescore_near_ties(self.head, logits, h)
+        allowed = self.constraint.mask(logits) if self.constraint is not None else logits
+        token = sample(allowed, penalty_history(self.history, self.params, self.device), self.params, self.generator)
+        if self.logprobs is not None:
+            self.logprobs.record(logits, token)
+        if self.constraint is not None:
+            self.constraint.advance(token)
+        self.history.append(token)
+        stats, now = self.stats, time.perf_counter()
+        if stats.completion_tokens == 0:
+            stats.ttft_s = stats.prefill_s = now - self.t0
+        else:
+            stats.decode_s = now - self.t0 - stats.prefill_s
+        stats.completion_tokens += 1
+        return token
+
+    @property
+    def grammar_done(self) -> bool:
+        """The grammar is complete: its end token is the only continuation (not counted as generated)."""
+        return self.constraint is not None and self.constraint.is_done()

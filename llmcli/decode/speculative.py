@@ -1,0 +1,145 @@
+"""Speculative decoding: cheap guesses of the next K tokens, checked by the model in one forward pass.
+
+A proposer guesses: a small or quantized draft model decoding greedily (`DraftModel`), or prompt
+lookup (`PromptLookup`: the last n-gram of the context found earlier in it, and what followed). The
+model runs the pending token and the K guesses as one (1, K+1) forward and picks, at each of the K+1
+positions, the token greedy decoding would pick there; the guesses are accepted up to the first one
+that differs, and the model's own pick follows them, so every pass yields 1..K+1 tokens. The cache
+is truncated back to the accepted tokens.
+
+Greedy only. The picks are plain greedy's: the same Picker (penalties included) over the same
+history, and near-ties rescored in float32 from each position's hidden state.
+The one difference is arithmetic: a (K+1)-token forward rounds differently from a one-token one
+(GEMM vs GEMV), so in bfloat16 a token whose top two logits are closer than that rounding, and not
+caught by the rescoring, differs from plain greedy's, and the answers part from there (SmolLM2 bf16,
+a story prompt: after 5 tokens); in float32 the differences are ~1e-6 and the outputs are the
+same (tests/test_speculative.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from ..cache import reuse_prefix
+from ..errors import InvalidParameterError
+from .generate import prefill
+from .picker import Picker, Stats
+from .sampling import SamplingParams
+
+DRAFT_TOKENS = 8  # guesses per pass with a draft model (SmolLM2 bf16 + its q4 copy: see the README)
+LOOKUP_TOKENS = 10  # with prompt lookup: guesses cost nothing to make (transformers' prompt_lookup_num_tokens)
+LOOKUP_NGRAM = 3  # longest n-gram matched (transformers' max_matching_ngram_size is 2; llama.cpp's lookup 4)
+
+
+class PromptLookup:
+    """Guesses from the context itself: the latest earlier occurrence of its last n tokens (n from
+    `ngram` down to 1) and the tokens that followed it. Good at copying: code edits, quotes, summaries."""
+
+    def __init__(self, ngram: int = LOOKUP_NGRAM):
+        self.ngram = ngram
+        self.seen: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram + 1)]  # n -> n-gram -> start
+        self.indexed = 0  # n-grams ending before this position are in `seen`
+        self.context: list[int] = []
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        if context[: self.indexed] != self.context[: self.indexed]:  # another context: start over
+            self.seen, self.indexed = [{} for _ in range(self.ngram + 1)], 0
+        self.context = context
+        for end in range(max(self.indexed, 1), len(context)):  # n-grams followed by at least one token
+            for n in range(1, min(self.ngram, end) + 1):
+                self.seen[n][tuple(context[end - n:end])] = end - n
+        self.indexed = max(self.indexed, len(context))
+        for n in range(min(self.ngram, len(context) - 1), 0, -1):
+            start = self.seen[n].get(tuple(context[-n:]))
+            if start is not None:
+                return context[start + n: start + n + k]
+        return []
+
+
+class DraftModel:
+    """Guesses from a draft model decoding greedily, with its own cache kept in step with the context."""
+
+    def __init__(self, model, cache, device: torch.device, step=None):
+        self.model, self.cache, self.device, self.step = model, cache, device, step or model
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        keep = reuse_prefix(self.cache, context)
+        logits = prefill(self.model, context[keep:], self.cache, self.device)
+        self.cache.token_ids = list(context)
+        guesses = []
+        for i in range(k):
+            guesses.append(int(logits.argmax()))
+            if i + 1 < k:
+                out = self.step(torch.tensor([[guesses[-1]]], device=self.device), self.cache, last_only=True)
+                logits = out[0, -1]
+                self.cache.token_ids.append(guesses[-1])
+        return guesses
+
+
+def check_speculative(params: SamplingParams, draft_tokens: int | None, lookup_ngram: int) -> None:
+    if not params.greedy:
+        raise InvalidParameterError("--draft and --lookup decode greedily for now; add --temp 0")
+    if draft_tokens is not None and not 1 <= draft_tokens <= 64:
+        raise InvalidParameterError(f"--draft-tokens must be in 1..64, got {draft_tokens}")
+    if not 1 <= lookup_ngram <= 8:
+        raise InvalidParameterError(f"--lookup-ngram must be in 1..8, got {lookup_ngram}")
+
+
+@torch.inference_mode()
+def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int,
+                       device: torch.device, stats: Stats, step=None, shift=None, *, proposer,
+                       draft_tokens: int) -> Iterator[int]:
+    """token_stream's drop-in for generate(stream=...): the same tokens as greedy decoding, 1..K+1 per
+    forward pass of `model`. `step` runs the passes that have no guess (one token); the stats gain
+    `draft_tokens` (guessed), `accepted_tokens` and `acceptance_rate`."""
+    if not params.greedy:
+        raise InvalidParameterError("--draft and --lookup decode greedily for now; add --temp 0")
+    if shift is not None:
+        raise InvalidParameterError("--context-shift does not work with --draft or --lookup")
+    step = step or model
+    t0 = time.perf_counter()
+    picker = Picker(params, prompt, device, head=getattr(model, "lm_head", None), stats=stats)
+    reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
+    logits, h = prefill(model, prompt[reuse:], cache, device, hidden=True)
+    cache.token_ids.extend(prompt[reuse:])
+    context = list(prompt)  # the ids in the cache, then `token`, pending
+    token = picker.pick(logits, h)
+    proposer.propose(context, 0)  # the draft reads the prompt now, as part of prefill
+    stats.ttft_s = stats.prefill_s = time.perf_counter() - t0
+    drafted = accepted = 0
+    yield token
+    while stats.completion_tokens < max_new:
+        k = min(draft_tokens, max_new - stats.completion_tokens - 1)  # never past max_new (nor the context)
+        guesses = proposer.propose(context + [token], k) if k else []
+        run = step if not guesses else model
+        logits, h = run(torch.tensor([[token] + guesses], device=device), cache, hidden=True)  # (1, 1+G, V)
+        context.append(token)
+        new = []
+        for i in range(len(guesses) + 1):
+            new.append(picker.pick(logits[0, i], h[0, i]))
+            if i == len(guesses) or new[-1] != guesses[i]:
+                break
+        ok = len(new) - 1  # guesses accepted; new[-1] is the model's own pick after them
+        cache.truncate(len(context) + ok)
+        cache.token_ids.extend([context[-1]] + guesses[:ok])
+        drafted, accepted = drafted + len(guesses), accepted + ok
+        if guesses:
+            stats.extra.update({"draft_tokens": drafted, "accepted_tokens": accepted,
+                                "acceptance_rate": round(accepted / drafted, 4)})
+        context.extend(new[:-1])
+        token = new[-1]
+        yield from new
+
+
+def check_draft(target, draft, sample: str) -> None:
+    """`target`, `draft`: loader.LoadedModel. A draft must speak the target's token ids."""
+    a, b = target.args.vocab_size, draft.args.vocab_size
+    same = a == b and target.tokenizer.vocab_size == draft.tokenizer.vocab_size
+    if same and target.tokenizer.encode(sample) != draft.tokenizer.encode(sample):
+        same = False
+    if not same:
+        raise InvalidParameterError(f"the draft model's vocabulary ({b} tokens) is not the model's ({a}); "
+                                    "--draft needs a model with the same tokenizer")

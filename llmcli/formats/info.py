@@ -1,0 +1,47 @@
+"""What a model on disk is, read from its headers only (formats/open.py; no weights loaded), for `llmcli show`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .open import ModelFile
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    format: str  # "gguf" | "safetensors"
+    architecture: str | None = None
+    parameters: int | None = None
+    context_length: int | None = None
+    quantization: str | None = None  # e.g. "Q4_1 (Q4_1 x 210, Q8_0 x 1, F32 x 61)" or "none (bfloat16)"
+    chat_template: str | None = None
+    license: str | None = None
+    files: list[dict] = field(default_factory=list)  # [{"name", "size"}]
+
+    @property
+    def size(self) -> int:
+        return sum(f["size"] for f in self.files)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "size": self.size}
+
+
+def inspect(model: ModelFile) -> ModelInfo:
+    if model.is_gguf:
+        types = model.tensor_types()
+        kind = model.file_type or (types.most_common(1)[0][0] if types else "unknown")
+        mix = ", ".join(f"{t} x {n}" for t, n in types.most_common())
+        quantization = f"{kind} ({mix})"
+    else:
+        quantized = model.metadata.get("quantization_config")
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else None
+        plain = ", ".join(_DTYPE_NAMES.get(d, d) for d, _ in model.tensor_types().most_common())
+        quantization = method or f"none ({plain})"
+    return ModelInfo(path=str(model.path), format=model.format, architecture=model.architecture,
+                     parameters=model.parameters(), context_length=model.context_length,
+                     quantization=quantization, chat_template=model.stored_chat_template, license=model.license,
+                     files=model.files_on_disk())
+
+
+_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}

@@ -1,0 +1,62 @@
+"""A model file's tensors, read lazily one at a time under their Hugging Face names (formats/open.py
+hands them out): converting or quantizing never holds the whole float model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import CorruptModelError
+from . import gguf as gguf_file
+
+
+@dataclass
+class Source:
+    """One tensor of the source model, under its Hugging Face name."""
+
+    name: str
+    shape: tuple[int, ...]
+    values: Callable[[], torch.Tensor]  # float32 on the CPU, Q/K rows already un-permuted
+    gguf_type: str | None = None  # e.g. "Q4_1" for a GGUF tensor
+    raw: Callable[[], np.ndarray] | None = None  # the GGUF bytes, for a direct import
+    heads: int | None = None  # rows to un-permute after a direct import (llama Q/K in GGUF)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+
+def gguf_sources(reader, args, arch: str) -> list[Source]:
+    out = []
+    for name, t, heads in gguf_file.iter_tensors(reader, args, arch):
+        def values(t=t, heads=heads):
+            w = torch.from_numpy(gguf_file.tensor_values(t, arch))
+            return (gguf_file.unpermute_rows(w, heads) if heads is not None else w).float()
+
+        out.append(Source(name, gguf_file.tensor_shape(t), values, t.tensor_type.name, lambda t=t: t.data, heads))
+    return out
+
+
+def folder_sources(files: list[Path]) -> list[Source]:
+    out = []
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                names = [(name, tuple(f.get_slice(name).get_shape())) for name in f.keys()]
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CorruptModelError(f"{path} is truncated or corrupt ({e}); download it again") from None
+        for name, shape in names:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+
+            def values(path=path, name=name):
+                with safe_open(str(path), framework="pt", device="cpu") as g:
+                    return g.get_tensor(name).float()
+
+            out.append(Source(name, shape, values))
+    return out

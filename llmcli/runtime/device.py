@@ -1,0 +1,172 @@
+"""The one place that picks the device, the compute dtype and the thread count.
+
+Everything below receives a `torch.device` and a `torch.dtype` from here and passes them down; no
+other module asks torch which accelerators exist.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import DeviceUnavailableError, InvalidParameterError, LlmcliWarning
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+           "f32": torch.float32, "f16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: torch.dtype
+    threads: int
+    reason: str  # one line for --verbose: why this device and dtype
+    full_precision: bool = False  # float32 asked for: a GGUF's blocks are dequantized, not kept packed
+
+    @property
+    def backend(self) -> str:
+        return self.device.type
+
+    @property
+    def keeps_blocks(self) -> bool:
+        """Whether a GGUF file's quantized blocks stay packed. Only an explicit `--dtype float32`
+        dequantizes them: a CPU without native bf16 computes in float32 by default, and its
+        quantized kernels still read the packed weights (a fifth of the memory)."""
+        return not self.full_precision
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps and mps.is_available())
+
+
+def _cpu_has_bf16() -> bool:
+    # AVX-512 BF16 or AMX make bf16 matmuls native; elsewhere bf16 is emulated and slower than fp32
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX512", "AMX"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def available_cpus() -> int:
+    """Logical CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (hyper-threads slow down GEMV-bound decoding)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:  # macOS
+        return max(1, (os.cpu_count() or 2) // 2 if os.uname().machine == "x86_64" else os.cpu_count() or 1)
+    try:
+        cores = set()
+        with open("/proc/cpuinfo") as f:
+            cpu, phys, core = None, None, None
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "processor":
+                    cpu = int(value)
+                elif key == "physical id":
+                    phys = value
+                elif key == "core id":
+                    core = value
+                elif not key and cpu is not None:
+                    if cpu in allowed:
+                        cores.add((phys, core))
+                    cpu, phys, core = None, None, None
+            if cpu is not None and cpu in allowed:
+                cores.add((phys, core))
+        if cores and (None, None) not in cores:
+            return len(cores)
+    except (OSError, ValueError):
+        pass
+    return len(allowed)
+
+
+def resolve_device(requested: str = "auto") -> torch.device:
+    """cuda > mps > cpu for "auto"; a named device must exist, or the message says what to use."""
+    requested = (requested or "auto").lower()
+    if requested not in DEVICE_CHOICES and not requested.startswith("cuda:"):
+        raise InvalidParameterError(f"unknown device {requested!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            why = "this PyTorch build has no CUDA support" if torch.version.cuda is None else "no NVIDIA GPU is visible"
+            raise DeviceUnavailableError(f"--device cuda was asked for but {why}; use --device cpu (or auto)")
+        return torch.device(requested)
+    if requested == "mps" and not _mps_available():
+        raise DeviceUnavailableError("--device mps was asked for but no Apple GPU (MPS) is available; use --device cpu (or auto)")
+    return torch.device(requested)
+
+
+def resolve_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
+    requested = (requested or "auto").lower()
+    if requested != "auto":
+        if requested not in _DTYPES:
+            raise InvalidParameterError(f"unknown dtype {requested!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+        dtype = _DTYPES[requested]
+        if device.type == "mps" and dtype == torch.bfloat16 and not _mps_bf16_ok():
+            raise DeviceUnavailableError("this Mac's MPS backend has no bfloat16; use --dtype float16")
+        return dtype
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+
+
+def _mps_bf16_ok() -> bool:
+    try:
+        torch.zeros(1, dtype=torch.bfloat16, device="mps")
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def place(device: str = "auto", dtype: str = "auto", threads: int | None = None) -> Placement:
+    """Decide once, at the edge, where the model runs; also sets torch's CPU thread count."""
+    if threads is not None and threads < 1:
+        raise InvalidParameterError(f"--threads must be at least 1, got {threads}")
+    if threads is not None and threads > (available := available_cpus()):  # more only oversubscribes
+        warnings.warn(LlmcliWarning(f"--threads {threads} is more than the {available} CPUs available; "
+                                    f"using {available}"), stacklevel=2)
+        threads = available
+    dev = resolve_device(device)
+    dt = resolve_dtype(dev, dtype)
+    n = threads or physical_cores()
+    torch.set_num_threads(n)
+    how = "asked for" if device not in (None, "auto") else "auto: " + (
+        "CUDA found" if dev.type == "cuda" else "MPS found" if dev.type == "mps" else "no GPU found")
+    dt_how = "asked for" if dtype not in (None, "auto") else (
+        "native bf16 on this CPU" if dev.type == "cpu" and dt == torch.bfloat16 else "default for the device")
+    reason = f"device {dev} ({how}), dtype {str(dt).removeprefix('torch.')} ({dt_how}), {n} threads"
+    return Placement(dev, dt, n, reason, full_precision=dtype not in (None, "auto") and dt == torch.float32)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels, so that host timings measure the work (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

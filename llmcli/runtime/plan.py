@@ -1,0 +1,287 @@
+"""The memory planner: before loading, what a model needs, where each part lives, and what to give up.
+
+    parts     the weights after the quantization that will be applied (probe.py), the KV
+              cache for the context, by kind (its bytes are the tensors the cache allocates), the
+              activations of one 512-token prefill chunk (an estimate of the largest intermediates),
+              and headroom for the allocator and kernels' workspaces
+    budget    what is free on the device (probe.detect_budget), and in host memory for an
+              offloaded cache on CUDA/MPS
+    decision  in order, the first that keeps the requested context: the KV cache on the device in the
+              compute dtype; int8; int4; offloaded (the first N layers on the device, the rest in host
+              memory; not on the CPU, where both are the same memory); only then a smaller context,
+              and the plan says so. A context the user asked for explicitly is never shrunk: it is an
+              error that says what it needs and what would fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..cache import KV_BITS, KV_DTYPES, new_cache
+from ..cache.quantized import GROUP, channel_group
+from ..errors import InvalidParameterError, LlmcliError
+from .probe import Budget
+
+PREFILL_CHUNK = 512  # generate.PREFILL_CHUNK (not imported: the planner stays light)
+MIN_CONTEXT = 256  # a smaller context than this is not offered in place of the one asked for
+OFFLOAD_CHOICES = ("auto", "on", "off")
+
+
+class NotEnoughMemoryError(LlmcliError):
+    """Nothing fits: the message says what is needed and what would fit."""
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    nbytes: int
+    where: str  # "cuda" | "mps" | "cpu" | "host"
+
+
+@dataclass(frozen=True)
+class CacheChoice:
+    kv_type: str | None = None  # None: the compute dtype
+    device_layers: int | None = None  # None: every layer on the device; else the rest offloaded
+
+    def describe(self, args, dtype: torch.dtype, device: str) -> str:
+        kind = self.kv_type or _dtype_name(dtype)
+        if self.device_layers is None:
+            return f"{kind}, all {args.num_hidden_layers} layers on {device}"
+        return f"{kind}, {self.device_layers} of {args.num_hidden_layers} layers on {device}, the rest in host memory"
+
+
+# ------------------------------------------------------------------------------------ sizes
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _layers(a: int, b: int) -> str:
+    return f"layer {a}" if b == a + 1 else f"layers {a}-{b - 1}"
+
+
+def kv_parts(args, ctx: int, dtype: torch.dtype, choice: CacheChoice, device: str, batch: int = 1) -> list[Part]:
+    """The tensors a cache of `choice` allocates for `ctx` tokens (cache.new_cache), by part."""
+    L, H, D = args.num_hidden_layers, args.num_key_value_heads, args.head_dim
+    per_token = batch * H * D  # values of K (or V) per token per layer
+    c = dtype.itemsize
+    bits = KV_BITS.get(choice.kv_type)
+    if bits:
+        groups = ctx // GROUP
+        slots = groups * GROUP
+        codes = 2 * batch * H * slots * (D // 2 if bits == 4 else D)
+        scales = (batch * H * groups * D + batch * H * slots * (D // channel_group(D))) * (2 if bits == 4 else 1)
+        tails = 2 * batch * H * GROUP * D
+        return [Part(f"KV cache {choice.kv_type}, {L} layers (scales and last group included)",
+                     L * (codes + (scales + tails) * c), device),
+                Part("KV attention buffer (one layer dequantized)", 2 * per_token * ctx * c, device)]
+    s = KV_DTYPES.get(choice.kv_type, dtype).itemsize
+    layer = 2 * per_token * ctx * s
+    kind = choice.kv_type or _dtype_name(dtype)
+    n = L if choice.device_layers is None else choice.device_layers
+    parts = [Part(f"KV cache {kind}, {_layers(0, n)}", n * layer, device)] if n else []
+    if choice.device_layers is not None:
+        parts.append(Part(f"KV transfer slots ({min(2, L - n)} layers)", min(2, L - n) * layer, device))
+        parts.append(Part(f"KV cache {kind}, {_layers(n, L)} (offloaded)", (L - n) * layer, "host"))
+    elif s != c:
+        parts.append(Part(f"KV attention buffer (one layer in {_dtype_name(dtype)})", 2 * per_token * ctx * c, device))
+    return parts
+
+
+def activation_bytes(args, ctx: int, dtype: torch.dtype) -> int:
+    """The largest intermediates of one prefill chunk: hidden states, q/k/v, MLP, mask, logits (an estimate)."""
+    T = min(PREFILL_CHUNK, ctx)
+    h, i = args.hidden_size, args.intermediate_size
+    qkv = (args.num_attention_heads + 2 * args.num_key_value_heads) * args.head_dim
+    per_token = 6 * h + 3 * qkv + 3 * i
+    return T * per_token * dtype.itemsize + T * ctx + 2 * args.vocab_size * 4
+
+
+def headroom_bytes(budget: Budget) -> int:
+    """Left free for the allocator's fragmentation and kernels' workspaces."""
+    return max(64 * 2**20, budget.free // 20)
+
+
+# ------------------------------------------------------------------------------------ plan
+
+
+@dataclass
+class Plan:
+    args: object  # ModelArgs
+    dtype: torch.dtype
+    budget: Budget
+    ctx: int
+    requested: int
+    ctx_source: str  # why `requested`: "--ctx-size", "the model's trained context", ...
+    choice: CacheChoice
+    parts: list[Part]
+    notes: list[str] = field(default_factory=list)  # what the plan gave up, for the user
+    rows: int = 1  # sequences the cache holds at once (batch, serve), each of `ctx` tokens
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts if p.where != "host")
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts if p.where == "host")
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts if p.name.startswith("KV "))
+
+    def new_cache(self, device: torch.device, max_len: int | None = None, rows: int = 1):
+        return new_cache(self.args, max_len or self.ctx, device, self.dtype, self.choice.kv_type,
+                         self.choice.device_layers, batch=rows)
+
+    def as_dict(self) -> dict:
+        b = self.budget
+        return {"device": b.device, "free_bytes": b.free, "host_free_bytes": b.host_free, "free_source": b.source,
+                "context": self.ctx, "requested_context": self.requested, "context_source": self.ctx_source,
+                "rows": self.rows,
+                "kv_type": self.choice.kv_type or _dtype_name(self.dtype), "kv_device_layers": self.choice.device_layers,
+                "parts": [{"name": p.name, "where": p.where, "bytes": p.nbytes} for p in self.parts],
+                "device_bytes": self.device_bytes, "host_bytes": self.host_bytes, "notes": list(self.notes)}
+
+    def table(self) -> str:
+        b = self.budget
+        host = "" if b.host_free is None or not self.host_bytes else f"; host {human(b.host_free)} free"
+        lines = [f"memory plan for {b.device}: {human(b.free)} free ({b.source}){host}",
+                 f"context {self.ctx} tokens" + (f" ({self.ctx_source})" if self.ctx == self.requested
+                                                 else f" (asked for {self.requested}: {self.ctx_source})"),
+                 f"KV cache {self.choice.describe(self.args, self.dtype, b.device)}"
+                 + (f", {self.rows} rows of {self.ctx} tokens" if self.rows > 1 else "")]
+        width = max(len(p.name) for p in self.parts)
+        lines.append(f"  {'part':{width}}  {'where':5}  {'size':>10}")
+        for p in self.parts:
+            lines.append(f"  {p.name:{width}}  {p.where:5}  {human(p.nbytes):>10}")
+        lines.append(f"  {'total on the device':{width}}  {b.device:5}  {human(self.device_bytes):>10}")
+        if self.host_bytes:
+            lines.append(f"  {'total in host memory':{width}}  {'host':5}  {human(self.host_bytes):>10}")
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+def human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{size:.2f} GiB"
+
+
+def _parts(args, weights: int, weights_label: str, ctx: int, dtype, choice: CacheChoice, budget: Budget,
+           rows: int = 1) -> list[Part]:
+    d = budget.device
+    return ([Part(f"weights {weights_label}", weights, d)] + kv_parts(args, ctx, dtype, choice, d, rows)
+            + [Part(f"activations ({min(PREFILL_CHUNK, ctx)}-token prefill chunk, estimate)",
+                    activation_bytes(args, ctx, dtype), d),
+               Part("headroom (allocator, kernels)", headroom_bytes(budget), d)])
+
+
+def _from(budget: Budget) -> str:
+    return f" ({budget.source})" if budget.source else ""
+
+
+def _fits(parts: list[Part], budget: Budget) -> bool:
+    device = sum(p.nbytes for p in parts if p.where != "host")
+    host = sum(p.nbytes for p in parts if p.where == "host")
+    if budget.host_free is None:  # one memory for both
+        return device + host <= budget.free
+    return device <= budget.free and host <= budget.host_free
+
+
+def _choices(args, budget: Budget, kv_type: str | None, kv_offload: str, rows: int = 1) -> list[CacheChoice]:
+    """Cache kinds in the order the planner tries them (offloaded: as many layers on the device as
+    possible, so each offloaded choice is tried from the most device layers down). Several rows
+    decode from one static cache (decode/batched.py): float kinds on the device only."""
+    floats = kv_type is None or kv_type in KV_DTYPES
+    if rows > 1:
+        if not floats or kv_offload == "on":
+            raise InvalidParameterError(f"decoding {rows} rows at once needs a float KV cache on the device; "
+                                        "use --kv-type bf16 or f16 and --kv-offload off")
+        return [CacheChoice(kv_type)]
+    if kv_offload == "on":
+        return [CacheChoice(kv_type, 0)]
+    on_device = [CacheChoice(kv_type)] if kv_type else [CacheChoice(None), CacheChoice("int8"), CacheChoice("int4")]
+    if kv_offload == "off" or not floats or budget.device == "cpu":
+        return on_device
+    L = args.num_hidden_layers
+    return on_device + [CacheChoice(kv_type, n) for n in range(L - 1, -1, -1)]
+
+
+def check_kv_offload(value: str, kv_type: str | None) -> str:
+    if value not in OFFLOAD_CHOICES:
+        raise InvalidParameterError(f"--kv-offload must be one of {', '.join(OFFLOAD_CHOICES)}, got {value!r}")
+    if value == "on" and kv_type in KV_BITS:
+        raise InvalidParameterError(f"--kv-offload on keeps the cache in floating point; use --kv-type bf16 or f16 "
+                                    f"with it, or drop --kv-offload to keep {kv_type} on the device")
+    return value
+
+
+def _largest_context(args, weights, label, dtype, choice, budget, upto: int, rows: int = 1) -> int:
+    lo, hi = 0, upto  # fits(lo) holds (0 tokens: nothing to hold)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(_parts(args, weights, label, mid, dtype, choice, budget, rows), budget):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def plan(args, weights: int, weights_label: str, budget: Budget, dtype: torch.dtype, ctx: int, *,
+         ctx_source: str = "the model's trained context", ctx_given: bool = False, kv_type: str | None = None,
+         kv_offload: str = "auto", rows: int = 1) -> Plan:
+    """The first cache choice that keeps `ctx` (for each of `rows` sequences) in `budget`, or (when
+    `ctx` was not asked for explicitly) the largest context that fits, with a note.
+    NotEnoughMemoryError when nothing fits."""
+    kv_offload = check_kv_offload(kv_offload, kv_type)
+    choices = _choices(args, budget, kv_type, kv_offload, rows)
+    d = budget.device
+    for choice in choices:
+        parts = _parts(args, weights, weights_label, ctx, dtype, choice, budget, rows)
+        if _fits(parts, budget):
+            p = Plan(args, dtype, budget, ctx, ctx, ctx_source, choice, parts, rows=rows)
+            if choice != choices[0]:
+                first = _parts(args, weights, weights_label, ctx, dtype, choices[0], budget, rows)
+                kind = choices[0].describe(args, dtype, d).split(",")[0]
+                p.notes.append(f"with a {kind} KV cache the model would need "
+                               f"{human(sum(q.nbytes for q in first if q.where != 'host'))} on {d} but "
+                               f"{human(budget.free)} is free; using {choice.describe(args, dtype, d)} "
+                               f"to keep the context of {ctx}")
+            return p
+    no_kv = _parts(args, weights, weights_label, 1, dtype, CacheChoice(None), budget)
+    base = sum(q.nbytes for q in no_kv if not q.name.startswith("KV "))
+    if base > budget.free:
+        raise NotEnoughMemoryError(
+            f"the weights need {human(weights)} ({weights_label}), {human(base)} with activations and headroom, "
+            f"but {human(budget.free)} is free on {d}{_from(budget)}; use a smaller --quant preset (q4) "
+            f"or another --device")
+    # nothing keeps the context: the largest that fits, from the most compact choice of each kind
+    compact = [c for c in choices if c.device_layers in (None, 0)]
+    best, best_choice = 0, compact[0]
+    for choice in compact:
+        n = _largest_context(args, weights, weights_label, dtype, choice, budget, ctx, rows)
+        if n > best:
+            best, best_choice = n, choice
+    best = best // 256 * 256 if best >= 512 else best
+    need = min(sum(q.nbytes for q in _parts(args, weights, weights_label, ctx, dtype, c, budget, rows)) for c in compact)
+    flags = f" with --kv-type {best_choice.kv_type}" if best_choice.kv_type and not kv_type else ""
+    if ctx_given or best < min(MIN_CONTEXT, ctx):
+        fit = f"--ctx-size {best}{flags} fits" if best >= 1 else "no context fits"
+        raise NotEnoughMemoryError(
+            f"a context of {ctx} tokens needs at least {human(need)} but {human(budget.free)} is free on "
+            f"{d}{_from(budget)}; {fit}")
+    if best_choice.device_layers == 0:  # as many layers on the device as fit at that context
+        best_choice = next(c for c in choices if c.device_layers is not None and
+                           _fits(_parts(args, weights, weights_label, best, dtype, c, budget, rows), budget))
+    p = Plan(args, dtype, budget, best, ctx, ctx_source, best_choice,
+             _parts(args, weights, weights_label, best, dtype, best_choice, budget, rows), rows=rows)
+    p.notes.append(f"{ctx_source} of {ctx} tokens needs at least {human(need)} but {human(budget.free)} is free "
+                   f"on {d}; using a context of {best} ({best_choice.describe(args, dtype, d)}); "
+                   f"--ctx-size sets it")
+    return p

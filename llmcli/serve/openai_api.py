@@ -1,0 +1,385 @@
+"""OpenAI's wire format, both ways: a request body (a dict from JSON) -> a checked Job, and the
+pieces of the answer -> the dicts OpenAI returns. No HTTP and no model here (http.py has those).
+
+    chat_job(body), completion_job(body)    every field checked; a mistake is ApiError(400, ...)
+    chat_response / chat_chunk              chat.completion and chat.completion.chunk objects
+    completion_response / completion_chunk  text_completion objects (the legacy endpoint)
+    LogprobCursor                           a request's Logprobs entries, handed out chunk by chunk
+
+Defaults are OpenAI's, not llama.cpp's: temperature 1, top_p 1, no top-k / min-p, and the legacy
+completions endpoint stops at 16 tokens unless max_tokens says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..decode.sampling import MAX_SEED, SamplingParams
+from ..errors import InvalidParameterError
+
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_TOP_LOGPROBS = 20
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat has none: until the context is full)
+JSON_OBJECT = '{"type": "object"}'  # response_format json_object: any JSON object
+IMPOSSIBLE = -9999.0  # what OpenAI reports for a logprob of -inf (JSON has no infinity)
+
+
+class ApiError(Exception):
+    """An answer other than 200, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Job:
+    """What one request asks for, checked. Exactly one of `messages` (chat) and `prompt` is set."""
+
+    params: SamplingParams
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    model: str | None
+    messages: list[dict] | None = None  # [{"role", "content": str}], roles system/user/assistant
+    prompt: str | list[int] | None = None  # raw text, or token ids
+    schema: str | None = None  # JSON Schema text the output must follow (response_format)
+    logprobs: int | None = None  # alternatives per token; None: no logprobs
+
+
+# ------------------------------------------------------------------------------ requests
+
+
+def chat_job(body: dict) -> Job:
+    _refuse(body, _CHAT_UNSUPPORTED)
+    messages = _messages(body.get("messages"))
+    logprobs = None
+    if _bool(body, "logprobs"):
+        logprobs = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0)
+    elif body.get("top_logprobs") is not None:
+        raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    max_tokens = _integer(body, "max_completion_tokens", 1, None, None)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1, None, None)
+    return Job(_params(body), max_tokens, _stop(body), *_streaming(body), _model(body), messages=messages,
+               schema=_response_format(body.get("response_format")), logprobs=logprobs)
+
+
+def completion_job(body: dict) -> Job:
+    _refuse(body, _COMPLETION_UNSUPPORTED)
+    return Job(_params(body), _integer(body, "max_tokens", 1, None, COMPLETIONS_MAX_TOKENS), _stop(body),
+               *_streaming(body), _model(body), prompt=_prompt(body.get("prompt")),
+               logprobs=_integer(body, "logprobs", 0, MAX_TOP_LOGPROBS, None))
+
+
+# field -> (is it asking for something this server does not do?, what to say)
+_CHAT_UNSUPPORTED = {
+    "n": (lambda v: v != 1, "n must be 1: this server makes one choice per request; send several requests"),
+    "tools": (lambda v: bool(v), "tool calls are not supported by this server"),
+    "functions": (lambda v: bool(v), "function calls are not supported by this server"),
+    "logit_bias": (lambda v: bool(v), "logit_bias is not supported by this server"),
+    "audio": (lambda v: True, "audio output is not supported by this server"),
+    "modalities": (lambda v: any(m != "text" for m in (v if isinstance(v, list) else [v])), "only the text modality is supported"),
+    "prediction": (lambda v: True, "predicted outputs are not supported by this server"),
+}
+_COMPLETION_UNSUPPORTED = {
+    "n": _CHAT_UNSUPPORTED["n"],
+    "best_of": (lambda v: v != 1, "best_of must be 1: this server makes one choice per request"),
+    "echo": (lambda v: bool(v), "echo is not supported by this server"),
+    "suffix": (lambda v: bool(v), "suffix (insertion) is not supported by this server"),
+    "logit_bias": _CHAT_UNSUPPORTED["logit_bias"],
+}
+
+
+def _refuse(body: dict, unsupported: dict) -> None:
+    """400 for a field that would change the answer in a way this server cannot honour (unknown
+    fields are ignored, as llama.cpp and vLLM do: clients add their own)."""
+    for key, (asks, why) in unsupported.items():
+        if body.get(key) is not None and asks(body[key]):
+            raise ApiError(400, why, key)
+
+
+def _params(body: dict) -> SamplingParams:
+    top_p = _number(body, "top_p", 0, 1, 1.0)
+    top_k = _integer(body, "top_k", 0, None, 0)
+    if top_p == 0:  # the smallest set of tokens reaching probability 0: the most likely one
+        top_p, top_k = 1.0, 1
+    seed = _integer(body, "seed", -1, MAX_SEED, -1)
+    try:
+        return SamplingParams(
+            temperature=_number(body, "temperature", 0, 2, 1.0), top_k=top_k, top_p=top_p,
+            min_p=_number(body, "min_p", 0, 0.999999, 0.0),
+            repeat_penalty=_number(body, "repeat_penalty", 1e-6, None, 1.0),
+            repeat_last_n=_integer(body, "repeat_last_n", -1, None, 64),
+            presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0), seed=seed)
+    except InvalidParameterError as e:  # the ranges above should catch everything first
+        raise ApiError(400, str(e)) from None
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError(400, "stop must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOP:
+        raise ApiError(400, f"stop takes at most {MAX_STOP} sequences, got {len(stops)}", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _streaming(body: dict) -> tuple[bool, bool]:
+    stream = _bool(body, "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", "stream_options")
+    return stream, stream and _bool(options, "include_usage", "stream_options.include_usage")
+
+
+def _model(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "model must be a string", "model")
+    return model
+
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(400, f"{where} must be an object with role and content", where)
+        role = m.get("role")
+        if role not in _ROLES:
+            raise ApiError(400, f"{where}.role {role!r} is not supported; use system, user or assistant"
+                           + (" (tool calls are not supported)" if role in ("tool", "function") else ""), f"{where}.role")
+        if m.get("tool_calls"):
+            raise ApiError(400, "tool calls are not supported by this server", f"{where}.tool_calls")
+        out.append({"role": _ROLES[role], "content": _content(m.get("content"), f"{where}.content")})
+    return out
+
+
+def _content(content, where: str) -> str:
+    """A message's text: a string, or a list of text parts (joined by newlines, as vLLM does)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}: only text parts are supported, got {kind or type(part).__name__!r}", where)
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise ApiError(400, f"{where} must be a string or a list of text parts", where)
+
+
+def _prompt(prompt) -> str | list[int]:
+    """A string or token ids; a list of one of those (OpenAI's batch form) with exactly one item."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) != 1:
+            raise ApiError(400, "prompt holds several prompts; send one per request", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        return prompt
+    raise ApiError(400, "prompt must be a string or a list of token ids", "prompt")
+
+
+def _response_format(fmt) -> str | None:
+    """The JSON Schema text the output must follow, or None (plain text)."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise ApiError(400, "response_format.json_schema must be an object with a schema", "response_format")
+        return json.dumps(spec["schema"])
+    raise ApiError(400, f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format")
+
+
+def _number(body: dict, key: str, lo: float | None, hi: float | None, default):
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ApiError(400, f"{key} must be a number, got {value!r}", key)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ApiError(400, f"{key} must be {_range(lo, hi)}, got {value!r}", key)
+    return value
+
+
+def _integer(body: dict, key: str, lo: int | None, hi: int | None, default):
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{key} must be a whole number, got {value!r}", key)
+    return _number(body, key, lo, hi, default)
+
+
+def _range(lo, hi) -> str:
+    return f"from {lo} to {hi}" if lo is not None and hi is not None else f"at least {lo}"
+
+
+def _bool(body: dict, key: str, name: str | None = None) -> bool:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"{name or key} must be true or false, got {value!r}", name or key)
+    return bool(value)
+
+
+# ------------------------------------------------------------------------------ answers
+
+
+def head(prefix: str, model: str) -> dict:
+    """The fields every object of one answer shares (each streamed chunk repeats them)."""
+    return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model,
+            "system_fingerprint": None}
+
+
+def usage(stats) -> dict:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens}
+
+
+def chat_response(head: dict, text: str, finish: str, stats, logprobs: list[dict] | None) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+              "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+              "finish_reason": finish}
+    return {**head, "object": "chat.completion", "choices": [choice], "usage": usage(stats),
+            "timings": stats.as_dict()}  # llama.cpp's extra
+
+
+def chat_chunk(head: dict, delta: dict | None, finish: str | None = None, logprobs: list[dict] | None = None,
+               stats=None, with_usage: bool = False) -> dict:
+    """One streamed event; `delta` None: the usage-only chunk that ends an include_usage stream."""
+    out = {**head, "object": "chat.completion.chunk", "choices": []}
+    if delta is not None:
+        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish,
+                           "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None}}]
+    if with_usage:  # OpenAI: null on every chunk but the last, which carries it
+        out["usage"] = usage(stats) if stats is not None else None
+    return out
+
+
+def completion_response(head: dict, text: str, finish: str, stats, logprobs: dict | None) -> dict:
+    return {**head, "object": "text_completion",
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+            "usage": usage(stats), "timings": stats.as_dict()}
+
+
+def completion_chunk(head: dict, text: str | None, finish: str | None = None, logprobs: dict | None = None,
+                     stats=None, with_usage: bool = False) -> dict:
+    out = {**head, "object": "text_completion", "choices": []}
+    if text is not None:
+        out["choices"] = [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]
+    if with_usage:
+        out["usage"] = usage(stats) if stats is not None else None
+    return out
+
+
+class LogprobCursor:
+    """A request's generate.Logprobs entries, handed out with the chunks they belong to.
+
+    The engine records an entry per sampled token before it makes that token's chunk, so a chunk's
+    token is the next entry. A grammar's closing end token was never sampled (no entry); a sampled
+    end-of-sequence token is skipped: it is not part of the text, so its entry is not either."""
+
+    def __init__(self, recorder, tokenizer):
+        self.recorder, self.tokenizer, self.taken = recorder, tokenizer, 0
+
+    def take(self, chunk) -> list[tuple[int, float, list]]:
+        out = []
+        entries = self.recorder.entries
+        for token in chunk.tokens:
+            if self.taken < len(entries) and entries[self.taken][0] == token:
+                self.taken += 1
+                if token not in self.tokenizer.eos_ids:
+                    out.append(entries[self.taken - 1])
+        return out
+
+    def chat(self, chunk) -> list[dict]:
+        """OpenAI chat's shape: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]."""
+        def one(t, lp):
+            return {"token": _text(self.tokenizer, t), "logprob": _finite(lp), "bytes": list(token_bytes(self.tokenizer, t))}
+
+        return [{**one(t, lp), "top_logprobs": [one(a, alp) for a, alp in top]} for t, lp, top in self.take(chunk)]
+
+    def legacy(self, chunk, offset: int) -> dict:
+        """The completions endpoint's shape: parallel lists; text_offset counts characters from
+        `offset` (the prompt's length, as OpenAI counts)."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for t, lp, top in self.take(chunk):
+            text = _text(self.tokenizer, t)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(_finite(lp))
+            out["top_logprobs"].append({_text(self.tokenizer, a): _finite(alp) for a, alp in top})
+            out["text_offset"].append(offset)
+            offset += len(text)
+        return out
+
+
+def merge_legacy(parts: list[dict]) -> dict:
+    return {k: [x for p in parts for x in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+
+
+def _text(tokenizer, token: int) -> str:
+    return tokenizer.decode([token], skip_special=False)
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob > IMPOSSIBLE else IMPOSSIBLE
+
+
+def token_bytes(tokenizer, token: int) -> bytes:
+    """The bytes a token stands for, also when it is part of a UTF-8 character (its text is then
+    U+FFFD): SentencePiece byte pieces <0xAB>, and byte-level BPE's printable stand-ins for bytes."""
+    text = _text(tokenizer, token)
+    if "\ufffd" not in text:
+        return text.encode("utf-8")
+    piece = tokenizer.token_text(token) or ""
+    byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+    if byte:
+        return bytes([int(byte[1], 16)])
+    table = _byte_of_char()
+    if piece and all(c in table for c in piece):
+        return bytes(table[c] for c in piece)
+    return text.encode("utf-8")
+
+
+@lru_cache(maxsize=1)
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character that stands for each byte -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
