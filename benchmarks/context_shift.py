@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from llmcli.cache.context_shift import rerotation
-from llmcli.cache.static import new_cache
+from llmcli.cache import new_cache
 from llmcli.decode.generate import prefill
 from llmcli.runtime.device import place
 from llmcli.runtime.loader import load_model

@@ -57,11 +57,12 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_loaded(smollm2_gguf):
-    """SmolLM2 loaded once in float32 on the CPU (the reference-equivalence dtype)."""
+    """SmolLM2 loaded once in full precision on the CPU (dequantized to float32, the reference-equivalence mode)."""
+    from llmcli.quant.presets import load_preset
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model
 
-    return load_model(smollm2_gguf, place("cpu", "float32"))
+    return load_model(smollm2_gguf, place("cpu", "float32"), load_preset("f32"))
 
 
 @pytest.fixture(scope="session")

@@ -191,3 +191,14 @@ def test_missing_llama_bench_says_how_to_build_it(tiny_gguf, tmp_path):
     assert r.stderr.startswith("error:") and "cmake" in r.stderr and "llama-cpp-python" in r.stderr
     r = run_cli("bench", str(tiny_gguf), "-r", "1", "--no-compile", "--llama-bench", str(tmp_path / "nope"))
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "no llama-bench executable" in r.stderr
+
+
+def test_bench_times_the_step_run_takes(tiny_gguf):
+    """`bench` with default flags decodes through the step `run` takes with default flags, and says which."""
+    r = run_cli("bench", str(tiny_gguf), "-p", "0", "-n", "8", "-r", "1", "-o", "json", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    (result,) = json.loads(r.stdout)
+    ran = run_cli("run", str(tiny_gguf), "Hello", "-n", "4", "-t", "1", "-v")
+    assert ran.returncode == 0, ran.stderr
+    step = next(line.split("decode step: ", 1)[1] for line in ran.stderr.splitlines() if "decode step: " in line)
+    assert result["step"] == step and result["test"] == "tg8" and result["tokens_per_s"] > 0

@@ -76,7 +76,7 @@ def test_show_memory_prints_the_plan(smollm2_gguf):
 
 def test_context_shift_generates_past_the_context(tiny_gguf):
     args = ("run", str(tiny_gguf), "Hello", "-c", "32", "-n", "80", "--temp", "1", "--seed", "1", "--json", *ONE_THREAD,
-            "--dtype", "float32")  # float32 sampling: the same tokens on every CPU (bf16 rounding varies)
+            "--ignore-eos")  # the sampled tokens vary with the CPU's kernels: only -n or the context may end it
     r = run_cli(*args, "--context-shift", "-v")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -84,6 +84,6 @@ def test_context_shift_generates_past_the_context(tiny_gguf):
     assert "context shifted 5 times" in r.stderr
     plain = json.loads(run_cli(*args).stdout)  # without it, the context ends the answer
     assert plain["usage"]["total_tokens"] <= 32
-    for kv in ("int8", "int4", "f16"):  # other tokens are sampled: they may reach end-of-sequence first
+    for kv in ("int8", "int4", "f16"):
         r = run_cli(*args, "--context-shift", "--kv-type", kv, "-v")
         assert json.loads(r.stdout)["usage"]["total_tokens"] > 32 and "context shifted" in r.stderr, r.stderr

@@ -136,13 +136,13 @@ def test_unknown_command_and_help():
 
 @pytest.mark.slow
 def test_real_model_answers(smollm2_gguf):
-    # the default path: bfloat16 activations, the file's Q4_1 blocks packed as they are
+    # the default path: the file's Q4_1 blocks packed as they are, int8 activations
     r = run_cli("run", str(smollm2_gguf), "What is the capital of Germany?", "--temp", "0", "-n", "20")
     assert r.returncode == 0, r.stderr
     assert "Berlin" in r.stdout and r.stdout.endswith("\n")
     # France is a near-tie for this model ("The" 25.33 vs "L" 25.24 in float32): in 16 bits it says
-    # "L'Étoile ...", as llama.cpp does on this file; float32 (the reference mode) says Paris
+    # "L'Étoile ...", as llama.cpp does on this file; full precision (the reference mode) says Paris
     r = run_cli("run", str(smollm2_gguf), "What is the capital of France?", "--temp", "0", "-n", "20",
-                "--dtype", "float32")
+                "--dtype", "float32", "--quant", "f32")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout

@@ -1,13 +1,14 @@
-"""device.place: float32 named by the user is the full-precision mode; float32 picked by auto is not."""
+"""device.place: --dtype named by the user stays; auto may give way to what the model decodes fastest in."""
 
 import torch
 
 from llmcli.runtime.device import place
 
 
-def test_full_precision_only_when_float32_is_asked_for():
-    assert place("cpu", "float32", 1).full_precision
-    assert not place("cpu", "bfloat16", 1).full_precision
+def test_an_asked_dtype_stays_and_auto_gives_way():
+    asked = place("cpu", "bfloat16", 1)
+    assert asked.with_fastest_dtype(torch.float32, "why") is asked
     auto = place("cpu", "auto", 1)
-    assert not auto.full_precision  # auto keeps GGUF blocks packed, whatever compute dtype it picks
     assert auto.dtype in (torch.float32, torch.bfloat16)
+    fast = auto.with_fastest_dtype(torch.float32, "the native step computes in float32")
+    assert fast.dtype == torch.float32 and "native step" in fast.reason and fast.threads == auto.threads

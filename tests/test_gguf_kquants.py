@@ -129,6 +129,7 @@ def _forward(model, ids, dtype: torch.dtype) -> torch.Tensor:
 def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
     """issue 11: layers whose attn_v is Q6_K (and q/k biases beside packed weights) loaded by default."""
     from llmcli.quant.modules import GGUFBlockLinear, QuantEmbedding
+    from llmcli.quant.presets import load_preset
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model
 
@@ -136,8 +137,13 @@ def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
     ids = torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]])
     with torch.no_grad():
         expected = ref(ids).logits.float()
-    # bfloat16 keeps the blocks: activations in bfloat16, and int8 per 32 where the kernel has integer dot products
-    for dtype, tol in ((torch.float32, 1e-4), (BF16, 0.1)):
+    # --quant f32 dequantizes (the reference mode); float32 and bfloat16 keep the blocks: activations in
+    # their dtype, and int8 per 32 where the kernel has integer dot products
+    full = load_model(path, place("cpu", "float32", threads=1), load_preset("f32"))
+    with torch.no_grad():
+        got = _forward(full.model, ids, torch.float32)
+    assert (got - expected).abs().max().item() < 1e-4 * expected.abs().max().item()
+    for dtype, tol in ((torch.float32, 0.1), (BF16, 0.1)):
         loaded = load_model(path, place("cpu", str(dtype).removeprefix("torch."), threads=1))
         with torch.no_grad():
             got = _forward(loaded.model, ids, dtype)
@@ -154,24 +160,35 @@ def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
     assert any(isinstance(m, QuantEmbedding) for m in modules)
 
 
-def test_packed_blocks_give_the_logits_of_their_dequantized_weights(mixed_gguf, monkeypatch):
-    """Default load (packed, fused as runtime.py fuses) vs the same file dequantized to bfloat16."""
+def test_packed_blocks_give_the_logits_of_their_dequantized_weights(mixed_gguf):
+    """Default load (packed, fused as runtime.py fuses), in float32 and in bfloat16, vs the same file
+    dequantized to float32 (--quant f32, the reference mode) and to bfloat16 (--quant bf16).
+
+    The bounds are the arithmetic's, not the CPU's. Where the kernel has integer dot products,
+    activations go in as int8 per block of 32 (llama.cpp's scale max|x|/127): each matmul input moves
+    by up to 0.4% of its block's largest value, which through these 4 random layers and the head
+    measured 1.5-3.4% of the largest logit. bfloat16 activations add their own 8-bit rounding: the
+    dequantized model alone in bfloat16 measured 2.3-2.9% off float32 (on AVX-512 BF16 and AVX2
+    CPUs alike, since bf16 matmuls round their inputs either way). Together: 2.9-6.6%."""
     from llmcli.cache.static import StaticKVCache
-    from llmcli.quant import gguf_import
+    from llmcli.quant.presets import load_preset
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model
 
     path = mixed_gguf[0]
     ids = torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]])
-    packed = load_model(path, place("cpu", "bfloat16", threads=1)).model.fuse()
-    monkeypatch.setattr(gguf_import, "as_stored_preset", lambda sources, device=None: None)
-    dense = load_model(path, place("cpu", "bfloat16", threads=1)).model
     with torch.no_grad():
-        got, expected = _forward(packed, ids, BF16), _forward(dense, ids, BF16)
+        reference = _forward(load_model(path, place("cpu", "float32", threads=1), load_preset("f32")).model, ids,
+                             torch.float32)
+        dense = _forward(load_model(path, place("cpu", "bfloat16", threads=1), load_preset("bf16")).model, ids, BF16)
+        exact = _forward(load_model(path, place("cpu", "float32", threads=1)).model.fuse(), ids, torch.float32)
+        packed = load_model(path, place("cpu", "bfloat16", threads=1)).model.fuse()
+        got = _forward(packed, ids, BF16)
         step = packed(ids[:, :1], StaticKVCache.for_model(packed.args, 8, torch.device("cpu"), BF16))[0].float()
-    assert torch.equal(got.argmax(-1), expected.argmax(-1))
-    # bfloat16 activations through 4 layers differ by a few percent (the kernel accumulates in float32)
-    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+    top = reference.abs().max()
+    assert (exact - reference).abs().max() < 0.05 * top  # int8 activations alone
+    assert (got - reference).abs().max() < 0.10 * top  # int8 and bfloat16 activations
+    assert torch.equal(got.argmax(-1), dense.argmax(-1))
     torch.testing.assert_close(step[0, 0], got[0, 0], rtol=0.02, atol=0.02 * got.abs().max().item())
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from llmcli.cache.offload import OffloadedKVCache
+from llmcli.quant.presets import load_preset
 from llmcli.runtime.plan import CacheChoice, NotEnoughMemoryError, activation_bytes, kv_parts, plan
 from llmcli.runtime.probe import Budget, model_shapes, parse_size, weights_bytes, weights_from_files
 
@@ -88,7 +89,7 @@ def test_a_kv_type_asked_for_is_the_only_one_tried(smollm2):
 
 def test_planned_bytes_are_what_is_allocated(smollm2_loaded, smollm2_gguf, smollm2):
     """Weights: the loaded model's tensors; KV cache: what the cache of each planned outcome allocates."""
-    info = weights_from_files(smollm2_gguf, None, torch.float32, CPU)
+    info = weights_from_files(smollm2_gguf, load_preset("f32"), torch.float32, CPU)  # as smollm2_loaded holds it
     tensors = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                for t in list(smollm2_loaded.model.parameters()) + list(smollm2_loaded.model.buffers())}
     assert info.nbytes == sum(tensors.values())

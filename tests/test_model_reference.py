@@ -7,6 +7,7 @@ import torch
 from tiny import VOCAB, hf_model, reference_from, save_hf, write_gguf
 
 from llmcli.cache.static import StaticKVCache
+from llmcli.quant.presets import load_preset
 from llmcli.runtime.device import place
 from llmcli.runtime.loader import load_model
 
@@ -92,7 +93,7 @@ def test_gguf_matches_reference(tmp_path, qtype, model_type):
     """A GGUF written like llama.cpp's converter loads to what its tensors dequantize to."""
     ref = hf_model(model_type)
     held = write_gguf(ref, tmp_path / "tiny.gguf", qtype)
-    loaded = load_model(tmp_path / "tiny.gguf", CPU32)
+    loaded = load_model(tmp_path / "tiny.gguf", CPU32, load_preset("f32"))  # dequantized: the reference mode
     assert loaded.args.num_key_value_heads == 2 and loaded.args.tie_word_embeddings is False
     tokens = _tokens(24)
     with torch.no_grad():

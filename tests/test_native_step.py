@@ -41,9 +41,8 @@ def loaded(request, tmp_path_factory):
         qtype = k_mix(3, tied=True, base=qtype)
     path = tmp_path_factory.mktemp("native") / f"{request.param}.gguf"
     write_gguf(_tiny(arch), path, qtype)
-    rt = open_model(str(path), device="cpu", ctx_size=64)  # as stored: "float32" would dequantize
-    if rt.placement.dtype != torch.float32:
-        pytest.skip("the native step runs float32 activations; this CPU computes in bfloat16")
+    rt = open_model(str(path), device="cpu", ctx_size=64)  # default flags: as stored, and float32 for the step
+    assert rt.placement.dtype == torch.float32  # auto picks it on every CPU where the step runs
     return rt
 
 
@@ -114,7 +113,7 @@ def test_native_steps_keep_a_sliding_window(loaded, monkeypatch):
 
 
 def test_what_the_native_step_does_not_cover_runs_the_model(loaded):
-    from llmcli.cache.static import StaticKVCache, new_cache
+    from llmcli.cache import StaticKVCache, new_cache
 
     step = loaded.decode_step(compile=False)
     args = loaded.loaded.args

@@ -93,7 +93,7 @@ def test_q4_from_a_q4_1_gguf_is_imported_not_requantized(tmp_path, tiny_q4_gguf)
     summary = quantize_to_folder(tiny_q4_gguf, "q4", tmp_path / "out")
     # the 14 layer matrices are Q4_1 blocks taken as they are; q4 keeps embedding and head at 8 bits
     assert (summary.imported_tensors, summary.quantized_tensors) == (14, 16)
-    base = load_model(tiny_q4_gguf, CPU32)
+    base = load_model(tiny_q4_gguf, CPU32, load_preset("f32"))  # dequantized
     quant = load_model(tmp_path / "out", CPU32)
     for name, m in quant.model.named_modules():
         if hasattr(m, "packed") and name.startswith("model.layers"):

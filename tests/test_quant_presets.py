@@ -8,7 +8,7 @@ import pytest
 from llmcli.quant.convert import Source, plan
 from llmcli.quant.presets import KEEP, PresetError, QuantSpec, load_preset, parse_preset, shipped_names
 
-SHIPPED = ["bf16", "f16", "llm_int8", "nf4", "q4", "q4_g128", "q4_mixed", "q8"]
+SHIPPED = ["bf16", "f16", "f32", "llm_int8", "nf4", "q4", "q4_g128", "q4_mixed", "q8"]
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -21,7 +21,7 @@ def test_shipped_presets_load():
     for name in SHIPPED:
         preset = load_preset(name)
         assert preset.name == name and preset.description
-        assert preset.quantizes == (name not in ("bf16", "f16"))
+        assert preset.quantizes == (name not in ("bf16", "f16", "f32"))
 
 
 def test_q4_mixed_follows_llama_cpp_layer_choice():

@@ -18,6 +18,7 @@ from conftest import test_cache_dir as cache_dir
 from llmcli.decode.generate import generate
 from llmcli.decode.sampling import SamplingParams
 from llmcli.formats.chat_template import GEMMA_TEMPLATE
+from llmcli.quant.presets import load_preset
 from llmcli.runtime.device import place
 from llmcli.runtime.loader import load_model
 from llmcli.runtime.runtime import Runtime
@@ -61,7 +62,7 @@ def reference(gemma3_gguf) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def gemma3_loaded(gemma3_gguf):
-    return load_model(gemma3_gguf, place("cpu", "float32"))
+    return load_model(gemma3_gguf, place("cpu", "float32"), load_preset("f32"))  # dequantized, as transformers reads it
 
 
 def test_gemma3_architecture_read_from_the_file(gemma3_loaded):

@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 import torch
 
 from .. import heap
-from ..decode.generate import prefill
+from ..decode.generate import generate, prefill
+from ..decode.sampling import SamplingParams
 from ..errors import InvalidParameterError
 from ..runtime.device import synchronize
 
@@ -34,6 +35,7 @@ class Result:
     load_s: float = 0.0
     peak_mem_bytes: int = 0
     engine: str = "llmcli"
+    step: str = ""  # how decode steps ran (Runtime.describe_step): what `run` takes with the same flags
 
     @property
     def mean(self) -> float:
@@ -153,27 +155,27 @@ def time_prefill(model, new_cache: Callable, n: int, depth: int, vocab: int, dev
 
 
 @torch.inference_mode()
-def time_decode(model, step, new_cache: Callable, n: int, depth: int, vocab: int, device) -> tuple[float, float]:
-    """Seconds to generate n tokens one step at a time (greedy, each fed back), after `depth` tokens
-    (at least one) in the cache; also the time of the first step."""
-    cache = new_cache()
-    logits = prefill(model, _tokens(max(1, depth), vocab, device, 1)[0].tolist(), cache, device)
-    token = logits.argmax().view(1, 1)
+def time_decode(rt, step, n: int, depth: int, device, ignore_eos: bool = True) -> tuple[float, float, int]:
+    """Seconds for n decode steps made as `llmcli run` makes them: generate() with run's default
+    sampling (SamplingParams(): temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), the decode step
+    run takes and its text stream, going on past end-of-sequence tokens as llama-bench does; after
+    `depth` tokens (at least one) of prompt (`ignore_eos` False: an end token ends it early).
+    Returns the seconds, the first step's seconds, and the steps made."""
+    loaded = rt.loaded
+    prompt = _tokens(max(1, depth), loaded.args.vocab_size, device, 1)[0].tolist()
+    times, last = [], None
+    for chunk in generate(loaded.model, loaded.tokenizer, prompt, SamplingParams(), rt.new_cache(),
+                          max_tokens=n + 1, device=device, step=step, ignore_eos=ignore_eos):
+        if chunk.tokens:
+            times.append(time.perf_counter())  # the first token comes out of the prefill; n steps follow
+        last = chunk
     synchronize(device)
-    t0 = time.perf_counter()
-    first = None
-    for _ in range(n):
-        token = step(token, cache, last_only=True)[0, -1].argmax().view(1, 1)
-        if first is None:
-            int(token)  # wait for it
-            first = time.perf_counter() - t0
-    int(token)
-    synchronize(device)
-    return time.perf_counter() - t0, first
+    steps = last.stats.completion_tokens - 1
+    return last.stats.decode_s, times[1] - times[0] if steps else 0.0, steps
 
 
 def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], depth: int, reps: int,
-              step=None, baseline=None) -> Iterator[tuple[str, Result]]:
+              step=None, baseline=None, ignore_eos: bool = True) -> Iterator[tuple[str, Result]]:
     """Yield ("progress", partial result) after each repetition and ("done", result) per test.
 
     `baseline` (a LlamaCppBaseline or LlamaBenchBaseline) is timed in the same loop, interleaved with
@@ -186,30 +188,31 @@ def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], d
     params = loaded.args.parameter_count()
     common = dict(model=label, size_bytes=size, params=params, backend=device.type, threads=rt.placement.threads,
                   quant=quant, load_s=loaded.load_seconds)
+    ours_common = dict(common, step=rt.describe_step(step))
     tests = [("pp", n) for n in prompts if n > 0] + [("tg", n) for n in gens if n > 0]
     for kind, n in tests:
         name = f"{kind}{n}" + (f"@d{depth}" if depth else "")
-        ctx = depth + n + (1 if kind == "tg" else 0)
+        ctx = max(1, depth) + n + 1 if kind == "tg" else depth + n
         if ctx > rt.ctx_size:
             raise InvalidParameterError(f"{name} needs a context of {ctx} tokens; raise -c/--ctx-size (now {rt.ctx_size})")
 
         def new_cache():
             return rt.new_cache()
 
-        def once():
+        def once():  # (seconds, first-token seconds, tokens)
             if kind == "pp":
-                return time_prefill(model, new_cache, n, depth, vocab, device)
-            return time_decode(model, step, new_cache, n, depth, vocab, device)
+                return (*time_prefill(model, new_cache, n, depth, vocab, device), n)
+            return time_decode(rt, step, n, depth, device, ignore_eos)
 
         once()  # warm-up: not counted
         if baseline is not None and getattr(baseline, "needs_warm_up", True):
             baseline.once(kind, n, depth)
-        ours = Result(test=name, **common)
+        ours = Result(test=name, **ours_common)
         reset_peak_memory(device)
         firsts, their_samples, their_firsts = [], [], []
         for _ in range(reps):
-            elapsed, first = once()
-            ours.samples.append(n / elapsed)
+            elapsed, first, made = once()
+            ours.samples.append(made / elapsed if elapsed > 0 else 0.0)
             firsts.append(first)
             if baseline is not None:
                 elapsed, first = baseline.once(kind, n, depth)
@@ -230,7 +233,7 @@ def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], d
 # ------------------------------------------------------------------------------ output
 
 COLUMNS = ["model", "engine", "quant", "size", "params", "backend", "threads", "test", "t/s", "ttft ms", "load s",
-           "peak mem"]
+           "peak mem", "step"]
 
 
 def _human(n: float, unit: str = "B") -> str:
@@ -248,7 +251,8 @@ def _params(n: int) -> str:
 def row(r: Result) -> list[str]:
     return [r.model, r.engine, r.quant, _human(r.size_bytes, "B") if r.size_bytes else "-", _params(r.params),
             r.backend, str(r.threads), r.test, f"{r.mean:.2f} ± {r.stddev:.2f}", f"{r.ttft_ms:.1f}" if r.ttft_ms else "-",
-            f"{r.load_s:.2f}" if r.load_s else "-", _human(r.peak_mem_bytes) if r.peak_mem_bytes else "-"]
+            f"{r.load_s:.2f}" if r.load_s else "-", _human(r.peak_mem_bytes) if r.peak_mem_bytes else "-",
+            r.step or "-"]
 
 
 def format_results(results: list[Result], fmt: str) -> str:

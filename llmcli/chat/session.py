@@ -47,15 +47,8 @@ class ChatSession:
         self._prompt: list[int] | None = None  # set by add_user / take_back_reply, used by reply()
 
     def decode_mode(self) -> str:
-        """How decode steps run: native, eager, compiling (eager meanwhile), compiled, or why not compiled."""
-        step = self.step
-        if step is None or step is self.rt.loaded.model:
-            return "eager" if self.rt.compiles_well else "eager (compiling does not pay with this KV cache)"
-        if getattr(step, "native", False):
-            return "native (one C++ call a token)"
-        if step.fallback_reason:
-            return f"eager (compiling failed: {step.fallback_reason})"
-        return "compiled (torch.compile)" if step.ready.is_set() else "compiling in the background; eager meanwhile"
+        """How decode steps run (Runtime.describe_step)."""
+        return self.rt.describe_step(self.step)
 
     @property
     def ctx_size(self) -> int:

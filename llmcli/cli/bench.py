@@ -24,7 +24,8 @@ def bench(
     output: Annotated[str, typer.Option("--output", "-o", help="md | csv | json | jsonl.")] = "md",
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Also time llama.cpp on the same GGUF, interleaved: llama-bench (the native tool, a subprocess) or llama.cpp (llama-cpp-python, in process).", show_default=False)] = None,
     llama_bench: Annotated[Optional[str], typer.Option("--llama-bench", help="The llama-bench executable (implies --baseline llama-bench; default: $LLAMA_BENCH, then PATH).", show_default=False)] = None,
-    compile: Compile = True,
+    compile: Compile = False,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--stop-at-eos", help="tgN goes on past end-of-sequence tokens, as llama-bench's does (--stop-at-eos: a test ends early at one, as `run` without --ignore-eos).")] = True,
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto",
     registry: RegistryFile = None, offline: Offline = False,
@@ -42,7 +43,7 @@ def bench(
         raise InvalidParameterError(f"-o/--output must be one of {', '.join(FORMATS)}, got {output!r}")
     binary, baseline = _baseline(baseline, llama_bench)
     presets = [q.strip() for q in quant.split(",") if q.strip()] or ["none"]
-    needed = depth + max(prompts + [n + 1 for n in gens])
+    needed = max([depth + p for p in prompts] + [max(1, depth) + n + 1 for n in gens])
     err = stderr_console()
     results = []
     for name in models or [DEFAULT_MODEL]:
@@ -50,7 +51,8 @@ def bench(
             flags = model_flags(name, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size or needed,
                                 quant=None if preset == "none" else preset, kv_type=kv_type, kv_offload=kv_offload,
                                 registry=registry, offline=offline)
-            results += _measure(err, flags, preset, prompts, gens, depth, repetitions, compile, binary, baseline)
+            results += _measure(err, flags, preset, prompts, gens, depth, repetitions, compile, ignore_eos, binary,
+                                baseline)
     print(b.format_results(results, output))
     if output == "md":
         for line in b.ratios(results):
@@ -70,7 +72,8 @@ def _baseline(baseline: str | None, llama_bench: str | None):
     return find_binary(llama_bench), baseline
 
 
-def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: int, compile: bool, binary, baseline):
+def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: int, compile: bool, ignore_eos: bool,
+             binary, baseline):
     """One model under one preset: its results (and the baseline's, interleaved), progress on stderr."""
     from ..bench import bench as b
     from ..runtime.runtime import open_model
@@ -89,7 +92,7 @@ def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: in
 
         base = LlamaCppBaseline(rt.loaded.path, rt.placement.threads, rt.ctx_size)
     live, results = sys.stderr.isatty(), []
-    for event, r in b.run_tests(rt, flags.model, preset, prompts, gens, depth, repetitions, step, base):
+    for event, r in b.run_tests(rt, flags.model, preset, prompts, gens, depth, repetitions, step, base, ignore_eos):
         if event == "done":
             results.append(r)
         if live:

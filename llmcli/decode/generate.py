@@ -93,12 +93,13 @@ def _partial_stop(text: str, stops: Iterable[str]) -> int:
 
 
 def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, ...], context: list[int],
-                stats: Stats) -> Iterator[Chunk]:
-    """Token ids -> text chunks; ends on an end-of-sequence id, a stop string, or the token limit."""
+                stats: Stats, ignore_eos: bool = False) -> Iterator[Chunk]:
+    """Token ids -> text chunks; ends on an end-of-sequence id (unless `ignore_eos`), a stop string,
+    or the token limit."""
     decoder = StreamDecoder(tokenizer, context)
     pending = ""  # decoded text held back because it might be the start of a stop string
     for token in tokens:
-        if token in tokenizer.eos_ids:
+        if token in tokenizer.eos_ids and not ignore_eos:
             tokens.close()
             yield Chunk(pending, [token], "stop", stats)
             return
@@ -127,13 +128,14 @@ def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> i
 def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
              max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None,
              step=None, shift=None, constraint=None, logprobs: Logprobs | None = None,
-             stream=None) -> Iterator[Chunk]:
+             stream=None, ignore_eos: bool = False) -> Iterator[Chunk]:
     """Stream the completion of `prompt` (token ids) as Chunks; `step` runs decode steps (default: model).
     With `shift` (context_shift.ContextShift) generation goes past the context: only `max_tokens` ends it.
     `constraint` (constrained.TokenConstraint, one per sequence) keeps the output inside a grammar;
     `logprobs` (Logprobs) collects each sampled token's log-probabilities. `stream` replaces
     token_stream (same arguments): another decoding strategy, e.g. beam.py's or speculative.py's,
-    under the same stop, end-token and UTF-8 handling; it takes no constraint or logprobs."""
+    under the same stop, end-token and UTF-8 handling; it takes no constraint or logprobs. `ignore_eos`
+    goes on past the model's end-of-sequence tokens (llama.cpp's --ignore-eos; `bench` does)."""
     if not prompt:
         raise ValueError("empty prompt")
     device = device or next(model.parameters()).device
@@ -148,4 +150,4 @@ def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingPar
     else:
         tokens = stream(model, prompt, cache, params, limit, device, stats, step, shift)
     stops = tuple(s for s in stop if s)
-    yield from text_stream(tokens, tokenizer, stops, prompt, stats)
+    yield from text_stream(tokens, tokenizer, stops, prompt, stats, ignore_eos)

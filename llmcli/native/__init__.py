@@ -53,6 +53,13 @@ def module():
     return _module if available() else None
 
 
+def describe() -> str:
+    """The kernels in use, for `bench` and chat's /show info: which instruction set they run on."""
+    if not available():
+        return "no"
+    return "avx2 int8-dot" if int8_dot() else "float"
+
+
 def int8_dot() -> bool:
     """Whether Q4_0/Q4_1/Q8_0/Q4_K blocks multiply here with integer dot products (AVX2), faster than
     torch's int4 kernel: then the loader keeps them as blocks too (gguf_import.as_stored_preset)."""

@@ -73,7 +73,7 @@ def convert(sources: list[Source], preset: Preset, n_layers: int, tied: bool, *,
     """Quantize (or import) every source tensor as the preset says."""
     specs = plan(sources, preset, n_layers, tied)
     out = Converted(notes=list(dict.fromkeys(preset.notes)))
-    keep_dtype = torch.float16 if preset.dtype == "float16" else torch.bfloat16
+    keep_dtype = {"float16": torch.float16, "float32": torch.float32}.get(preset.dtype, torch.bfloat16)
     total, done = sum(s.numel for s in sources if s.name in specs), 0
     for s in sources:
         if s.name not in specs:  # the tied head: the embedding is the same tensor

@@ -4,7 +4,7 @@ A preset (the shipped ones live in the top-level `quant/` folder; `--preset FILE
 
     description = "4-bit, groups of 32, with a zero point"
     on_indivisible = "fallback"     # a group size that does not divide a row: "fallback" | "refuse"
-    dtype = "bfloat16"              # for tensors kept at 16 bits: "bfloat16" | "float16"
+    dtype = "bfloat16"              # for tensors kept unquantized: "bfloat16" | "float16" | "float32"
 
     [[rules]]                       # the first rule that matches a tensor decides its format
     match = ["model.embed_tokens.weight", "lm_head.weight"]    # globs over Hugging Face names
@@ -195,8 +195,8 @@ def parse_preset(text: str, name: str, source: str = "<preset>") -> Preset:
     if on_indivisible not in ("fallback", "refuse"):
         fail(f"on_indivisible must be \"fallback\" or \"refuse\", got {on_indivisible!r}", key="on_indivisible")
     dtype = data.get("dtype", "bfloat16")
-    if dtype not in ("bfloat16", "float16"):
-        fail(f"dtype must be \"bfloat16\" or \"float16\", got {dtype!r}", key="dtype")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        fail(f"dtype must be \"bfloat16\", \"float16\" or \"float32\", got {dtype!r}", key="dtype")
     raw_rules = data.get("rules")
     if not isinstance(raw_rules, list) or not raw_rules:
         fail("a preset needs at least one [[rules]] table", key="rules")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,22 +23,26 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass(frozen=True)
 class Placement:
+    """Where a model runs. A GGUF file's quantized blocks stay packed whatever the dtype: the kernels
+    read them as stored (`--quant f32` or `bf16` asks for dequantized weights)."""
+
     device: torch.device
     dtype: torch.dtype
     threads: int
     reason: str  # one line for --verbose: why this device and dtype
-    full_precision: bool = False  # float32 asked for: a GGUF's blocks are dequantized, not kept packed
+    dtype_asked: bool = False  # --dtype named it (auto may still change: with_fastest_dtype)
 
     @property
     def backend(self) -> str:
         return self.device.type
 
-    @property
-    def keeps_blocks(self) -> bool:
-        """Whether a GGUF file's quantized blocks stay packed. Only an explicit `--dtype float32`
-        dequantizes them: a CPU without native bf16 computes in float32 by default, and its
-        quantized kernels still read the packed weights (a fifth of the memory)."""
-        return not self.full_precision
+    def with_fastest_dtype(self, dtype: torch.dtype, why: str) -> "Placement":
+        """The same placement computing in `dtype` where auto chose: the model's fastest path needs it."""
+        if self.dtype_asked or dtype == self.dtype:
+            return self
+        name = str(dtype).removeprefix("torch.")
+        reason = self.reason.split(", dtype ")[0] + f", dtype {name} ({why}), {self.threads} threads"
+        return replace(self, dtype=dtype, reason=reason)
 
 
 def _mps_available() -> bool:
@@ -161,7 +165,7 @@ def place(device: str = "auto", dtype: str = "auto", threads: int | None = None)
     dt_how = "asked for" if dtype not in (None, "auto") else (
         "native bf16 on this CPU" if dev.type == "cpu" and dt == torch.bfloat16 else "default for the device")
     reason = f"device {dev} ({how}), dtype {str(dt).removeprefix('torch.')} ({dt_how}), {n} threads"
-    return Placement(dev, dt, n, reason, full_precision=dtype not in (None, "auto") and dt == torch.float32)
+    return Placement(dev, dt, n, reason, dtype_asked=dtype not in (None, "auto"))
 
 
 def synchronize(device: torch.device) -> None:

@@ -57,8 +57,8 @@ def _build(mf: ModelFile, placement: Placement, preset) -> tuple[torch.nn.Module
             raise pipeline.AlreadyQuantizedError(
                 f"{mf.path} is already quantized (preset {mf.quantization.get('preset')!r}); drop --quant")
         return pipeline.model_from_checkpoint(mf.files, mf.metadata, args, placement), stored
-    if preset is None and mf.is_gguf and placement.keeps_blocks:
-        # keep the file's quantized blocks packed (exact: quant/gguf_import.py); --dtype float32 is the full-precision mode
+    if preset is None and mf.is_gguf:
+        # keep the file's quantized blocks packed (exact: quant/gguf_import.py); --quant f32 (or bf16) dequantizes
         sources = mf.sources()
         as_stored = as_stored_preset(sources, placement.device)
         if as_stored is not None:

@@ -23,6 +23,9 @@ from ..models import llama
 from ..quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 
 
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # GGUF general.architecture the step runs
+
+
 class NativeStep:
     """Callable like the model (`step(tokens, cache, positions, last_only, hidden)`), for one-token steps."""
 
@@ -33,6 +36,15 @@ class NativeStep:
         self.threads = threads or torch.get_num_threads()
         self._cache = None  # the cache _steps was built on (it holds that cache's tensors)
         self._steps = None
+
+    @staticmethod
+    def decodes(model_file) -> bool:
+        """Whether a model file, loaded as stored on the CPU, will decode through this step (read
+        from its header): a Llama-family GGUF whose matrices are all blocks the step multiplies."""
+        if not model_file.is_gguf or model_file.architecture not in ARCHITECTURES or native.module() is None:
+            return False
+        matrices = [t for t in model_file.reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight"]
+        return bool(matrices) and all(t.tensor_type.name in TYPE_IDS for t in matrices)
 
     @staticmethod
     def supports(model) -> bool:

@@ -162,11 +162,9 @@ def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch
     return total
 
 
-def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, device: torch.device,
-                       keep_blocks: bool | None = None) -> WeightsInfo:
+def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, device: torch.device) -> WeightsInfo:
     """The model's arguments and the bytes its weights take once loaded (`model`: a ModelFile, or a
-    path to open). `keep_blocks` (Placement.keeps_blocks) says whether a GGUF's blocks stay packed;
-    None: unless `dtype` is float32."""
+    path to open). A GGUF's blocks stay packed unless a preset says otherwise (runtime/loader.py)."""
     mf = model if isinstance(model, ModelFile) else open_model_file(model)
     args, name = mf.args, str(dtype).removeprefix("torch.")
     if mf.quantization is not None:  # an llmcli checkpoint: loaded as stored
@@ -175,9 +173,7 @@ def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, devi
         return WeightsInfo(args, nbytes, f"{mf.quantization.get('preset')} (llmcli checkpoint)")
     shapes = mf.shapes()
     source = "/".join(sorted(mf.block_types())) if mf.is_gguf else mf.weights_type
-    if keep_blocks is None:  # without a placement, float32 means full precision
-        keep_blocks = dtype != torch.float32
-    if preset is None and mf.is_gguf and keep_blocks:  # the loader keeps the quantized blocks packed
+    if preset is None and mf.is_gguf:  # the loader keeps the quantized blocks packed
         stored = as_stored_preset(mf.sources(), device)
         if stored is not None:
             return WeightsInfo(args, weights_bytes(shapes, args, stored, dtype, device), f"{source} as stored")

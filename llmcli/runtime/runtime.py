@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import heap
+import torch
+
+from .. import heap, native
 from ..cache import check_kv_type
 from ..cache.context_shift import ContextShift, prefix_length
 from ..decode.batched import BatchEngine
@@ -73,6 +75,19 @@ class Runtime:
         if not compile or not self.compiles_well:
             return model
         return CompiledStep(model, self.new_cache(64) if background else None)
+
+    def describe_step(self, step) -> str:
+        """How `step` runs decode steps: native (and its kernels), eager, compiling (eager meanwhile),
+        compiled, or why not compiled."""
+        if step is None or step is self.loaded.model:
+            return "eager" if self.compiles_well else "eager (compiling does not pay with this KV cache)"
+        if getattr(step, "native", False):
+            return f"native (one C++ call a token, {native.describe()} kernels)"
+        if not isinstance(step, CompiledStep):
+            return getattr(step, "__name__", type(step).__name__)  # a caller's own step
+        if step.fallback_reason:
+            return f"eager (compiling failed: {step.fallback_reason})"
+        return "compiled (torch.compile)" if step.ready.is_set() else "compiling in the background; eager meanwhile"
 
     @property
     def compiles_well(self) -> bool:
@@ -151,7 +166,7 @@ def plan_memory(model: ModelFile | Path, placement: Placement, preset=None, ctx_
     `entry`: the registry's, for its default context; `ctx_cap`: without `ctx_size`, at most this."""
     kv_type = check_kv_type(kv_type)
     check_kv_offload(kv_offload, kv_type)
-    info = weights_from_files(model, preset, placement.dtype, placement.device, placement.keeps_blocks)
+    info = weights_from_files(model, preset, placement.dtype, placement.device)
     trained = info.args.max_position_embeddings
     ctx = check_ctx_size(ctx_size, trained)
     source = "--ctx-size" if ctx_size is not None else "the model's trained context"
@@ -176,6 +191,8 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     placement = place(flags.device, flags.dtype, flags.threads)
     found = fetch.locate(flags.model, registry_file=flags.registry, offline=flags.offline, progress=progress)
     model_file = open_model_file(found.path)
+    if preset is None and placement.device.type == "cpu" and NativeStep.decodes(model_file):
+        placement = placement.with_fastest_dtype(torch.float32, "the native one-call step runs in float32")
     memory = plan_memory(model_file, placement, preset, flags.ctx_size, found.entry, kv_type, flags.kv_offload,
                          flags.rows, flags.ctx_cap)
     loaded = load_model(model_file, placement, preset)
