@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-import torch
 from conftest import REPO
 
 pexpect = pytest.importorskip("pexpect")
