@@ -46,10 +46,10 @@ PROMPTS = {
 }
 
 
-def run_once(rt, ids, n, stream):
+def run_once(rt, ids, n, stream, step):
     t0 = time.perf_counter()
     chunks = list(generate(rt.loaded.model, rt.loaded.tokenizer, ids, SamplingParams(temperature=0), rt.new_cache(),
-                           max_tokens=n, device=rt.placement.device, stream=stream))
+                           max_tokens=n, device=rt.placement.device, stream=stream, step=step))
     total = time.perf_counter() - t0
     stats = chunks[-1].stats
     tokens = [t for c in chunks for t in c.tokens]
@@ -60,7 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--draft")
-    ap.add_argument("--quant", default="bf16")
+    ap.add_argument("--quant", default=None, help="the target's preset (default: as stored, as `run` loads it)")
     ap.add_argument("--draft-quant")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", type=int, default=3)
@@ -68,12 +68,13 @@ def main() -> None:
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--beams", type=int, default=0, help="also time beam search with this many beams")
     a = ap.parse_args()
-    rt = open_model(a.model, device="cpu", dtype="bfloat16", threads=a.threads, ctx_size=1024, quant=a.quant)
-    draft = open_model(a.draft or a.model, device="cpu", dtype="bfloat16", threads=a.threads, ctx_size=1024,
-                       quant=a.draft_quant)
+    rt = open_model(a.model, device="cpu", threads=a.threads, ctx_size=1024, quant=a.quant)
+    draft = open_model(a.draft or a.model, device="cpu", threads=a.threads, ctx_size=1024, quant=a.draft_quant)
+    step, draft_step = rt.decode_step(False), draft.decode_step(False)  # the steps `run` takes
     torch.set_num_threads(a.threads)
     print(f"target {rt.loaded.name} --quant {a.quant}; draft {draft.loaded.name} ({draft.loaded.weights_type}, "
-          f"--draft-quant {a.draft_quant}); {a.threads} threads, -n {a.n}, {a.r} repetitions\n")
+          f"--draft-quant {a.draft_quant}); {a.threads} threads, -n {a.n}, {a.r} repetitions; "
+          f"steps: {rt.describe_step(step)}, draft {draft.describe_step(draft_step)}\n")
     print("| prompt | decoding | tokens | t/s (median) | speedup | acceptance | = greedy |")
     print("|---|---|---:|---:|---:|---:|---|")
     for name, text in PROMPTS.items():
@@ -82,17 +83,17 @@ def main() -> None:
         for k in map(int, a.ks.split(",")):
             ways[f"--draft, K={k}"] = partial(lambda k: partial(
                 speculative.speculative_stream, draft_tokens=k, proposer=speculative.DraftModel(
-                    draft.loaded.model, draft.new_cache(1024), draft.placement.device)), k)
+                    draft.loaded.model, draft.new_cache(1024), draft.placement.device, draft_step)), k)
         ways["--lookup (K=10, n-gram 3)"] = lambda: partial(
             speculative.speculative_stream, proposer=speculative.PromptLookup(3), draft_tokens=10)
         if a.beams:
             ways[f"--beams {a.beams}"] = lambda: partial(beam_stream, beams=a.beams, eos_ids=rt.loaded.tokenizer.eos_ids)
         speeds = {w: [] for w in ways}
         out, extra = {}, {}
-        run_once(rt, ids, 8, None)  # warm up
+        run_once(rt, ids, 8, None, step)  # warm up
         for _ in range(a.r):
             for w, make in ways.items():
-                out[w], tps, extra[w] = run_once(rt, ids, a.n, make())
+                out[w], tps, extra[w] = run_once(rt, ids, a.n, make(), step)
                 speeds[w].append(tps)
         base = statistics.median(speeds["greedy"])
         for w in ways:

@@ -135,3 +135,26 @@ def test_real_model_draft_and_lookup_give_greedy_tokens(smollm2_loaded, smollm2_
         ours, extra = _speculative(target, prompt, 32, proposer, k)
         assert ours == _greedy(target, prompt, 32)
         assert extra["acceptance_rate"] > rate, extra
+
+
+def test_pacer_guesses_only_while_guessing_pays():
+    from llmcli.decode.speculative import Pacer
+
+    pacer = Pacer()
+    assert [pacer.guess() for _ in range(Pacer.CALIBRATE)] == [False] * Pacer.CALIBRATE  # plain steps first
+    for _ in range(Pacer.CALIBRATE):
+        pacer.record(False, 1, 0.010)  # a plain step: 10 ms, 100 tokens/s
+    assert pacer.plain_tps == pytest.approx(100)
+    waits = []
+    for _ in range(4):  # guessed passes far slower than plain steps: each one doubles the plain passes after it
+        plain = 0
+        while not pacer.guess():
+            plain += 1
+        waits.append(plain)
+        pacer.record(True, 1, 1.0)
+    assert waits == [0, 1, 2, 4]
+    for _ in range(8):  # guessing again once the wait is over ...
+        if pacer.guess():
+            break
+    pacer.record(True, 100, 0.01)  # ... and it paid: back to guessing every pass
+    assert all(pacer.guess() for _ in range(3))

@@ -165,6 +165,10 @@ def _print_result(err, rt, answer: _Answer, json_out: bool, verbose: bool) -> No
     sys.stdout.flush()
     if verbose:
         _report_stats(err, answer)
+    plain = stats.extra.get("plain_step_tokens_per_s", 0)
+    if plain and stats.decode_tps < plain:  # --draft or --lookup was asked for: say when it cost time
+        err.print(f"note: guessing tokens did not pay here ({stats.decode_tps:.1f} t/s against {plain:.1f} t/s for "
+                  "plain steps); drop --draft/--lookup for this kind of prompt", markup=False, highlight=False)
     if problem is not None:
         raise problem
 
@@ -196,6 +200,7 @@ def _report_stats(err, answer: _Answer) -> None:
     if "acceptance_rate" in extra:
         err.print(f"[dim]speculative: {extra['accepted_tokens']} of {extra['draft_tokens']} guessed tokens "
                   f"accepted ({extra['acceptance_rate']:.0%})[/dim]")
+
     if "beams" in extra:
         err.print(f"[dim]beam search: {extra['beams']} beams, {extra['beam_steps']} steps, "
                   f"best score {extra['beam_score']}[/dim]")

@@ -79,6 +79,52 @@ class DraftModel:
         return guesses
 
 
+class Pacer:
+    """Whether the next pass guesses: only while guessing beats plain one-token steps.
+
+    A pass with guesses runs the model on 1+K tokens (and a draft model K steps); it pays when the
+    tokens it yields come faster than plain steps would make them. The first passes are plain (they
+    measure a step); then each guessed pass is timed, and when guessed passes yield fewer tokens a
+    second than plain steps do, the next 1, 2, 4 ... 64 passes are plain before guessing is tried again.
+    """
+
+    CALIBRATE = 2  # plain steps measured first
+    SMOOTH = 0.3  # weight of the newest measurement in the running averages
+
+    def __init__(self):
+        self.plain_s: float | None = None  # seconds of a plain step (running average)
+        self.guessed_tps: float | None = None  # tokens a second from guessed passes (running average)
+        self.wait = self.CALIBRATE  # plain passes before the next guessed one
+        self.backoff = 1
+
+    def guess(self) -> bool:
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return True
+
+    def record(self, guessed: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if not guessed:
+            self.plain_s = seconds if self.plain_s is None else _blend(self.plain_s, seconds, self.SMOOTH)
+            return
+        tps = tokens / seconds
+        self.guessed_tps = tps if self.guessed_tps is None else _blend(self.guessed_tps, tps, self.SMOOTH)
+        if self.plain_s is not None and self.guessed_tps * self.plain_s < 1:  # slower than plain steps
+            self.wait, self.backoff = self.backoff, min(2 * self.backoff, 64)
+        else:
+            self.backoff = 1
+
+    @property
+    def plain_tps(self) -> float | None:
+        return 1 / self.plain_s if self.plain_s else None
+
+
+def _blend(old: float, new: float, weight: float) -> float:
+    return (1 - weight) * old + weight * new
+
+
 def check_speculative(params: SamplingParams, draft_tokens: int | None, lookup_ngram: int) -> None:
     if not params.greedy:
         raise InvalidParameterError("--draft and --lookup decode greedily for now; add --temp 0")
@@ -93,8 +139,9 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
                        device: torch.device, stats: Stats, step=None, shift=None, *, proposer,
                        draft_tokens: int) -> Iterator[int]:
     """token_stream's drop-in for generate(stream=...): the same tokens as greedy decoding, 1..K+1 per
-    forward pass of `model`. `step` runs the passes that have no guess (one token); the stats gain
-    `draft_tokens` (guessed), `accepted_tokens` and `acceptance_rate`."""
+    forward pass of `model`. `step` runs the passes that have no guess (one token); a Pacer decides
+    when guessing pays. The stats gain `draft_tokens` (guessed), `accepted_tokens`, `acceptance_rate`
+    and `plain_step_tokens_per_s` (what plain steps made here, for "it did not pay")."""
     if not params.greedy:
         raise InvalidParameterError("--draft and --lookup decode greedily for now; add --temp 0")
     if shift is not None:
@@ -110,10 +157,12 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
     proposer.propose(context, 0)  # the draft reads the prompt now, as part of prefill
     stats.ttft_s = stats.prefill_s = time.perf_counter() - t0
     drafted = accepted = 0
+    pacer = Pacer()
     yield token
     while stats.completion_tokens < max_new:
+        t_pass = time.perf_counter()
         k = min(draft_tokens, max_new - stats.completion_tokens - 1)  # never past max_new (nor the context)
-        guesses = proposer.propose(context + [token], k) if k else []
+        guesses = proposer.propose(context + [token], k) if k and pacer.guess() else []
         run = step if not guesses else model
         logits, h = run(torch.tensor([[token] + guesses], device=device), cache, hidden=True)  # (1, 1+G, V)
         context.append(token)
@@ -125,10 +174,13 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
         ok = len(new) - 1  # guesses accepted; new[-1] is the model's own pick after them
         cache.truncate(len(context) + ok)
         cache.token_ids.extend([context[-1]] + guesses[:ok])
+        pacer.record(bool(guesses), len(new), time.perf_counter() - t_pass)
         drafted, accepted = drafted + len(guesses), accepted + ok
-        if guesses:
+        if drafted:
             stats.extra.update({"draft_tokens": drafted, "accepted_tokens": accepted,
                                 "acceptance_rate": round(accepted / drafted, 4)})
+        if pacer.plain_tps:
+            stats.extra["plain_step_tokens_per_s"] = round(pacer.plain_tps, 2)
         context.extend(new[:-1])
         token = new[-1]
         yield from new
