@@ -5,14 +5,19 @@ answered 4xx at once, never 500, a hang or a traceback in the log. The tiny rand
 from __future__ import annotations
 
 import json
+import os
 import select
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import openai
 import pytest
 import torch
+from conftest import REPO, run_cli
 
 from llmcli.cli import serve as cli_serve
 from llmcli.decode.generate import generate
@@ -230,6 +235,9 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(narrow):
 
 def test_a_client_that_stops_reading_is_cut_and_its_request_cancelled(rt, narrow, quiet_log):
     """A stream to a client whose socket buffers are full: the write times out, the connection is cut."""
+    warm, _ = talk(narrow, post("/v1/completions", b'{"prompt": "x", "max_tokens": 2}', "Connection: close\r\n"),
+                   wait=60)  # a first step may build kernels: not while the clock runs
+    assert answer(warm)[0] == 200
     narrow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # accepted sockets inherit it
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
@@ -239,7 +247,7 @@ def test_a_client_that_stops_reading_is_cut_and_its_request_cancelled(rt, narrow
     step = engine.step
     engine.step = lambda: (time.sleep(0.002), step())[1]  # slow enough that the stall shows before the end
     sock.sendall(post("/v1/completions", body))
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while "client went away" not in quiet_log.text and time.monotonic() < deadline:
         time.sleep(0.05)
     sock.close()
@@ -290,3 +298,35 @@ def test_a_chunked_body_is_read(narrow):
                           b"Connection: close\r\n\r\n" + chunked)
     status, _, reply = answer(got)
     assert status == 200 and reply["usage"]["completion_tokens"] == 3
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def test_cli_ctrl_c_exits_0_and_bad_limits_are_one_error(tiny_folder):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "llmcli", "serve", str(tiny_folder), "--port", "0", "-t", "1",
+                             "--rows", "1", "--queue", "2", "--timeout", "5", "-v"], stderr=subprocess.PIPE, text=True,
+                            env=env)
+    watchdog = threading.Timer(90, proc.kill)
+    watchdog.start()
+    try:
+        said = []
+        for line in proc.stderr:
+            said.append(line)
+            if line.startswith("serving "):
+                break
+        assert any("up to 2 more requests wait for a row" in line for line in said), said
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+        rest = proc.stderr.read()
+        assert "stopped (Ctrl-C)" in rest and "Traceback" not in rest, rest
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait()
+    for flag, value, needle in (("--timeout", "nan", "--timeout must be from 0.1 to 3600"),
+                                ("--queue", "-1", "--queue must be from 0")):
+        r = run_cli("serve", str(tiny_folder), flag, value, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
