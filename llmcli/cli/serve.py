@@ -96,7 +96,8 @@ def _log_to_stderr(verbose: bool) -> None:
     errors; its protocol's warnings (a malformed request: http.py logs the 400) are not shown."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLine())
-    for name, level in (("llmcli.server", logging.INFO if verbose else logging.WARNING), ("uvicorn", logging.ERROR)):
+    for name, level in (("llmcli.server", logging.INFO if verbose else logging.WARNING), ("uvicorn", logging.ERROR),
+                        ("asyncio", logging.ERROR)):  # e.g. accept() out of file descriptors: one line, no traceback
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.setLevel(level)
@@ -106,5 +107,5 @@ def _log_to_stderr(verbose: bool) -> None:
 
 class _OneLine(logging.Formatter):
     def format(self, record):
-        line = record.getMessage()
+        line = record.getMessage().split("\n", 1)[0]  # asyncio adds context lines: one line per record
         return f"error: {line}" if record.levelno >= logging.ERROR else line
