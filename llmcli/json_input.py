@@ -37,9 +37,10 @@ def load_json(data: str | bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES, 
         raise InvalidParameterError(f"{what} is {size} bytes of JSON; the limit is {max_bytes}")
     if isinstance(data, bytes):
         try:
-            data = data.decode("utf-8")
+            data = data.decode("utf-8-sig")  # a leading byte order mark is ignored, as RFC 8259 allows
         except UnicodeDecodeError as e:
             raise InvalidParameterError(f"{what} is not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    data = data.removeprefix("\ufeff")  # a str read as text keeps it
     _check_depth(data, what, max_depth)
     try:
         value = json.loads(data)

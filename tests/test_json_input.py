@@ -33,6 +33,7 @@ def test_size_utf8_and_syntax():
     assert refused("\u00e9\u00e9\u00e9", max_bytes=5).startswith("the thing is 6 bytes")  # counted in UTF-8
     assert "is not UTF-8 (byte 0xff at offset 1)" in refused(b"[\xff]")
     assert "is not valid JSON" in refused('{"a": 1')
+    assert load_json(b"\xef\xbb\xbf[1]", "x") == load_json("\ufeff[1]", "x") == [1]  # a BOM, as RFC 8259 allows
     assert "is not UTF-8 text" in refused("\udcff")  # surrogateescape'd argv
 
 
