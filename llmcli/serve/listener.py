@@ -66,7 +66,7 @@ class HttpServer:
     def __init__(self, app, sock: socket.socket, timeouts: Timeouts, on_stop: Callable[[], None]):
         """Serve the ASGI `app` on `sock`; `on_stop` runs (in a worker thread) when a stop begins,
         before waiting for the requests in flight, so that it can end them (the engine loop's close)."""
-        self.sock, self.timeouts = sock, timeouts
+        self.sock = sock
         config = uvicorn.Config(
             app, http=partial(_Protocol, timeouts=timeouts), interface="asgi3", loop="asyncio", ws="none",
             lifespan="off", log_config=None, access_log=False, proxy_headers=False, server_header=False,
@@ -112,7 +112,7 @@ class _Protocol(H11Protocol):
     def __init__(self, config, server_state, app_state, _loop=None, *, timeouts: Timeouts):
         super().__init__(config, server_state, app_state, _loop)
         self.timeouts = timeouts
-        self.logger = logging.getLogger("llmcli.server.uvicorn")  # its "Invalid HTTP request" warnings: not shown
+        self.logger = logging.getLogger("llmcli.server.uvicorn")  # the CLI shows its errors, not its warnings
         self._deadline: asyncio.TimerHandle | None = None
         self._awaited = None  # the request cycle current when the deadline was set: a new one means a head came
         app = self.app
