@@ -17,6 +17,8 @@ from .options import (Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Thr
 from .signals import Terminated
 
 DEFAULT_CTX = 4096  # per request when -c is not given: the KV cache holds rows x this many tokens
+DEFAULT_TIMEOUT = 30.0  # seconds; llama-server's --timeout is 600, which lets a slow client hold a connection long
+QUEUE_PER_ROW = 8  # serve/http.py's default (not imported here: the help text is built before the server loads)
 
 
 def serve(
@@ -25,6 +27,8 @@ def serve(
                                       "anything that can reach it can use it, so keep 127.0.0.1 unless the network is yours.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
     rows: Annotated[int, typer.Option("--rows", help="Requests decoded together (continuous batching); more wait for a free row.")] = 8,
+    queue: Annotated[Optional[int], typer.Option("--queue", help=f"Requests that may wait for a free row (default: {QUEUE_PER_ROW} x --rows). One more than --rows + --queue gets 503 with Retry-After.", show_default=False)] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers (also how long an idle keep-alive connection stays open) and then its body, and to take each part of an answer; a slower one gets 408 or is closed.")] = DEFAULT_TIMEOUT,
     ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help=f"Tokens per request, prompt and answer (default: the model's context, at most {DEFAULT_CTX}). The KV cache holds --rows x this many tokens.", show_default=False)] = None,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
     registry: RegistryFile = None, offline: Offline = False,
@@ -32,11 +36,16 @@ def serve(
 ):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models)."""
     from ..runtime.runtime import open_model
-    from ..serve.http import Server, bind
+    from ..serve.http import Server
+    from ..serve.listener import Timeouts, bind
     from .progress import download_progress
 
     if not 1 <= rows <= 256:
         raise InvalidParameterError(f"--rows must be from 1 to 256, got {rows}")
+    if queue is not None and not 0 <= queue <= 100_000:
+        raise InvalidParameterError(f"--queue must be from 0 to 100000, got {queue}")
+    if not 0.1 <= timeout <= 3600:  # also refuses nan
+        raise InvalidParameterError(f"--timeout must be from 0.1 to 3600 seconds, got {timeout}")
     if not 0 <= port <= 65535:
         raise InvalidParameterError(f"--port must be from 0 to 65535, got {port}")
     if ctx_size is not None and ctx_size < 2:
@@ -52,17 +61,19 @@ def serve(
                                         quant=quant, registry=registry, offline=offline, rows=rows,
                                         ctx_cap=DEFAULT_CTX), progress)
         report_plan(err, rt, verbose)
-        server = Server(rt, listener, model_id=model, rows=rows)
+        server = Server(rt, listener, model_id=model, rows=rows, queue=queue,
+                        timeouts=Timeouts(head=timeout, body=timeout, write=timeout))
     except BaseException:
-        listener.server_close()
+        listener.close()
         raise
     _log_to_stderr(verbose)
     engine = server.loop.engine
     if verbose:
         err.print(f"{rt.placement.reason}; KV cache {rows} rows x {engine.max_len} tokens, "
-                  f"{engine.cache.nbytes / 2**20:.0f} MiB", markup=False, style="dim")
-    err.print(f"serving {model} on {server.url} ({rows} rows of {engine.max_len} tokens)", markup=False)
-    try:
+                  f"{engine.cache.nbytes / 2**20:.0f} MiB; up to {server.limit - rows} more requests wait for a row",
+                  markup=False, style="dim")
+    try:  # a signal as the banner is written stops the server as cleanly as one later
+        err.print(f"serving {model} on {server.url} ({rows} rows of {engine.max_len} tokens)", markup=False)
         server.serve_forever()
     except (KeyboardInterrupt, Terminated) as e:  # the usual way to stop a server: exit 0
         why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
@@ -80,16 +91,21 @@ def _loopback(host: str) -> bool:
 
 
 def _log_to_stderr(verbose: bool) -> None:
-    """serve/http.py logs through `logging`: requests at INFO (shown with -v), failures at ERROR."""
+    """serve/ logs through `logging`: requests at INFO (shown with -v), failures at ERROR, one line
+    each (no traceback). uvicorn's own lines (startup, shutdown) are not ours to print, only its
+    errors; its protocol's warnings (a malformed request: http.py logs the 400) are not shown."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLine())
-    logger = logging.getLogger("llmcli.server")
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO if verbose else logging.WARNING)
-    logger.propagate = False
+    for name, level in (("llmcli.server", logging.INFO if verbose else logging.WARNING), ("uvicorn", logging.ERROR),
+                        ("asyncio", logging.ERROR)):  # e.g. accept() out of file descriptors: one line, no traceback
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level)
+        logger.propagate = False
+    logging.getLogger("llmcli.server.uvicorn").setLevel(logging.ERROR)  # to llmcli.server's handler
 
 
 class _OneLine(logging.Formatter):
     def format(self, record):
-        line = record.getMessage()
+        line = record.getMessage().split("\n", 1)[0]  # asyncio adds context lines: one line per record
         return f"error: {line}" if record.levelno >= logging.ERROR else line

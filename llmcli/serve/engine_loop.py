@@ -1,10 +1,12 @@
 """The one thread that runs the model for a server: BatchEngine.step() while there is work, asleep
 on a Condition when there is none. Other threads submit and cancel; each request's chunks go to
-its own queue.Queue (the request's `tag`), in order, ending with a chunk that has a finish_reason,
-or with an ApiError when the engine fails or the loop stops.
+the `deliver` function it was submitted with (kept as the request's `tag`), called from the engine
+thread, in order, ending with a chunk that has a finish_reason, or with an ApiError when the
+engine fails or the loop stops. `deliver` must not block: the HTTP side hands the item to its
+event loop (call_soon_threadsafe) and returns.
 
     loop = EngineLoop(engine)
-    loop.submit(req)         # PromptTooLongError at once; else req.tag receives the chunks
+    loop.submit(req, deliver)  # PromptTooLongError at once; else deliver(chunk) for each chunk
     loop.cancel(req)         # the client went away: its row is freed at the next step
     loop.close()             # stop; every unfinished request receives an ApiError (503)
 """
@@ -12,8 +14,8 @@ or with an ApiError when the engine fails or the loop stops.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+from typing import Callable
 
 from ..decode.batched import BatchEngine, Request
 from .openai_api import ApiError
@@ -30,8 +32,8 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._run, name="llmcli-engine", daemon=True)
         self.thread.start()
 
-    def submit(self, req: Request) -> None:
-        req.tag = queue.Queue()
+    def submit(self, req: Request, deliver: Callable[[object], None]) -> None:
+        req.tag = deliver
         with self.wake:
             if self.stopping:
                 raise ApiError(503, "the server is shutting down")
@@ -51,6 +53,11 @@ class EngineLoop:
             self.wake.notify()
         self.thread.join(timeout)  # a step in progress ends first
         self._fail_all(ApiError(503, "the server is shutting down"))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished: running, or waiting for a row."""
+        return len(self.live)
 
     @property
     def stats(self) -> dict:
@@ -74,7 +81,7 @@ class EngineLoop:
                 continue
             finished = []
             for req, chunk in events:
-                req.tag.put(chunk)
+                req.tag(chunk)
                 if chunk.finish_reason is not None:
                     finished.append(req)
             if finished:
@@ -86,4 +93,4 @@ class EngineLoop:
             gone, self.live = self.live, set()
         for req in gone:
             self.engine.cancel(req)  # dropped at the next step, if there is one
-            req.tag.put(error)
+            req.tag(error)

@@ -1,13 +1,18 @@
-"""`llmcli serve`: an OpenAI-compatible HTTP server over one model, on the standard library.
+"""`llmcli serve`: an OpenAI-compatible HTTP server over one model, a Starlette app on uvicorn.
 
-    GET  /v1/models, /v1/models/{id}, /health
-    POST /v1/chat/completions, /v1/completions      (JSON, or server-sent events with "stream")
+    GET  /v1/models, /v1/models/{id}, /health          (the /v1 prefix may be left out)
+    POST /v1/chat/completions, /v1/completions         (JSON, or server-sent events with "stream")
 
-A thread per connection (ThreadingHTTPServer) parses the request (openai_api.py), tokenizes it,
-submits a batched.Request and waits on the request's queue, writing JSON at the end or one SSE
-event per chunk; one engine thread (engine_loop.py) decodes every running request together.
-A client that goes away (a write fails, or its socket reads EOF while it waits) cancels its
-request, which frees its row at the next step. HTTP/1.1 with keep-alive; streams are chunked.
+Requests are coroutines on one event loop (listener.py runs uvicorn). Reading JSON, the chat
+template and tokenizing run in worker threads; the model runs in the one engine thread
+(engine_loop.py), which decodes every running request together and hands each request its chunks
+through the event loop, so that no request blocks another. Limits, each answered in OpenAI's
+error shape:
+- `rows` requests run, `queue` more wait for a row; one more gets 503 with Retry-After;
+- a body over MAX_BODY: 413; not JSON, nested deeper than json_input's cap, or holding a lone
+  surrogate: 400; a body slower than Timeouts.body: 408;
+- a client that goes away cancels its request (its row is freed at the next step); one that stops
+  reading a stream for Timeouts.write is cut off the same way.
 
     server = Server(runtime, bind("127.0.0.1", 8080), model_id="smollm2")
     server.serve_forever()        # or start() in a thread; close() stops both
@@ -15,194 +20,237 @@ request, which frees its row at the next step. HTTP/1.1 with keep-alive; streams
 
 from __future__ import annotations
 
-import errno
-import json
-import logging
-import queue
-import select
-import socket
-import socketserver
-import sys
+import asyncio
+import math
+import statistics
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from functools import lru_cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
 
-from ..decode.batched import Request
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..decode.batched import Request as EngineRequest
 from ..decode.constrained import GrammarCompiler, from_json_schema
 from ..decode.generate import Logprobs
-from ..errors import GrammarError, LlmcliError, PromptTooLongError, ServeError
+from ..errors import GrammarError
+from ..json_input import MAX_JSON_BYTES, load_json
 from . import openai_api as api
+from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_api_error, collect, json_response,
+                   optional_v1, unless_gone)
 from .engine_loop import EngineLoop
+from .listener import HttpServer, Timeouts
 from .openai_api import ApiError
 
-log = logging.getLogger("llmcli.server")
-
-MAX_BODY = 8 << 20  # bytes; a larger request body is refused with 413
-POLL_S = 0.25  # how often a handler waiting for tokens checks that its client is still there
-IDLE_S = 300  # an idle keep-alive connection (or a stalled client) is closed after this long
-
-
-class ClientGone(Exception):
-    """The client closed its connection while its request was running."""
-
-
-class Listener(ThreadingHTTPServer):
-    """The listening socket, bound at once (so a busy port fails before a model loads)."""
-    daemon_threads = True
-    block_on_close = False
-    app: "Server | None" = None
-
-    def server_bind(self):
-        socketserver.TCPServer.server_bind(self)  # not HTTPServer's: its getfqdn() may wait on DNS
-        self.server_name, self.server_port = self.server_address[:2]
-
-    def handle_error(self, request, client_address):
-        exc = sys.exc_info()[1]
-        if not isinstance(exc, (ConnectionError, TimeoutError)):  # a client going away is no error
-            log.error("error serving %s: %s", client_address[0], exc, exc_info=log.isEnabledFor(logging.DEBUG))
-
-
-class _Listener6(Listener):
-    address_family = socket.AF_INET6
-
-
-def bind(host: str = "127.0.0.1", port: int = 8080) -> Listener:
-    """Listen on host:port (port 0: a free one); ServeError when that cannot be done."""
-    cls = _Listener6 if ":" in host else Listener
-    try:
-        return cls((host, port), _Handler)
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise ServeError(f"port {port} is in use; pass --port") from None
-        raise ServeError(f"cannot listen on {host}:{port} ({e.strerror or e}); pass another --host or --port") from None
+MAX_BODY = MAX_JSON_BYTES  # bytes; a larger request body is refused with 413
+QUEUE_PER_ROW = 8  # the default queue: this many waiting requests per row (64 at 8 rows)
 
 
 class Server:
-    def __init__(self, rt, listener: Listener, *, model_id: str, rows: int = 8, max_len: int | None = None):
-        """`rt` a runtime.Runtime; `rows` requests decoded together, each up to `max_len` tokens
-        (default: rt.ctx_size); the KV cache holds rows x max_len tokens."""
-        self.rt, self.listener, self.model_id = rt, listener, model_id
+    def __init__(self, rt, sock, *, model_id: str, rows: int = 8, max_len: int | None = None,
+                 queue: int | None = None, timeouts: Timeouts = Timeouts()):
+        """`rt` a runtime.Runtime, `sock` from bind(); `rows` requests decoded together, each up to
+        `max_len` tokens (default: rt.ctx_size), and `queue` more waiting for a row (default
+        QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens."""
+        self.rt, self.sock, self.model_id, self.timeouts = rt, sock, model_id, timeouts
         self.names = {model_id, rt.loaded.name, rt.loaded.path.name, ""}  # what a request's "model" may say
         self.created = int(time.time())
+        self.limit = rows + (QUEUE_PER_ROW * rows if queue is None else queue)  # running + waiting
         self.loop = EngineLoop(rt.batch_engine(rows, max_len))
+        self._accepting = 0  # requests admitted and not yet in the engine (body, tokenizing); event loop only
+        self._durations: deque[float] = deque(maxlen=32)  # seconds recent requests took in a row
         self._compiler = None
         self._compiler_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        listener.app = self
+        self.http = HttpServer(self.app(), sock, timeouts, on_stop=self.loop.close)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.sock.getsockname()[:2]
 
     @property
     def url(self) -> str:
-        host, port = self.listener.server_address[:2]
+        host, port = self.address
         return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
     def serve_forever(self) -> None:
-        self._thread = self._thread or threading.current_thread()
-        self.listener.serve_forever(poll_interval=0.5)
+        """In the main thread: SIGINT and SIGTERM stop it cleanly, then reach the caller as usual."""
+        self.http.run()
 
     def start(self) -> "Server":
         """Serve from a background thread (tests, embedding)."""
-        self._thread = threading.Thread(target=self.listener.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="llmcli-http", daemon=True)
-        self._thread.start()
+        self.http.start()
         return self
 
     def close(self) -> None:
-        if self._thread is not None:  # shutdown() waits for a serve_forever() that has run
-            self.listener.shutdown()
-        self.loop.close()
-        self.listener.server_close()
+        self.http.stop()
+        self.loop.close()  # again, if the server never ran: every unfinished request gets a 503
+        self.sock.close()
+
+    def app(self):
+        routes = [Route("/models", self.models, methods=["GET"]), Route("/models/{name:path}", self.model, methods=["GET"]),
+                  Route("/health", self.health, methods=["GET"]), Route("/chat/completions", self.chat, methods=["POST"]),
+                  Route("/completions", self.completion, methods=["POST"])]
+        return AccessLog(optional_v1(Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})))
 
     # ------------------------------------------------------------------ endpoints
 
-    def routes(self) -> dict:
-        return {"/models": {"GET": self.models}, "/health": {"GET": self.health},
-                "/chat/completions": {"POST": self.chat}, "/completions": {"POST": self.completion}}
+    async def models(self, request: Request) -> Response:
+        return json_response(200, {"object": "list", "data": [self._card()]})
 
-    def models(self, h: "_Handler", name: str | None = None) -> None:
-        card = {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llmcli"}
-        if name is None:
-            h.send_json(200, {"object": "list", "data": [card]})
-        else:
-            self._check_model(name)
-            h.send_json(200, card)
+    async def model(self, request: Request) -> Response:
+        try:
+            self._check_model(request.path_params["name"])
+        except ApiError as e:
+            return _failure(e, request)
+        return json_response(200, self._card())
 
-    def health(self, h: "_Handler") -> None:
-        h.send_json(200, {"status": "ok", "model": self.model_id, **self.loop.stats})
+    async def health(self, request: Request) -> Response:
+        return json_response(200, {"status": "ok", "model": self.model_id, **self.loop.stats, "max_requests": self.limit})
 
-    def chat(self, h: "_Handler") -> None:
-        job = api.chat_job(h.read_json())
+    def _card(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llmcli"}
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            with self._admitted():
+                job, req, cursor = await run_in_threadpool(self._chat_request, await self._read_body(request))
+                run = self._submit(req, "messages")
+            head = api.head("chatcmpl", self.model_id)
+            if job.stream:
+                return EventStream(self._chat_events(run, job, head, cursor, request), run, request, self.timeouts.write)
+            try:
+                text, entries, last = await unless_gone(request.receive, collect(run, cursor.chat if cursor else None))
+            finally:
+                run.close()
+            request.state.note = _note(last)
+            return json_response(200, api.chat_response(head, text, last.finish_reason, last.stats,
+                                                        entries if cursor else None))
+        except Exception as e:
+            return _failure(e, request)
+
+    async def completion(self, request: Request) -> Response:
+        try:
+            with self._admitted():
+                data = await self._read_body(request)
+                job, req, cursor, offset = await run_in_threadpool(self._completion_request, data)
+                run = self._submit(req, "prompt")
+            head = api.head("cmpl", self.model_id)
+            if job.stream:
+                return EventStream(self._completion_events(run, job, head, cursor, offset, request), run, request,
+                                    self.timeouts.write)
+            legacy = _LegacyCursor(cursor, offset) if cursor else None
+            try:
+                text, parts, last = await unless_gone(request.receive, collect(run, legacy))
+            finally:
+                run.close()
+            request.state.note = _note(last)
+            return json_response(200, api.completion_response(head, text, last.finish_reason, last.stats,
+                                                              api.merge_legacy(parts) if cursor else None))
+        except Exception as e:
+            return _failure(e, request)
+
+    async def _chat_events(self, run, job: api.Job, head: dict, cursor, request: Request):
+        """The chat stream's objects: the role, the text as it comes (held-back text, a stop's
+        prefix, waits), the finish reason, and with include_usage a last usage-only chunk."""
+        usage = job.include_usage
+        yield api.chat_chunk(head, {"role": "assistant", "content": ""}, with_usage=usage)
+        entries = []
+        async for chunk in run:
+            entries += cursor.chat(chunk) if cursor else []
+            if chunk.text or (chunk.finish_reason and entries):
+                yield api.chat_chunk(head, {"content": chunk.text}, logprobs=entries if cursor else None, with_usage=usage)
+                entries = []
+        yield api.chat_chunk(head, {}, chunk.finish_reason, with_usage=usage)
+        if usage:
+            yield api.chat_chunk(head, None, stats=chunk.stats, with_usage=True)
+        request.state.note = _note(chunk)
+
+    async def _completion_events(self, run, job: api.Job, head: dict, cursor, offset: int, request: Request):
+        sent = 0  # characters streamed so far
+        async for chunk in run:
+            lp = cursor.legacy(chunk, offset + sent) if cursor else None
+            if chunk.text or chunk.finish_reason or (lp and lp["tokens"]):
+                yield api.completion_chunk(head, chunk.text, chunk.finish_reason, lp, with_usage=job.include_usage)
+            sent += len(chunk.text)
+        if job.include_usage:
+            yield api.completion_chunk(head, None, stats=chunk.stats, with_usage=True)
+        request.state.note = _note(chunk)
+
+    # ------------------------------------------------------------------ a request's way in (slow parts: worker threads)
+
+    @contextmanager
+    def _admitted(self):
+        """Room for one more request, or 503 (before its body is read: the connection then closes)."""
+        busy = self._accepting + self.loop.in_flight
+        if busy >= self.limit:
+            raise ApiError(503, f"the server is busy: {busy} requests are running or waiting for a row, as many "
+                                "as it takes (--rows + --queue); retry later", code="server_busy",
+                           headers={"Retry-After": str(self._retry_after())})
+        self._accepting += 1
+        try:
+            yield
+        finally:
+            self._accepting -= 1
+
+    def _retry_after(self) -> int:
+        """Seconds until a place is likely free: with every row busy, one frees every
+        (a request's time in its row) / rows seconds."""
+        if not self._durations:
+            return 1
+        return max(1, min(60, math.ceil(statistics.median(self._durations) / self.loop.engine.rows)))
+
+    async def _read_body(self, request: Request) -> bytes:
+        length = request.headers.get("content-length", "")  # h11 checked it is digits
+        if length.isdigit() and int(length) > MAX_BODY:
+            raise ApiError(413, f"the request body is {length} bytes; the limit is {MAX_BODY}", code="request_too_large")
+        body = bytearray()
+
+        async def read():
+            async for part in request.stream():  # Content-Length or chunked
+                body.extend(part)
+                if len(body) > MAX_BODY:
+                    raise ApiError(413, f"the request body is over the limit of {MAX_BODY} bytes", code="request_too_large")
+
+        try:
+            await asyncio.wait_for(read(), self.timeouts.body)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.timeouts.body:g} s",
+                           code="request_timeout") from None
+        except ClientDisconnect:
+            raise ClientGone from None
+        request.state.body_read = True
+        return bytes(body)
+
+    def _chat_request(self, data: bytes):
+        job = api.chat_job(_parse(data))
         self._check_model(job.model)
         req = self._request(job, self.rt.prompt_ids(job.messages), "messages")
-        head = api.head("chatcmpl", self.model_id)
-        cursor = api.LogprobCursor(req.logprobs, self.rt.loaded.tokenizer) if req.logprobs is not None else None
-        with self._running(req, h, "messages") as chunks:
-            if not job.stream:
-                pieces, entries = [], []
-                for chunk in chunks:
-                    pieces.append(chunk.text)
-                    entries += cursor.chat(chunk) if cursor else []
-                h.send_json(200, api.chat_response(head, "".join(pieces), chunk.finish_reason, chunk.stats,
-                                                   entries if cursor else None))
-            else:
-                h.start_stream()
-                h.event(api.chat_chunk(head, {"role": "assistant", "content": ""}, with_usage=job.include_usage))
-                entries = []
-                for chunk in chunks:
-                    entries += cursor.chat(chunk) if cursor else []
-                    if chunk.text or (chunk.finish_reason and entries):  # text held back (a stop's prefix) waits
-                        h.event(api.chat_chunk(head, {"content": chunk.text}, logprobs=entries if cursor else None,
-                                               with_usage=job.include_usage))
-                        entries = []
-                h.event(api.chat_chunk(head, {}, chunk.finish_reason, with_usage=job.include_usage))
-                if job.include_usage:
-                    h.event(api.chat_chunk(head, None, stats=chunk.stats, with_usage=True))
-                h.end_stream()
-        h.note = f"{chunk.stats.prompt_tokens}+{chunk.stats.completion_tokens} tokens, {chunk.finish_reason}"
+        return job, req, self._cursor(req)
 
-    def completion(self, h: "_Handler") -> None:
-        job = api.completion_job(h.read_json())
+    def _completion_request(self, data: bytes):
+        job = api.completion_job(_parse(data))
         self._check_model(job.model)
         tok = self.rt.loaded.tokenizer
         ids = tok.encode(job.prompt) if isinstance(job.prompt, str) else job.prompt
         req = self._request(job, ids, "prompt")
-        head = api.head("cmpl", self.model_id)
-        cursor = api.LogprobCursor(req.logprobs, tok) if req.logprobs is not None else None
         offset = len(job.prompt if isinstance(job.prompt, str) else tok.decode(ids))  # text_offset counts from here
-        with self._running(req, h, "prompt") as chunks:
-            if not job.stream:
-                pieces, parts = [], []
-                for chunk in chunks:
-                    if cursor:
-                        parts.append(cursor.legacy(chunk, offset))
-                    pieces.append(chunk.text)
-                    offset += len(chunk.text)
-                h.send_json(200, api.completion_response(head, "".join(pieces), chunk.finish_reason, chunk.stats,
-                                                         api.merge_legacy(parts) if cursor else None))
-            else:
-                h.start_stream()
-                sent = 0  # characters streamed so far
-                for chunk in chunks:
-                    lp = cursor.legacy(chunk, offset + sent) if cursor else None
-                    if chunk.text or chunk.finish_reason or (lp and lp["tokens"]):
-                        h.event(api.completion_chunk(head, chunk.text, chunk.finish_reason, lp,
-                                                     with_usage=job.include_usage))
-                    sent += len(chunk.text)
-                if job.include_usage:
-                    h.event(api.completion_chunk(head, None, stats=chunk.stats, with_usage=True))
-                h.end_stream()
-        h.note = f"{chunk.stats.prompt_tokens}+{chunk.stats.completion_tokens} tokens, {chunk.finish_reason}"
+        return job, req, self._cursor(req), offset
 
-    # ------------------------------------------------------------------ helpers
+    def _cursor(self, req: EngineRequest):
+        return api.LogprobCursor(req.logprobs, self.rt.loaded.tokenizer) if req.logprobs is not None else None
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name not in self.names:
             raise ApiError(404, f"the model {name!r} is not served here; this server serves {self.model_id!r} "
                                 "(see GET /v1/models)", "model", "model_not_found")
 
-    def _request(self, job: api.Job, ids: list[int], param: str) -> Request:
+    def _request(self, job: api.Job, ids: list[int], param: str) -> EngineRequest:
         if not ids:
             raise ApiError(400, f"the {param} is empty", param)
         vocab = self.rt.loaded.args.vocab_size
@@ -215,7 +263,7 @@ class Server:
             except GrammarError as e:
                 raise ApiError(400, str(e), "response_format") from None
         recorder = Logprobs(job.logprobs) if job.logprobs is not None else None
-        return Request(ids, job.params, job.max_tokens, job.stop, constraint, recorder)
+        return EngineRequest(ids, job.params, job.max_tokens, job.stop, constraint, recorder)
 
     def compiler(self):
         """The grammar compiler for this model's tokenizer, built on first use (about a second)."""
@@ -224,176 +272,63 @@ class Server:
                 self._compiler = GrammarCompiler(self.rt.loaded.tokenizer)
             return self._compiler
 
-    @contextmanager
-    def _running(self, req: Request, h: "_Handler", param: str):
-        """Submit `req`; yields its chunks as they come. Leaving early (an error, a client gone)
-        cancels it."""
-        try:
-            self.loop.submit(req)
-        except PromptTooLongError as e:
-            raise ApiError(400, str(e), param, "context_length_exceeded") from None
-        done = False
+    def _submit(self, req: EngineRequest, param: str) -> EngineRun:
+        return EngineRun(self.loop, req, param, self._durations.append)
 
-        def chunks():
-            nonlocal done
-            checked = time.monotonic()
-            while True:
-                try:
-                    item = req.tag.get(timeout=POLL_S)
-                except queue.Empty:
-                    item = None
-                if time.monotonic() - checked >= POLL_S:  # also while tokens flow: a quiet client may be gone
-                    checked = time.monotonic()
-                    if h.client_gone():
-                        raise ClientGone
-                if item is None:
-                    continue
-                if isinstance(item, ApiError):
-                    done = True
-                    raise item
-                done = item.finish_reason is not None
-                yield item
-                if done:
-                    return
 
-        try:
-            yield chunks()
-        finally:
-            if not done:
-                self.loop.cancel(req)
+class _LegacyCursor:
+    """The completions endpoint's logprobs for collect: one dict per chunk, text_offset running on."""
+
+    def __init__(self, cursor, offset: int):
+        self.cursor, self.offset = cursor, offset
+
+    def __call__(self, chunk) -> list[dict]:
+        part = self.cursor.legacy(chunk, self.offset)
+        self.offset += len(chunk.text)
+        return [part]
+
+
+async def _routing_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's router found no endpoint (404) or not this method (405)."""
+    method, path = request.method, request.scope.get("llmcli.path", request.url.path)
+    if exc.status_code == 405:
+        allow = (exc.headers or {}).get("Allow", "")
+        return _failure(ApiError(405, f"{path} takes {allow}, not {method}", code="method_not_allowed",
+                                 headers={"Allow": allow}), request)
+    if exc.status_code == 404:
+        return _failure(ApiError(404, f"no such endpoint: {method} {path}", code="not_found"), request)
+    return _failure(ApiError(exc.status_code, exc.detail), request)
+
+
+def _parse(data: bytes) -> dict:
+    if not data:
+        raise ApiError(400, "the request has no body; send a JSON object")
+    body = load_json(data, "the request body")  # InvalidParameterError: a 400
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _failure(e: Exception, request: Request) -> Response:
+    if isinstance(e, ClientGone):
+        request.state.note = "client went away"
+        return Silence()
+    err = as_api_error(e, request)
+    if not getattr(request.state, "note", None):
+        request.state.note = err.message
+    headers = dict(err.headers)
+    unread = not getattr(request.state, "body_read", False) and (
+        request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers)
+    if unread:  # the body would be read as the next request: this connection cannot go on
+        headers["Connection"] = "close"
+    return json_response(err.status, err.body(), headers)
+
+
+def _note(last) -> str:
+    return f"{last.stats.prompt_tokens}+{last.stats.completion_tokens} tokens, {last.finish_reason}"
 
 
 @lru_cache(maxsize=64)
 def _grammar(schema_text: str):
     """A response_format schema, checked and compiled once per distinct schema."""
     return from_json_schema(schema_text, "response_format's schema")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive; streams use chunked transfer encoding
-    server_version = "llmcli"
-    timeout = IDLE_S
-    server: Listener
-
-    def do_GET(self):
-        self._route()
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_GET
-
-    def _route(self) -> None:
-        t0, self.note, self.status, self.streaming, self.body_read = time.perf_counter(), "", 0, False, False
-        app = self.server.app
-        path = unquote(urlsplit(self.path).path).rstrip("/")
-        path = path[3:] if path.startswith("/v1/") else path
-        try:
-            if path.startswith("/models/") and self.command == "GET":
-                app.models(self, path[len("/models/"):])
-                return
-            methods = app.routes().get(path)
-            if methods is None:
-                raise ApiError(404, f"no such endpoint: {self.command} {self.path}", code="not_found")
-            if self.command not in methods:
-                raise ApiError(405, f"{self.path} takes {', '.join(methods)}, not {self.command}",
-                               code="method_not_allowed")
-            methods[self.command](self)
-        except (ClientGone, ConnectionError, TimeoutError):
-            self.close_connection = True
-            self.note = "client went away"
-        except ApiError as e:
-            self.fail(e)
-        except LlmcliError as e:  # a chat template that refuses the messages, a tokenizer grammars cannot use
-            self.fail(ApiError(400, str(e)))
-        except Exception as e:
-            log.error("%s %s failed: %s", self.command, self.path, e, exc_info=log.isEnabledFor(logging.DEBUG))
-            self.fail(ApiError(500, f"internal error: {e}"))
-        finally:
-            log.info("%s %s %s %.2f s%s%s", self.command, self.path, self.status or "-", time.perf_counter() - t0,
-                     " stream" if self.streaming else "", f" ({self.note})" if self.note else "")
-
-    def fail(self, e: ApiError) -> None:
-        self.note = self.note or e.message
-        try:
-            if self.streaming:  # headers are out: the error goes as an event (the openai client raises it)
-                self.event(e.body())
-                self.end_stream()
-            else:
-                self.send_json(e.status, e.body(), {"Allow": "GET, POST"} if e.status == 405 else {})
-        except (ConnectionError, TimeoutError):
-            self.close_connection = True
-
-    # ------------------------------------------------------------------ reading and writing
-
-    def read_json(self) -> dict:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise ApiError(411, "send the body with a Content-Length")
-        try:
-            n = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            raise ApiError(400, "Content-Length is not a number") from None
-        if n > MAX_BODY:
-            raise ApiError(413, f"the request body is {n} bytes; the limit is {MAX_BODY}", code="request_too_large")
-        raw = self.rfile.read(n)
-        self.body_read = True
-        if not raw:
-            raise ApiError(400, "the request has no body; send a JSON object")
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
-        return body
-
-    def send_json(self, status: int, obj: dict, headers: dict = {}) -> None:
-        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        if self.command == "POST" and not getattr(self, "body_read", False):  # the body is unread: this connection cannot go on
-            self.close_connection = True
-        self.status = status
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in headers.items():
-            self.send_header(k, v)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def start_stream(self) -> None:
-        self.status, self.streaming = 200, True
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-    def event(self, obj) -> None:
-        """One SSE event (`data: ...` and a blank line) as one HTTP chunk."""
-        data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode("utf-8")) + b"\n\n"
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-
-    def end_stream(self) -> None:
-        self.event(b"[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
-
-    def client_gone(self) -> bool:
-        """Whether the client has closed its end: the socket reads EOF (a readable socket with data
-        is a client that is still there)."""
-        try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
-            return True
-
-    def send_error(self, code, message=None, explain=None):
-        """http.server's own errors (a malformed request line, an unknown method) in OpenAI's shape."""
-        self.close_connection = True
-        self.status = code
-        try:
-            self.send_json(code, ApiError(code, message or explain or "bad request").body())
-        except (ConnectionError, TimeoutError):
-            pass
-
-    def log_message(self, format, *args):  # http.server writes to stderr; requests are logged in _route
-        pass
