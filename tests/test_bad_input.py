@@ -337,3 +337,115 @@ def test_signal_during_real_quantize_and_run(smollm2_gguf, tmp_path):
     finally:
         quant.kill()
         run.kill()
+
+
+# ------------------------------------------------------------------ input limits (issue 21)
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_json_input_is_bounded_in_depth_and_size(monkeypatch):
+    from llmcli import json_input
+    from llmcli.json_input import MAX_JSON_DEPTH, JsonInputError, load_json
+
+    assert load_json(nested(MAX_JSON_DEPTH), "x") is not None
+    for text in (nested(MAX_JSON_DEPTH + 1), nested(10_000), nested(1_000_000)):
+        with pytest.raises(JsonInputError, match=f"nested more than {MAX_JSON_DEPTH} levels") as e:
+            load_json(text, "the schema")
+        assert str(e.value).startswith("the schema is") and "16 MiB" in str(e.value)
+    with pytest.raises(JsonInputError, match="not valid JSON: Expecting value at line 1 column 2"):
+        load_json("[", "x")
+    with pytest.raises(JsonInputError, match="not usable JSON"):  # more digits than int() takes
+        load_json("1" * 5000, "x")
+    monkeypatch.setattr(json_input, "MAX_JSON_BYTES", 100)
+    with pytest.raises(JsonInputError, match="larger than"):
+        load_json(json.dumps("é" * 60), "x")  # 60 characters, 120 bytes
+
+
+def test_text_files_are_regular_bounded_utf8(tmp_path, monkeypatch):
+    from llmcli import text_input
+    from llmcli.text_input import read_text_file
+
+    fifo = tmp_path / "schema.json"
+    os.mkfifo(fifo)
+    cases = {fifo: "is a FIFO", "/dev/zero": "is a character device", tmp_path: "is a folder",
+             tmp_path / "none": "does not exist", tmp_path / ("a" * 256): "name of 256 bytes",
+             "/" + "/".join(["b" * 200] * 21): "a path of 4221 bytes"}
+    for path, needle in cases.items():
+        t0 = time.monotonic()
+        with pytest.raises(InvalidParameterError, match=needle) as e:
+            read_text_file(path, "--grammar")
+        assert time.monotonic() - t0 < 5 and str(e.value).startswith("--grammar ")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café".encode("latin-1"))
+    with pytest.raises(InvalidParameterError, match="not UTF-8 text"):
+        read_text_file(latin, "--grammar")
+    (tmp_path / "nul.txt").write_bytes(b"a\0b")
+    with pytest.raises(InvalidParameterError, match="binary file"):
+        read_text_file(tmp_path / "nul.txt")
+    (tmp_path / "big.txt").write_text("x" * 101)
+    with pytest.raises(InvalidParameterError, match="larger than 100 bytes"):
+        read_text_file(tmp_path / "big.txt", limit=100)
+    assert read_text_file(tmp_path / "big.txt") == "x" * 101
+
+    def denied(*a, **k):  # root reads every file: no chmod makes one unreadable here
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(text_input.os, "open", denied)
+    with pytest.raises(InvalidParameterError, match="permission denied"):
+        read_text_file(tmp_path / "big.txt", "--file")
+
+
+def test_deep_json_through_every_door(tiny_gguf, tmp_path):
+    """10,000 levels: a --json-schema file, a batch line, a --load and a /load file; one error each."""
+    deep = tmp_path / "deep.json"
+    deep.write_text(nested(10_000))
+    error_line(run_cli("run", str(tiny_gguf), "hi", "--json-schema", str(deep)), 2, "nested more than 64 levels")
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"id": 1, "prompt": "hi", "json_schema": ' + '{"anyOf": [' * 5000 + "{}" + "]}" * 5000 + "}\n")
+    r = run_cli("batch", str(tiny_gguf), str(lines), "-o", str(tmp_path / "out.jsonl"))
+    assert "Traceback" not in r.stderr and r.returncode == 1, r.stderr
+    assert "warning: line 1: nested more than 64 levels" in r.stderr, r.stderr
+    saved = tmp_path / "chat.json"
+    saved.write_text('{"format": "llmcli-conversation", "version": 1, "messages": [], "x": ' + nested(10_000) + "}")
+    error_line(run_cli("chat", str(tiny_gguf), "--load", str(saved)), 1, "nested more than 64 levels")
+    r = run_cli("chat", str(tiny_gguf), "-n", "2", input=f"/load {saved}\n")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("error:") == 1 and "nested more than 64 levels" in r.stderr, r.stderr
+
+
+def test_special_files_as_inputs_are_refused_at_once(tiny_gguf, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    gguf = str(tiny_gguf)
+    for args, needle in [(["run", gguf, "hi", "--json-schema", str(fifo)], "is a FIFO"),
+                         (["run", gguf, "hi", "--json-schema", "/dev/zero"], "is a character device"),
+                         (["run", gguf, "hi", "--grammar", str(fifo)], "is a FIFO"),
+                         (["perplexity", gguf, "--file", str(fifo)], "is a FIFO"),
+                         (["quantize", gguf, "--preset", str(fifo)], "is a FIFO"),
+                         (["run", gguf, "hi", "--json-schema", str(tmp_path / ("s" * 300))], "name of 300 bytes")]:
+        error_line(run_cli(*args, timeout=60), 2, needle)
+    latin = tmp_path / "latin.toml"  # a preset that is not UTF-8: was a UnicodeDecodeError traceback
+    latin.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    error_line(run_cli("quantize", gguf, "--preset", str(latin)), 2, "not UTF-8")
+
+
+def test_stdin_is_read_up_to_a_bound(tiny_gguf):
+    gguf = str(tiny_gguf)
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([sys.executable, "-m", "llmcli", "run", gguf], stdin=zero, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    error_line(r, 2, "stdin holds more than 16 MiB", "at most 16 MiB")
+    error_line(cli("run", gguf, input=b"endless text\n" * (3 << 20)), 2, "more than 16 MiB")
+    with open("/dev/zero", "rb") as zero:  # piped chat reads a line at a time: /dev/zero is one endless line
+        r = subprocess.run([sys.executable, "-m", "llmcli", "chat", gguf], stdin=zero, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    error_line(r, 2, "line 1 of stdin is longer than 16 MiB")
+
+
+def test_llmcli_home_that_is_a_file(tiny_gguf, tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    for where in (home, home / "sub"):
+        error_line(run_cli("run", "smollm2", "hi", env={"LLMCLI_HOME": str(where)}), 2, "LLMCLI_HOME=", "not a folder")
+    error_line(run_cli("list", env={"LLMCLI_HOME": str(home)}), 2, "not a folder")

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llmcli"
 # rank of each top-level part of llmcli: an import may only go to a lower rank (or within its own part)
 RANKS = {"cli": 7, "chat": 6, "serve": 6, "bench": 6, "runtime": 5, "decode": 4, "quant": 4, "formats": 3,
          "models": 2, "cache": 1, "native": 1, "hub": 1,
-         "heap": 0, "text_input": 0, "errors": -1, "notices": -1, "__init__": -1, "__main__": 8}
+         "heap": 0, "text_input": 0, "json_input": 0, "errors": -1, "notices": -1, "__init__": -1, "__main__": 8}
 # third-party modules that read model files: only formats/ opens them
 READERS = {"safetensors": "safe_open", "gguf": "GGUFReader"}
 

@@ -117,22 +117,19 @@ def _run(err, flags, jobs, output: Path, verbose: bool, settings: dict) -> list:
 
 
 def _read_lines(input: str, output: Path) -> list[str]:
-    from ..text_input import check_text, read_stdin
+    from ..text_input import MAX_DATA_BYTES, read_stdin, read_text_file
 
     if input == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise InvalidParameterError("no input: pipe JSONL on stdin or pass a file")
-        text = read_stdin()
+        text = read_stdin(limit=MAX_DATA_BYTES)
     else:
         path = Path(input)
-        if not path.is_file():
+        if not path.exists():
             raise InvalidParameterError(f"{path}: no such file; pass a JSONL file of requests (or - for stdin)")
         if output.exists() and path.resolve() == output.resolve():
             raise InvalidParameterError("-o/--output is the input file; results go to a file of their own")
-        try:
-            text = check_text(path.read_text(encoding="utf-8"), str(path))
-        except UnicodeDecodeError:
-            raise InvalidParameterError(f"{path} is not UTF-8 text; pass a JSONL file") from None
+        text = read_text_file(path, limit=MAX_DATA_BYTES)
     if output.exists() and not output.is_file():
         raise InvalidParameterError(f"-o {output} is not a file")
     if not output.parent.is_dir():

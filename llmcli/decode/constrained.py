@@ -31,6 +31,8 @@ import torch
 
 from ..errors import GrammarError, InvalidOutputError, InvalidParameterError, UnsupportedModelError
 from ..formats.tokenizer import Tokenizer
+from ..json_input import load_json
+from ..text_input import read_text_file
 
 KINDS = {"json_schema": "--json-schema", "regex": "--regex", "grammar": "--grammar"}
 # JSON comes out on one line, spaced as Python's json.dumps: with llguidance's default (any whitespace
@@ -92,9 +94,9 @@ def from_json_schema(text: str, name: str = "the schema") -> Grammar:
     import llguidance
 
     try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GrammarError(f"{name} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        schema = load_json(text, name)  # bounded: a schema nested 10,000 deep is refused here
+    except InvalidParameterError as e:
+        raise GrammarError(str(e)) from None
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"{name} is not a JSON Schema: it must be an object (or true/false), got {type(schema).__name__}")
     try:
@@ -235,12 +237,11 @@ def incomplete_message(grammar: Grammar, tokens: int, max_tokens: int | None) ->
 
 
 def _read(path: Path, flag: str) -> str:
+    """A regular text file (a FIFO or /dev/zero is refused before it is read)."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GrammarError(f"{flag} {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise GrammarError(f"{flag} {path} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+        return read_text_file(path, flag)
+    except InvalidParameterError as e:
+        raise GrammarError(str(e)) from None
 
 
 def _validator(schema):

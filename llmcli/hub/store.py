@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 from urllib.parse import quote
 
-from ..errors import CorruptModelError, DiskFullError, InvalidModelNameError
+from ..errors import CorruptModelError, DiskFullError, InvalidModelNameError, InvalidParameterError
 
 # (label, bytes done, bytes in all or None when unknown); called from download threads
 ProgressFn = Callable[[str, int, "int | None"], None]
@@ -35,10 +35,21 @@ CHUNK = 1 << 20
 def default_home() -> Path:
     env = os.environ.get("LLMCLI_HOME")
     if env:
-        return Path(env).expanduser()
+        return _checked_home(Path(env).expanduser(), env)
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("llmcli", appauthor=False))
+
+
+def _checked_home(home: Path, env: str) -> Path:
+    """LLMCLI_HOME, or an error if it (or the nearest part of it that exists) is not a folder: it
+    is created on first use, and every mkdir under a file would fail with NotADirectoryError."""
+    existing = next((p for p in (home, *home.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = "is a file" if existing == home else f"is under {existing}, which is a file"
+        raise InvalidParameterError(f"LLMCLI_HOME={env} {what}, not a folder; point LLMCLI_HOME at a folder "
+                                    "(it is created if missing) or unset it")
+    return home
 
 
 @dataclass(frozen=True)

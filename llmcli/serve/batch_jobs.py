@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..errors import InvalidParameterError, LlmcliError
+from ..json_input import JsonInputError, load_json
 
 # line field -> SamplingParams field
 SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -82,9 +83,9 @@ def read_jobs(lines: Iterable[str], done: set[str] = frozenset(), system: str | 
 
 def parse_line(text: str, n: int, system: str | None = None) -> Job:
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidParameterError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+        obj = load_json(text, f"line {n}")  # bounded in size and depth, as every JSON input
+    except JsonInputError as e:
+        raise InvalidParameterError(e.detail) from None
     if not isinstance(obj, dict):
         raise InvalidParameterError(f"expected a JSON object, got {type(obj).__name__}")
     if "id" not in obj:
@@ -153,8 +154,8 @@ def done_ids(out: Path) -> set[str]:
         if not line.strip():
             continue
         try:
-            ids.add(id_key(json.loads(line)["id"]))
-        except (json.JSONDecodeError, KeyError, TypeError):
+            ids.add(id_key(load_json(line, f"{out} line {n}")["id"]))
+        except (JsonInputError, KeyError, TypeError):
             raise InvalidParameterError(f"{out} line {n} is not a result of llmcli batch; "
                                         "pass another -o file (results are appended to it)") from None
     return ids
