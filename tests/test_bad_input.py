@@ -449,3 +449,34 @@ def test_llmcli_home_that_is_a_file(tiny_gguf, tmp_path):
     for where in (home, home / "sub"):
         error_line(run_cli("run", "smollm2", "hi", env={"LLMCLI_HOME": str(where)}), 2, "LLMCLI_HOME=", "not a folder")
     error_line(run_cli("list", env={"LLMCLI_HOME": str(home)}), 2, "not a folder")
+
+
+# ------------------------------------------------------------------------- non-finite flags
+
+@pytest.mark.parametrize("field, flag", [("temperature", "temp"), ("top_p", "top-p"), ("min_p", "min-p"),
+                                         ("repeat_penalty", "repeat-penalty"), ("presence_penalty", "presence-penalty"),
+                                         ("frequency_penalty", "frequency-penalty")])
+def test_non_finite_sampling_values_are_refused(field, flag):
+    from llmcli.decode.sampling import SamplingParams, parse_parameter
+    from llmcli.serve import batch_jobs as bj
+
+    for bad in (math.inf, -math.inf, math.nan, 10 ** 400):
+        with pytest.raises(InvalidParameterError, match=f"--{flag} must be a finite number"):
+            SamplingParams(**{field: bad})
+    with pytest.raises(InvalidParameterError, match=f"--{flag} must be a finite number"):  # /set parameter
+        parse_parameter(SamplingParams(), flag, "inf")
+    job = bj.parse_line('{"id": 1, "prompt": "hi", "temperature": Infinity}', 1)  # Python's json reads Infinity
+    with pytest.raises(InvalidParameterError, match="--temp must be a finite number"):
+        SamplingParams().with_(**job.sampling)
+
+
+def test_non_finite_flags_through_the_cli(tiny_gguf, tmp_path):
+    gguf = str(tiny_gguf)
+    error_line(run_cli("run", gguf, "hi", "--temp", "inf"), 2, "--temp must be a finite number, got inf")
+    error_line(run_cli("run", gguf, "hi", "--repeat-penalty", "inf"), 2, "--repeat-penalty must be a finite number")
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"id": 1, "prompt": "hi", "temperature": Infinity}\n')
+    r = run_cli("batch", gguf, str(lines), "-o", str(tmp_path / "out.jsonl"), "-n", "2")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "--temp must be a finite number" in r.stderr, r.stderr
+    r = run_cli("chat", gguf, "-n", "2", input="/set parameter temp inf\n/show parameters\n")
+    assert r.returncode == 1 and r.stderr.count("error:") == 1 and "finite" in r.stderr and "temp 0.8" in r.stderr, r.stderr
