@@ -480,3 +480,56 @@ def test_non_finite_flags_through_the_cli(tiny_gguf, tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr and "--temp must be a finite number" in r.stderr, r.stderr
     r = run_cli("chat", gguf, "-n", "2", input="/set parameter temp inf\n/show parameters\n")
     assert r.returncode == 1 and r.stderr.count("error:") == 1 and "finite" in r.stderr and "temp 0.8" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------------ GGUF header
+
+def with_version(path: Path, version: int) -> Path:
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 4, version)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def with_tensor_type(path: Path, index: int, ggml_type: int) -> Path:
+    """Rewrite the type of the index-th tensor in the header (its info: name, dims, type, offset)."""
+    from llmcli.formats.gguf import GGUFFile
+
+    reader = GGUFFile(path)
+    t = reader.tensors[index]
+    del reader
+    data = bytearray(path.read_bytes())
+    name = t.name.encode()
+    at = data.find(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    (n_dims,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, ggml_type)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_gguf_unknown_version(tiny_model, tmp_path):
+    for version in (99, 1, 0x03000000):
+        path = with_version(bad_gguf(tiny_model, tmp_path / f"v{version}.gguf", {}), version)
+        with pytest.raises(UnsupportedModelError, match=f"GGUF version {version}.*reads versions 2 and 3"):
+            load_model(path, CPU)
+    error_line(run_cli("run", str(path), "hi"), 1, "GGUF version 50331648 (a big-endian file?)")
+    error_line(run_cli("run", str(with_version(path, 99)), "hi"), 1, "GGUF version 99")
+
+
+def test_gguf_tensor_size_must_match_its_type_and_shape(tiny_model, tmp_path):
+    from gguf import GGMLQuantizationType as T
+
+    q8 = tmp_path / "q8.gguf"
+    write_gguf(tiny_model, q8, "Q8_0")
+    first = with_tensor_type(q8, 0, T.F32)  # a Q8_0 matrix claimed to be F32: 3.8x the bytes it has
+    with pytest.raises(CorruptModelError, match=r"is F32 of shape 64x320, .* \(its type or shape does not match"):
+        load_model(first, CPU)
+    error_line(run_cli("run", str(first), "hi"), 1, "its type or shape does not match its data")
+    f32 = bad_gguf(tiny_model, tmp_path / "f32.gguf", {})
+    from llmcli.formats.gguf import GGUFFile
+    n = len(GGUFFile(f32).tensors)
+    with pytest.raises(CorruptModelError, match="does not match its data"):  # the last one, now too small
+        load_model(with_tensor_type(f32, n - 1, T.F16), CPU)
+    grown = with_tensor_type(bad_gguf(tiny_model, tmp_path / "f16.gguf", {}), n - 1, T.F64)
+    with pytest.raises(CorruptModelError, match="truncated"):  # the last one, now past the end
+        load_model(grown, CPU)
