@@ -533,3 +533,23 @@ def test_gguf_tensor_size_must_match_its_type_and_shape(tiny_model, tmp_path):
     grown = with_tensor_type(bad_gguf(tiny_model, tmp_path / "f16.gguf", {}), n - 1, T.F64)
     with pytest.raises(CorruptModelError, match="truncated"):  # the last one, now past the end
         load_model(grown, CPU)
+
+
+# ------------------------------------------------------------------- a context that fills up
+
+def test_a_full_context_is_never_silent(tiny_gguf, tmp_path):
+    """-n above what the context leaves: a warning on stderr, and --json says which limit ended it."""
+    gguf, prompt = str(tiny_gguf), "The quick brown fox jumps over the lazy dog."
+    r = run_cli("run", gguf, prompt, "--raw", "--temp", "0", "-c", "64", "-n", "100", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["finish_reason"] == "length" and out["stopped_by"] == "context", r.stderr
+    assert out["usage"]["total_tokens"] == 64
+    assert r.stderr == (f"warning: the context (64 tokens) filled before -n 100: the answer stops after "
+                        f"{out['usage']['completion_tokens']} tokens; raise --ctx-size\n")
+    r = run_cli("run", gguf, prompt, "--raw", "--temp", "0", "-c", "64", "-n", "5", "--json")
+    out = json.loads(r.stdout)
+    assert out["finish_reason"] == "length" and out["stopped_by"] == "max_tokens" and r.stderr == "", r.stderr
+    r = run_cli("run", gguf, prompt, "--raw", "--temp", "0", "-c", "64")  # no -n: until the context is full
+    assert r.returncode == 0 and r.stderr.startswith("warning: the context (64 tokens) filled: "), r.stderr
+    r = run_cli("chat", gguf, "--temp", "0", "-c", "64", input="Hello\n")
+    assert r.returncode == 0 and "warning: the context (64 tokens) filled" in r.stderr, r.stderr

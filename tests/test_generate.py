@@ -92,6 +92,7 @@ def test_max_tokens_gives_length(tok):
     chunks, model = run(tok, ids_of(tok, "one two three four five six"), max_tokens=3)
     last = chunks[-1]
     assert last.finish_reason == "length" and last.stats.completion_tokens == 3
+    assert last.stopped_by == "max_tokens"
     assert sum(1 for c in chunks if c.tokens) == 3
     assert model.calls[1:] == [1, 1]  # one token per decode step; no forward after the last token
 
@@ -101,6 +102,13 @@ def test_output_limited_by_context(tok):
     n = len(tok.encode(prompt))
     chunks, _ = run(tok, ids_of(tok, "one two three four five six seven eight"), ctx=n + 4)
     assert chunks[-1].finish_reason == "length" and chunks[-1].stats.completion_tokens == 4
+    assert chunks[-1].stopped_by == "context"  # the last chunk says which limit it was (issue 21)
+    chunks, _ = run(tok, ids_of(tok, "one two three four five six seven eight"), ctx=n + 4, max_tokens=10)
+    assert chunks[-1].stopped_by == "context" and chunks[-1].stats.completion_tokens == 4
+    chunks, _ = run(tok, ids_of(tok, "one two three four five six seven eight"), ctx=n + 4, max_tokens=4)
+    assert chunks[-1].stopped_by == "max_tokens"  # both at once: -n was met
+    chunks, _ = run(tok, ids_of(tok, "one") + [2], ctx=n + 4)
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].stopped_by is None
 
 
 def test_prompt_longer_than_context_is_an_error(tok):

@@ -161,12 +161,23 @@ def _print_result(err, rt, answer: _Answer, json_out: bool, verbose: bool) -> No
         _report_stats(err, answer)
     if problem is not None:
         raise problem
+    if last.stopped_by == "context":  # never silent: the answer is shorter than asked for
+        err.print(f"warning: {context_filled(rt.ctx_size, stats.completion_tokens, answer.max_tokens)}",
+                  markup=False, highlight=False)
+
+
+def context_filled(ctx_size: int, tokens: int, max_tokens: int | None) -> str:
+    """What to say when the context filled before -n (or, without -n, at all)."""
+    before = f" before -n {max_tokens}" if max_tokens is not None else ""
+    return (f"the context ({ctx_size} tokens) filled{before}: the answer stops after {tokens} tokens; "
+            "raise --ctx-size")
 
 
 def result_json(rt, answer: _Answer) -> dict:
     """--json's object: text, finish_reason, usage, timings (and logprobs)."""
     stats = answer.last.stats
     out = {"model": rt.loaded.name, "text": answer.text, "finish_reason": answer.last.finish_reason,
+           **({"stopped_by": answer.last.stopped_by} if answer.last.stopped_by else {}),
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
                      "total_tokens": stats.prompt_tokens + stats.completion_tokens},
            "timings": {"load_s": round(rt.loaded.load_seconds, 4), **stats.as_dict()}}
