@@ -160,3 +160,21 @@ def test_quantized_heads_read_back_their_rows(smollm2_gguf):
     head = load_model(smollm2_gguf, place("cpu", "bfloat16", threads=1)).model.lm_head
     ids = torch.tensor([0, 17, 49151])
     assert torch.equal(head.weight_rows(ids, torch.float32), head.dequantize(torch.float32)[ids])
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0), SamplingParams(top_k=1),
+                                    SamplingParams(temperature=1.5, top_k=1, seed=7)])
+def test_top_k_1_is_greedy_and_rescores_near_ties(params):
+    """--top-k 1 picks the most likely token whatever the temperature, so it rescores a bfloat16
+    tie as --temp 0 does (issue 21: only the temp-0 path did)."""
+    from llmcli.decode.picker import Picker
+    from llmcli.models.linear import Linear
+
+    head = Linear(4, 3, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[5, 5, 5, 5.03125], [5, 5, 5, 5.0625], [1, 1, 1, 1]]))
+        h = torch.ones(4, dtype=torch.bfloat16)
+        rounded = head(h).float()
+    picker = Picker(params, [0], torch.device("cpu"), head=head)
+    assert params.greedy and picker.wants_hidden
+    assert picker.pick(rounded, h) == 1

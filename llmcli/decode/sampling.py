@@ -1,7 +1,7 @@
 """Sampling: frozen parameters and pure functions on logits (..., vocab).
 
 The chain follows llama.cpp: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
-Temperature 0 is greedy (argmax after penalties). Draws use a seeded `torch.Generator`, so the same
+Temperature 0 (or top-k 1) is greedy (argmax after penalties). Draws use a seeded `torch.Generator`, so the same
 seed and settings give the same tokens.
 """
 
@@ -58,7 +58,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """The most likely token every time: temperature 0, or top-k 1 (the one token left is drawn
+        whatever the temperature), so both rescore near ties (picker.py) and both may speculate."""
+        return self.temperature == 0 or self.top_k == 1
 
 
 def _finite(value) -> bool:
