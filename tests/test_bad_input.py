@@ -553,3 +553,29 @@ def test_a_full_context_is_never_silent(tiny_gguf, tmp_path):
     assert r.returncode == 0 and r.stderr.startswith("warning: the context (64 tokens) filled: "), r.stderr
     r = run_cli("chat", gguf, "--temp", "0", "-c", "64", input="Hello\n")
     assert r.returncode == 0 and "warning: the context (64 tokens) filled" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------ batch output lock
+
+def test_two_batch_runs_on_one_output(tiny_gguf, tmp_path):
+    """Both at once used to append every result twice; now the second is refused at once (or, if the
+    first ended already, it finds every id done): each id is in the output once."""
+    from llmcli.serve import batch_jobs as bj
+
+    requests = tmp_path / "in.jsonl"
+    requests.write_text("".join(json.dumps({"id": i, "prompt": f"Count to {i}."}) + "\n" for i in range(24)))
+    out = tmp_path / "out.jsonl"
+    args = [sys.executable, "-m", "llmcli", "batch", str(tiny_gguf), str(requests), "-o", str(out), "-n", "8",
+            "--temp", "0", "--rows", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(ids) == list(range(24)), results
+    for code, err in results:
+        assert "Traceback" not in err and (code == 0 or "another llmcli batch is writing" in err), err
+    with bj.output_lock(out):  # a run that holds it, deterministically
+        r = run_cli("batch", str(tiny_gguf), str(requests), "-o", str(out), "-n", "8")
+    error_line(r, 1, "another llmcli batch is writing", "pass another -o file")
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ids

@@ -50,25 +50,26 @@ def batch(
     command_grammar = read_grammar(json_schema, regex, grammar)
     Strategy(constrained=command_grammar is not None, stop=tuple(stop or ())).check(params)
     lines = _read_lines(input, output)
-    parsed = list(bj.read_jobs(lines, bj.done_ids(output), system))
-    jobs = [j for j in parsed if isinstance(j, bj.Job)]
-    bad = [e for e in parsed if isinstance(e, bj.LineError)]
-    err = stderr_console()
-    for e in bad:
-        err.print(f"warning: {e}", markup=False, highlight=False)
-    skipped = sum(1 for t in lines if t.strip()) - len(jobs) - len(bad)
-    if skipped:
-        err.print(f"{skipped} requests already in {output}; skipped", markup=False, highlight=False)
-    if jobs:
-        flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
-                            registry=registry, offline=offline, rows=min(rows, len(jobs)))
-        bad += _run(err, flags, jobs, output, verbose,
-                    dict(params=params, max_tokens=max_tokens, stop=tuple(stop or ()), raw=raw, grammar=command_grammar,
-                         retries=retries, fallback=fallback_value))
-    if bad:
-        err.print(f"error: {len(bad)} input lines were skipped (see the warnings above); fix them and run again "
-                  "to add their results", markup=False, highlight=False)
-        raise typer.Exit(1)
+    with bj.output_lock(output):  # a second run on the same -o would write every result again
+        parsed = list(bj.read_jobs(lines, bj.done_ids(output), system))
+        jobs = [j for j in parsed if isinstance(j, bj.Job)]
+        bad = [e for e in parsed if isinstance(e, bj.LineError)]
+        err = stderr_console()
+        for e in bad:
+            err.print(f"warning: {e}", markup=False, highlight=False)
+        skipped = sum(1 for t in lines if t.strip()) - len(jobs) - len(bad)
+        if skipped:
+            err.print(f"{skipped} requests already in {output}; skipped", markup=False, highlight=False)
+        if jobs:
+            flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
+                                registry=registry, offline=offline, rows=min(rows, len(jobs)))
+            bad += _run(err, flags, jobs, output, verbose,
+                        dict(params=params, max_tokens=max_tokens, stop=tuple(stop or ()), raw=raw,
+                             grammar=command_grammar, retries=retries, fallback=fallback_value))
+        if bad:
+            err.print(f"error: {len(bad)} input lines were skipped (see the warnings above); fix them and run again "
+                      "to add their results", markup=False, highlight=False)
+            raise typer.Exit(1)
 
 
 def _check_numbers(rows: int, retries: int, max_tokens: int) -> None:

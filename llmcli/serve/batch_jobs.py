@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -159,6 +160,35 @@ def done_ids(out: Path) -> set[str]:
             raise InvalidParameterError(f"{out} line {n} is not a result of llmcli batch; "
                                         "pass another -o file (results are appended to it)") from None
     return ids
+
+
+class OutputBusyError(LlmcliError):
+    """Another process is writing the same results file."""
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold the output's lock for a whole run, as pip and ollama lock what they write: two runs
+    appending to one file would each read the ids done before the other wrote, and answer every
+    request twice. The lock is `.NAME.lock` beside the file (the real one, through symlinks), and
+    stays there, as filelock leaves it (unlinking a lock file breaks the exclusion)."""
+    from filelock import FileLock, Timeout
+
+    real = out.resolve()
+    path = real.parent / f".{real.name}.lock"
+    lock = FileLock(str(path), blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise OutputBusyError(f"another llmcli batch is writing {out} (it holds {path}); wait for it to end "
+                              "or pass another -o file") from None
+    except OSError as e:
+        raise OutputBusyError(f"cannot lock {out} ({e.strerror or e}: {path}); pass an -o file in a folder you "
+                              "can write to") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class ResultWriter:
