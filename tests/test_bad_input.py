@@ -579,3 +579,73 @@ def test_two_batch_runs_on_one_output(tiny_gguf, tmp_path):
         r = run_cli("batch", str(tiny_gguf), str(requests), "-o", str(out), "-n", "8")
     error_line(r, 1, "another llmcli batch is writing", "pass another -o file")
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ids
+
+
+# ------------------------------------------------------------------ leftovers after kill -9
+
+HOLD = ("import sys, time\n"
+        "from pathlib import Path\n"
+        "from llmcli.hub.store import Store\n"
+        "from llmcli.quant.checkpoint import atomic_folder\n"
+        "where = Path(sys.argv[2])\n"
+        "with (Store(where).staging() if sys.argv[1] == 'pull' else atomic_folder(where / 'out')) as folder:\n"
+        "    (folder / 'half').write_bytes(b'x' * 1000)\n"
+        "    print(folder, flush=True)\n"
+        "    time.sleep(300)\n")
+
+
+def holder(kind: str, where: Path) -> tuple[subprocess.Popen, Path]:
+    """A process inside a pull's staging or a quantize's partial folder, and that folder."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, kind, str(where)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, text=True)
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def aged(folder: Path) -> Path:
+    """As old as a folder left a while ago (younger ones may not be held yet: left alone)."""
+    os.utime(folder, (time.time() - 60, time.time() - 60))
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["pull", "quantize"])
+def test_staging_left_by_kill_9_is_removed_but_a_live_one_is_not(kind, tmp_path):
+    from llmcli.hub.store import Store
+    from llmcli.quant.checkpoint import atomic_folder
+
+    def start_another():
+        with (Store(tmp_path).staging() if kind == "pull" else atomic_folder(tmp_path / "out", force=True)):
+            pass
+
+    live, live_folder = holder(kind, tmp_path)
+    killed, killed_folder = holder(kind, tmp_path)
+    try:
+        killed.kill()
+        killed.wait()
+        aged(live_folder), aged(killed_folder)
+        start_another()
+        assert live_folder.is_dir() and (live_folder / "half").exists()  # its process still holds it
+        assert not killed_folder.exists()
+    finally:
+        live.kill()
+        live.wait()
+    start_another()
+    assert not live_folder.exists()
+    assert not list(tmp_path.glob(".out.partial-*")) and not list(tmp_path.glob("tmp/tmp*"))
+
+
+def test_quantize_killed_then_run_again_leaves_nothing_behind(tiny_folder, tmp_path):
+    script = ("import os, signal\n"
+              "from llmcli.quant import checkpoint\n"
+              "def dies(folder, *a, **k):\n"
+              "    (folder / 'model.safetensors').write_bytes(b'half')\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n"
+              "checkpoint.write = dies\n"
+              "from llmcli.cli import main\n"
+              f"main(['quantize', {str(tiny_folder)!r}, '--preset', 'q8', '-o', {str(tmp_path / 'out')!r}])\n")
+    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True)
+    assert r.returncode == -signal.SIGKILL
+    [left] = list(tmp_path.glob(".out.partial-*"))
+    aged(left)
+    r = run_cli("quantize", str(tiny_folder), "--preset", "q8", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
