@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, run_cli
 from tiny import hf_model, write_gguf
 
-from llmcli.errors import CorruptModelError, InvalidParameterError, UnsupportedModelError
+from llmcli.errors import CorruptModelError, InvalidParameterError, LlmcliError, UnsupportedModelError
 from llmcli.formats import chat_template
 from llmcli.formats.open import check_model_path
 from llmcli.runtime.device import place
@@ -649,3 +649,68 @@ def test_quantize_killed_then_run_again_leaves_nothing_behind(tiny_folder, tmp_p
     r = run_cli("quantize", str(tiny_folder), "--preset", "q8", "-o", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+# ------------------------------------------------------------------------ misleading messages
+
+def test_an_unreadable_model_file_says_so(tiny_gguf, monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+
+    def denied(file, *args, **kwargs):  # root reads every file: no chmod makes one unreadable here
+        if str(file) == str(tiny_gguf):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(builtins, "open", denied)
+    with pytest.raises(LlmcliError, match="cannot be read: permission denied") as e:
+        check_model_path(tiny_gguf)
+    assert "neither a GGUF file" not in str(e.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files without read permission")
+def test_an_unreadable_model_file_through_the_cli(tiny_gguf, tmp_path):
+    import shutil
+
+    locked = Path(shutil.copy(tiny_gguf, tmp_path / "locked.gguf"))
+    locked.chmod(0)
+    error_line(run_cli("run", str(locked), "hi"), 1, "cannot be read: permission denied")
+
+
+def test_grammars_that_fail_later_are_refused_before_the_model_loads(tiny_gguf, tmp_path):
+    from llmcli.decode.constrained import from_json_schema, from_regex
+    from llmcli.errors import GrammarError
+
+    for pattern in ("a{1000}{1000}{1000}", "a{1000000}", "(ab{100}){100}{100}"):
+        with pytest.raises(GrammarError, match="repeats too much.*at most 100000; use \\* or \\+"):
+            from_regex(pattern)
+    from_regex("[a-z]{1,1000}( [a-z]{1,1000}){50}")  # long, not explosive
+    for schema in ({"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, {"anyOf": [{"$ref": "#"}]}):
+        with pytest.raises(GrammarError, match="describes no JSON value.*\\$ref point back to itself"):
+            from_json_schema(json.dumps(schema), "s.json")
+    from_json_schema(json.dumps({"type": "object", "properties": {"child": {"$ref": "#"}}}))  # recursion that ends
+    t0 = time.monotonic()  # through the CLI: the model path does not even exist, the grammar fails first
+    error_line(run_cli("run", "/nonexistent.gguf", "hi", "--regex", "a{1000}{1000}{1000}"), 2, "repeats too much")
+    selfref = tmp_path / "s.json"
+    selfref.write_text('{"$ref": "#"}')
+    error_line(run_cli("run", str(tiny_gguf), "hi", "--json-schema", str(selfref)), 2, "$ref point back to itself")
+    assert time.monotonic() - t0 < 60
+
+
+def test_regex_digits_are_ascii(tiny_gguf):
+    from llmcli.decode.constrained import GrammarCompiler, from_regex
+    from llmcli.formats.open import open_model_file
+    from llmcli.decode.regex_check import ascii_digits
+
+    assert ascii_digits(r"\d{3}-\D[^\d]") == "[0-9]{3}-[^0-9][^0-9]"
+    assert ascii_digits(r"[\D]") == "[[^0-9]]" and ascii_digits(r"[\D]", python=True) is None
+    assert ascii_digits(r"\\d\p{Nd}[\]\d]") == r"\\d\p{Nd}[\]0-9]"  # an escaped backslash, a class, an escaped ]
+    g = from_regex(r"\d{3}")
+    g.check_output("123")
+    from llmcli.errors import InvalidOutputError
+    with pytest.raises(InvalidOutputError):  # Arabic-Indic digits: \d in Rust and Python, not here
+        g.check_output("\u0661\u0662\u0663")
+    tok = open_model_file(tiny_gguf).tokenizer  # byte-level: U+0661 starts with the byte token of 0xD9
+    forbidden = GrammarCompiler(tok).constraint(g).forbidden(tok.vocab_size)
+    arabic = tok.encode("\u0661", add_bos=False)[0]
+    assert forbidden[arabic] and not forbidden[tok.encode("1", add_bos=False)[0]]

@@ -51,16 +51,6 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def is_gguf(path: Path) -> bool:
-    if not Path(path).is_file():  # opening a FIFO blocks until someone writes to it
-        return False
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except OSError:
-        return False
-
-
 # GGUF value types -> struct format (scalars); 8 = string, 9 = array
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
