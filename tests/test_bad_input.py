@@ -714,3 +714,24 @@ def test_regex_digits_are_ascii(tiny_gguf):
     forbidden = GrammarCompiler(tok).constraint(g).forbidden(tok.vocab_size)
     arabic = tok.encode("\u0661", add_bos=False)[0]
     assert forbidden[arabic] and not forbidden[tok.encode("1", add_bos=False)[0]]
+
+
+# ----------------------------------------------------------------- memory refused, not crashed
+
+def test_beams_that_do_not_fit_are_refused_with_what_fits(smollm2_gguf):
+    """--beams 1000 over the whole context wanted ~177 GiB for its cache and died in torch's
+    allocator; the plan refuses it first and says how many rows, or which -n, fit."""
+    r = run_cli("run", str(smollm2_gguf), "Translate: the cat is asleep", "--beams", "1000", "-t", "1",
+                env={"LLMCLI_MEMORY_LIMIT": "4GiB"})
+    line = error_line(r, 1, "--beams 1000 needs", "for 1000 rows of 8192 tokens")
+    assert "rows fit at that length" in line and "1000 rows fit with -n " in line
+
+
+def test_rows_that_do_not_fit_are_refused_with_what_fits(smollm2_gguf, monkeypatch):
+    """serve --rows 256 -c 8192: the plan counts every row's cache and step, and says what fits."""
+    from llmcli.runtime.plan import NotEnoughMemoryError
+    from llmcli.runtime.runtime import plan_memory
+
+    monkeypatch.setenv("LLMCLI_MEMORY_LIMIT", "8GiB")
+    with pytest.raises(NotEnoughMemoryError, match="8192 tokens for each of 256 rows.*fits \\(or fewer --rows\\)"):
+        plan_memory(smollm2_gguf, place("cpu", "bfloat16"), ctx_size=8192, rows=256)

@@ -122,12 +122,15 @@ def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max
             json_out: bool) -> _Answer:
     """Generate, streaming the text to stdout as it comes unless it is held for the end."""
     from ..decode.constrained import GrammarCompiler
-    from ..decode.generate import generate
+    from ..decode.generate import generate, output_limit
     from ..decode.picker import Logprobs
 
     out = _Answer(held=json_out or grammar_of is not None)  # constrained text is printed once complete and valid
     out.grammar, out.max_tokens = grammar_of, max_tokens
     ids = rt.prompt_ids(messages, raw=raw)
+    if strategy.beams > 1 and rt.plan is not None:  # the search's own cache: beams x (prompt + answer)
+        answer_room = output_limit(len(ids), rt.ctx_size, max_tokens)
+        rt.plan.check_rows(strategy.beams, len(ids), answer_room, f"--beams {strategy.beams}")
     out.shift = rt.context_shift(messages, raw) if strategy.context_shift else None
     if grammar_of is not None:
         out.constraint = GrammarCompiler(rt.loaded.tokenizer).constraint(grammar_of)
