@@ -127,6 +127,28 @@ def test_template_bounded(name, monkeypatch):
     assert "\n" not in str(e.value)
 
 
+BUILDS_A_LOT = {  # each text under MAX_TEXT, a hundred of them kept: 3.1 GB before the time bound stopped it
+    "list of texts": "{% set ns = namespace(l=[]) %}{% for i in range(100) %}{% set ns.l = ns.l + ['x' * 31000000] %}"
+                     "{% endfor %}{{ ns.l|length }}",
+    "variables": "".join("{%% set v%d = 'x' * 31000000 %%}" % i for i in range(100)) + "ok",
+}
+
+
+@pytest.mark.parametrize("name", BUILDS_A_LOT)
+def test_template_bounded_in_all_it_builds(name, monkeypatch):
+    import tracemalloc
+
+    monkeypatch.setattr(chat_template, "RENDER_SECONDS", 60)  # the size bound must stop it, not the clock
+    tracemalloc.start()
+    try:
+        with pytest.raises(chat_template.TemplateError, match="built more than 67108864 characters in all"):
+            chat_template.render(BUILDS_A_LOT[name], [{"role": "user", "content": "hi"}])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 20, peak
+
+
 def test_normal_template_still_renders():
     from tiny import CHAT_TEMPLATE
 
