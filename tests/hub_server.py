@@ -244,3 +244,30 @@ def _tree_entry(path: str, data: bytes) -> dict:
     if path.endswith(LFS_SUFFIXES):
         entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
     return entry
+
+
+class SilentHost:
+    """A host that accepts connections and never answers (a stuck proxy, a firewall that eats packets)."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            self.held.append(conn)  # kept open, never read or written
+
+    def __enter__(self) -> "SilentHost":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.listener.close()
+        for conn in self.held:
+            conn.close()

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, run_cli
 from tiny import hf_model, write_gguf
 
-from llmcli.errors import CorruptModelError, InvalidParameterError, UnsupportedModelError
+from llmcli.errors import CorruptModelError, InvalidParameterError, LlmcliError, UnsupportedModelError
 from llmcli.formats import chat_template
 from llmcli.formats.open import check_model_path
 from llmcli.runtime.device import place
@@ -125,6 +125,28 @@ def test_template_bounded(name, monkeypatch):
         chat_template.render(BAD_TEMPLATES[name], [{"role": "user", "content": "hi"}])
     assert time.monotonic() - t0 < 5
     assert "\n" not in str(e.value)
+
+
+BUILDS_A_LOT = {  # each text under MAX_TEXT, a hundred of them kept: 3.1 GB before the time bound stopped it
+    "list of texts": "{% set ns = namespace(l=[]) %}{% for i in range(100) %}{% set ns.l = ns.l + ['x' * 31000000] %}"
+                     "{% endfor %}{{ ns.l|length }}",
+    "variables": "".join("{%% set v%d = 'x' * 31000000 %%}" % i for i in range(100)) + "ok",
+}
+
+
+@pytest.mark.parametrize("name", BUILDS_A_LOT)
+def test_template_bounded_in_all_it_builds(name, monkeypatch):
+    import tracemalloc
+
+    monkeypatch.setattr(chat_template, "RENDER_SECONDS", 60)  # the size bound must stop it, not the clock
+    tracemalloc.start()
+    try:
+        with pytest.raises(chat_template.TemplateError, match="built more than 67108864 characters in all"):
+            chat_template.render(BUILDS_A_LOT[name], [{"role": "user", "content": "hi"}])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 20, peak
 
 
 def test_normal_template_still_renders():
@@ -337,3 +359,401 @@ def test_signal_during_real_quantize_and_run(smollm2_gguf, tmp_path):
     finally:
         quant.kill()
         run.kill()
+
+
+# ------------------------------------------------------------------ input limits (issue 21)
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_json_input_is_bounded_in_depth_and_size(monkeypatch):
+    from llmcli import json_input
+    from llmcli.json_input import MAX_JSON_DEPTH, JsonInputError, load_json
+
+    assert load_json(nested(MAX_JSON_DEPTH), "x") is not None
+    for text in (nested(MAX_JSON_DEPTH + 1), nested(10_000), nested(1_000_000)):
+        with pytest.raises(JsonInputError, match=f"nested more than {MAX_JSON_DEPTH} levels") as e:
+            load_json(text, "the schema")
+        assert str(e.value).startswith("the schema is") and "16 MiB" in str(e.value)
+    with pytest.raises(JsonInputError, match="not valid JSON: Expecting value at line 1 column 2"):
+        load_json("[", "x")
+    with pytest.raises(JsonInputError, match="not usable JSON"):  # more digits than int() takes
+        load_json("1" * 5000, "x")
+    monkeypatch.setattr(json_input, "MAX_JSON_BYTES", 100)
+    with pytest.raises(JsonInputError, match="larger than"):
+        load_json(json.dumps("é" * 60), "x")  # 60 characters, 120 bytes
+
+
+def test_text_files_are_regular_bounded_utf8(tmp_path, monkeypatch):
+    from llmcli import text_input
+    from llmcli.text_input import read_text_file
+
+    fifo = tmp_path / "schema.json"
+    os.mkfifo(fifo)
+    cases = {fifo: "is a FIFO", "/dev/zero": "is a character device", tmp_path: "is a folder",
+             tmp_path / "none": "does not exist", tmp_path / ("a" * 256): "name of 256 bytes",
+             "/" + "/".join(["b" * 200] * 21): "a path of 4221 bytes"}
+    for path, needle in cases.items():
+        t0 = time.monotonic()
+        with pytest.raises(InvalidParameterError, match=needle) as e:
+            read_text_file(path, "--grammar")
+        assert time.monotonic() - t0 < 5 and str(e.value).startswith("--grammar ")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café".encode("latin-1"))
+    with pytest.raises(InvalidParameterError, match="not UTF-8 text"):
+        read_text_file(latin, "--grammar")
+    (tmp_path / "nul.txt").write_bytes(b"a\0b")
+    with pytest.raises(InvalidParameterError, match="binary file"):
+        read_text_file(tmp_path / "nul.txt")
+    (tmp_path / "big.txt").write_text("x" * 101)
+    with pytest.raises(InvalidParameterError, match="larger than 100 bytes"):
+        read_text_file(tmp_path / "big.txt", limit=100)
+    assert read_text_file(tmp_path / "big.txt") == "x" * 101
+
+    def denied(*a, **k):  # root reads every file: no chmod makes one unreadable here
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(text_input.os, "open", denied)
+    with pytest.raises(InvalidParameterError, match="permission denied"):
+        read_text_file(tmp_path / "big.txt", "--file")
+
+
+def test_deep_json_through_every_door(tiny_gguf, tmp_path):
+    """10,000 levels: a --json-schema file, a batch line, a --load and a /load file; one error each."""
+    deep = tmp_path / "deep.json"
+    deep.write_text(nested(10_000))
+    error_line(run_cli("run", str(tiny_gguf), "hi", "--json-schema", str(deep)), 2, "nested more than 64 levels")
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"id": 1, "prompt": "hi", "json_schema": ' + '{"anyOf": [' * 5000 + "{}" + "]}" * 5000 + "}\n")
+    r = run_cli("batch", str(tiny_gguf), str(lines), "-o", str(tmp_path / "out.jsonl"))
+    assert "Traceback" not in r.stderr and r.returncode == 1, r.stderr
+    assert "warning: line 1: nested more than 64 levels" in r.stderr, r.stderr
+    saved = tmp_path / "chat.json"
+    saved.write_text('{"format": "llmcli-conversation", "version": 1, "messages": [], "x": ' + nested(10_000) + "}")
+    error_line(run_cli("chat", str(tiny_gguf), "--load", str(saved)), 1, "nested more than 64 levels")
+    r = run_cli("chat", str(tiny_gguf), "-n", "2", input=f"/load {saved}\n")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("error:") == 1 and "nested more than 64 levels" in r.stderr, r.stderr
+
+
+def test_special_files_as_inputs_are_refused_at_once(tiny_gguf, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    gguf = str(tiny_gguf)
+    for args, needle in [(["run", gguf, "hi", "--json-schema", str(fifo)], "is a FIFO"),
+                         (["run", gguf, "hi", "--json-schema", "/dev/zero"], "is a character device"),
+                         (["run", gguf, "hi", "--grammar", str(fifo)], "is a FIFO"),
+                         (["perplexity", gguf, "--file", str(fifo)], "is a FIFO"),
+                         (["quantize", gguf, "--preset", str(fifo)], "is a FIFO"),
+                         (["run", gguf, "hi", "--json-schema", str(tmp_path / ("s" * 300))], "name of 300 bytes")]:
+        error_line(run_cli(*args, timeout=60), 2, needle)
+    latin = tmp_path / "latin.toml"  # a preset that is not UTF-8: was a UnicodeDecodeError traceback
+    latin.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    error_line(run_cli("quantize", gguf, "--preset", str(latin)), 2, "not UTF-8")
+
+
+def test_stdin_is_read_up_to_a_bound(tiny_gguf):
+    gguf = str(tiny_gguf)
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([sys.executable, "-m", "llmcli", "run", gguf], stdin=zero, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    error_line(r, 2, "stdin holds more than 16 MiB", "at most 16 MiB")
+    error_line(cli("run", gguf, input=b"endless text\n" * (3 << 20)), 2, "more than 16 MiB")
+    with open("/dev/zero", "rb") as zero:  # piped chat reads a line at a time: /dev/zero is one endless line
+        r = subprocess.run([sys.executable, "-m", "llmcli", "chat", gguf], stdin=zero, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    error_line(r, 2, "line 1 of stdin is longer than 16 MiB")
+
+
+def test_llmcli_home_that_is_a_file(tiny_gguf, tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    for where in (home, home / "sub"):
+        error_line(run_cli("run", "smollm2", "hi", env={"LLMCLI_HOME": str(where)}), 2, "LLMCLI_HOME=", "not a folder")
+    error_line(run_cli("list", env={"LLMCLI_HOME": str(home)}), 2, "not a folder")
+
+
+# ------------------------------------------------------------------------- non-finite flags
+
+@pytest.mark.parametrize("field, flag", [("temperature", "temp"), ("top_p", "top-p"), ("min_p", "min-p"),
+                                         ("repeat_penalty", "repeat-penalty"), ("presence_penalty", "presence-penalty"),
+                                         ("frequency_penalty", "frequency-penalty")])
+def test_non_finite_sampling_values_are_refused(field, flag):
+    from llmcli.decode.sampling import SamplingParams, parse_parameter
+    from llmcli.serve import batch_jobs as bj
+
+    for bad in (math.inf, -math.inf, math.nan, 10 ** 400):
+        with pytest.raises(InvalidParameterError, match=f"--{flag} must be a finite number"):
+            SamplingParams(**{field: bad})
+    with pytest.raises(InvalidParameterError, match=f"--{flag} must be a finite number"):  # /set parameter
+        parse_parameter(SamplingParams(), flag, "inf")
+    job = bj.parse_line('{"id": 1, "prompt": "hi", "temperature": Infinity}', 1)  # Python's json reads Infinity
+    with pytest.raises(InvalidParameterError, match="--temp must be a finite number"):
+        SamplingParams().with_(**job.sampling)
+
+
+def test_non_finite_flags_through_the_cli(tiny_gguf, tmp_path):
+    gguf = str(tiny_gguf)
+    error_line(run_cli("run", gguf, "hi", "--temp", "inf"), 2, "--temp must be a finite number, got inf")
+    error_line(run_cli("run", gguf, "hi", "--repeat-penalty", "inf"), 2, "--repeat-penalty must be a finite number")
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"id": 1, "prompt": "hi", "temperature": Infinity}\n')
+    r = run_cli("batch", gguf, str(lines), "-o", str(tmp_path / "out.jsonl"), "-n", "2")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "--temp must be a finite number" in r.stderr, r.stderr
+    r = run_cli("chat", gguf, "-n", "2", input="/set parameter temp inf\n/show parameters\n")
+    assert r.returncode == 1 and r.stderr.count("error:") == 1 and "finite" in r.stderr and "temp 0.8" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------------ GGUF header
+
+def with_version(path: Path, version: int) -> Path:
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 4, version)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def with_tensor_type(path: Path, index: int, ggml_type: int) -> Path:
+    """Rewrite the type of the index-th tensor in the header (its info: name, dims, type, offset)."""
+    from llmcli.formats.gguf import GGUFFile
+
+    reader = GGUFFile(path)
+    t = reader.tensors[index]
+    del reader
+    data = bytearray(path.read_bytes())
+    name = t.name.encode()
+    at = data.find(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    (n_dims,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, ggml_type)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_gguf_unknown_version(tiny_model, tmp_path):
+    for version in (99, 1, 0x03000000):
+        path = with_version(bad_gguf(tiny_model, tmp_path / f"v{version}.gguf", {}), version)
+        with pytest.raises(UnsupportedModelError, match=f"GGUF version {version}.*reads versions 2 and 3"):
+            load_model(path, CPU)
+    error_line(run_cli("run", str(path), "hi"), 1, "GGUF version 50331648 (a big-endian file?)")
+    error_line(run_cli("run", str(with_version(path, 99)), "hi"), 1, "GGUF version 99")
+
+
+def test_gguf_tensor_size_must_match_its_type_and_shape(tiny_model, tmp_path):
+    from gguf import GGMLQuantizationType as T
+
+    q8 = tmp_path / "q8.gguf"
+    write_gguf(tiny_model, q8, "Q8_0")
+    first = with_tensor_type(q8, 0, T.F32)  # a Q8_0 matrix claimed to be F32: 3.8x the bytes it has
+    with pytest.raises(CorruptModelError, match=r"is F32 of shape 64x320, .* \(its type or shape does not match"):
+        load_model(first, CPU)
+    error_line(run_cli("run", str(first), "hi"), 1, "its type or shape does not match its data")
+    f32 = bad_gguf(tiny_model, tmp_path / "f32.gguf", {})
+    from llmcli.formats.gguf import GGUFFile
+    n = len(GGUFFile(f32).tensors)
+    with pytest.raises(CorruptModelError, match="does not match its data"):  # the last one, now too small
+        load_model(with_tensor_type(f32, n - 1, T.F16), CPU)
+    grown = with_tensor_type(bad_gguf(tiny_model, tmp_path / "f16.gguf", {}), n - 1, T.F64)
+    with pytest.raises(CorruptModelError, match="truncated"):  # the last one, now past the end
+        load_model(grown, CPU)
+
+
+# ------------------------------------------------------------------- a context that fills up
+
+def test_a_full_context_is_never_silent(tiny_gguf, tmp_path):
+    """-n above what the context leaves: a warning on stderr, and --json says which limit ended it."""
+    gguf, prompt = str(tiny_gguf), "The quick brown fox jumps over the lazy dog."
+    r = run_cli("run", gguf, prompt, "--raw", "--temp", "0", "-c", "64", "-n", "100", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["finish_reason"] == "length" and out["stopped_by"] == "context", r.stderr
+    assert out["usage"]["total_tokens"] == 64
+    assert r.stderr == (f"warning: the context (64 tokens) filled before -n 100: the answer stops after "
+                        f"{out['usage']['completion_tokens']} tokens; raise --ctx-size\n")
+    r = run_cli("run", gguf, prompt, "--raw", "--temp", "0", "-c", "64", "-n", "5", "--json")
+    out = json.loads(r.stdout)
+    assert out["finish_reason"] == "length" and out["stopped_by"] == "max_tokens" and r.stderr == "", r.stderr
+    r = run_cli("run", gguf, prompt, "--raw", "--temp", "0", "-c", "64")  # no -n: until the context is full
+    assert r.returncode == 0 and r.stderr.startswith("warning: the context (64 tokens) filled: "), r.stderr
+    r = run_cli("chat", gguf, "--temp", "0", "-c", "64", input="Hello\n")
+    assert r.returncode == 0 and "warning: the context (64 tokens) filled" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------ batch output lock
+
+def test_two_batch_runs_on_one_output(tiny_gguf, tmp_path):
+    """Both at once used to append every result twice; now the second is refused at once (or, if the
+    first ended already, it finds every id done): each id is in the output once."""
+    from llmcli.serve import batch_jobs as bj
+
+    requests = tmp_path / "in.jsonl"
+    requests.write_text("".join(json.dumps({"id": i, "prompt": f"Count to {i}."}) + "\n" for i in range(24)))
+    out = tmp_path / "out.jsonl"
+    args = [sys.executable, "-m", "llmcli", "batch", str(tiny_gguf), str(requests), "-o", str(out), "-n", "8",
+            "--temp", "0", "--rows", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(ids) == list(range(24)), results
+    for code, err in results:
+        assert "Traceback" not in err and (code == 0 or "another llmcli batch is writing" in err), err
+    with bj.output_lock(out):  # a run that holds it, deterministically
+        r = run_cli("batch", str(tiny_gguf), str(requests), "-o", str(out), "-n", "8")
+    error_line(r, 1, "another llmcli batch is writing", "pass another -o file")
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ids
+
+
+# ------------------------------------------------------------------ leftovers after kill -9
+
+HOLD = ("import sys, time\n"
+        "from pathlib import Path\n"
+        "from llmcli.hub.store import Store\n"
+        "from llmcli.quant.checkpoint import atomic_folder\n"
+        "where = Path(sys.argv[2])\n"
+        "with (Store(where).staging() if sys.argv[1] == 'pull' else atomic_folder(where / 'out')) as folder:\n"
+        "    (folder / 'half').write_bytes(b'x' * 1000)\n"
+        "    print(folder, flush=True)\n"
+        "    time.sleep(300)\n")
+
+
+def holder(kind: str, where: Path) -> tuple[subprocess.Popen, Path]:
+    """A process inside a pull's staging or a quantize's partial folder, and that folder."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, kind, str(where)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, text=True)
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def aged(folder: Path) -> Path:
+    """As old as a folder left a while ago (younger ones may not be held yet: left alone)."""
+    os.utime(folder, (time.time() - 60, time.time() - 60))
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["pull", "quantize"])
+def test_staging_left_by_kill_9_is_removed_but_a_live_one_is_not(kind, tmp_path):
+    from llmcli.hub.store import Store
+    from llmcli.quant.checkpoint import atomic_folder
+
+    def start_another():
+        with (Store(tmp_path).staging() if kind == "pull" else atomic_folder(tmp_path / "out", force=True)):
+            pass
+
+    live, live_folder = holder(kind, tmp_path)
+    killed, killed_folder = holder(kind, tmp_path)
+    try:
+        killed.kill()
+        killed.wait()
+        aged(live_folder), aged(killed_folder)
+        start_another()
+        assert live_folder.is_dir() and (live_folder / "half").exists()  # its process still holds it
+        assert not killed_folder.exists()
+    finally:
+        live.kill()
+        live.wait()
+    start_another()
+    assert not live_folder.exists()
+    assert not list(tmp_path.glob(".out.partial-*")) and not list(tmp_path.glob("tmp/tmp*"))
+
+
+def test_quantize_killed_then_run_again_leaves_nothing_behind(tiny_folder, tmp_path):
+    script = ("import os, signal\n"
+              "from llmcli.quant import checkpoint\n"
+              "def dies(folder, *a, **k):\n"
+              "    (folder / 'model.safetensors').write_bytes(b'half')\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n"
+              "checkpoint.write = dies\n"
+              "from llmcli.cli import main\n"
+              f"main(['quantize', {str(tiny_folder)!r}, '--preset', 'q8', '-o', {str(tmp_path / 'out')!r}])\n")
+    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True)
+    assert r.returncode == -signal.SIGKILL
+    [left] = list(tmp_path.glob(".out.partial-*"))
+    aged(left)
+    r = run_cli("quantize", str(tiny_folder), "--preset", "q8", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+# ------------------------------------------------------------------------ misleading messages
+
+def test_an_unreadable_model_file_says_so(tiny_gguf, monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+
+    def denied(file, *args, **kwargs):  # root reads every file: no chmod makes one unreadable here
+        if str(file) == str(tiny_gguf):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(builtins, "open", denied)
+    with pytest.raises(LlmcliError, match="cannot be read: permission denied") as e:
+        check_model_path(tiny_gguf)
+    assert "neither a GGUF file" not in str(e.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files without read permission")
+def test_an_unreadable_model_file_through_the_cli(tiny_gguf, tmp_path):
+    import shutil
+
+    locked = Path(shutil.copy(tiny_gguf, tmp_path / "locked.gguf"))
+    locked.chmod(0)
+    error_line(run_cli("run", str(locked), "hi"), 1, "cannot be read: permission denied")
+
+
+def test_grammars_that_fail_later_are_refused_before_the_model_loads(tiny_gguf, tmp_path):
+    from llmcli.decode.constrained import from_json_schema, from_regex
+    from llmcli.errors import GrammarError
+
+    for pattern in ("a{1000}{1000}{1000}", "a{1000000}", "(ab{100}){100}{100}"):
+        with pytest.raises(GrammarError, match="repeats too much.*at most 100000; use \\* or \\+"):
+            from_regex(pattern)
+    from_regex("[a-z]{1,1000}( [a-z]{1,1000}){50}")  # long, not explosive
+    for schema in ({"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, {"anyOf": [{"$ref": "#"}]}):
+        with pytest.raises(GrammarError, match="describes no JSON value.*\\$ref point back to itself"):
+            from_json_schema(json.dumps(schema), "s.json")
+    from_json_schema(json.dumps({"type": "object", "properties": {"child": {"$ref": "#"}}}))  # recursion that ends
+    t0 = time.monotonic()  # through the CLI: the model path does not even exist, the grammar fails first
+    error_line(run_cli("run", "/nonexistent.gguf", "hi", "--regex", "a{1000}{1000}{1000}"), 2, "repeats too much")
+    selfref = tmp_path / "s.json"
+    selfref.write_text('{"$ref": "#"}')
+    error_line(run_cli("run", str(tiny_gguf), "hi", "--json-schema", str(selfref)), 2, "$ref point back to itself")
+    assert time.monotonic() - t0 < 60
+
+
+def test_regex_digits_are_ascii(tiny_gguf):
+    from llmcli.decode.constrained import GrammarCompiler, from_regex
+    from llmcli.formats.open import open_model_file
+    from llmcli.decode.regex_check import ascii_digits
+
+    assert ascii_digits(r"\d{3}-\D[^\d]") == "[0-9]{3}-[^0-9][^0-9]"
+    assert ascii_digits(r"[\D]") == "[[^0-9]]" and ascii_digits(r"[\D]", python=True) is None
+    assert ascii_digits(r"\\d\p{Nd}[\]\d]") == r"\\d\p{Nd}[\]0-9]"  # an escaped backslash, a class, an escaped ]
+    g = from_regex(r"\d{3}")
+    g.check_output("123")
+    from llmcli.errors import InvalidOutputError
+    with pytest.raises(InvalidOutputError):  # Arabic-Indic digits: \d in Rust and Python, not here
+        g.check_output("\u0661\u0662\u0663")
+    tok = open_model_file(tiny_gguf).tokenizer  # byte-level: U+0661 starts with the byte token of 0xD9
+    forbidden = GrammarCompiler(tok).constraint(g).forbidden(tok.vocab_size)
+    arabic = tok.encode("\u0661", add_bos=False)[0]
+    assert forbidden[arabic] and not forbidden[tok.encode("1", add_bos=False)[0]]
+
+
+# ----------------------------------------------------------------- memory refused, not crashed
+
+def test_beams_that_do_not_fit_are_refused_with_what_fits(smollm2_gguf):
+    """--beams 1000 over the whole context wanted ~177 GiB for its cache and died in torch's
+    allocator; the plan refuses it first and says how many rows, or which -n, fit."""
+    r = run_cli("run", str(smollm2_gguf), "Translate: the cat is asleep", "--beams", "1000", "-t", "1",
+                env={"LLMCLI_MEMORY_LIMIT": "4GiB"})
+    line = error_line(r, 1, "--beams 1000 needs", "for 1000 rows of 8192 tokens")
+    assert "rows fit at that length" in line and "1000 rows fit with -n " in line
+
+
+def test_rows_that_do_not_fit_are_refused_with_what_fits(smollm2_gguf, monkeypatch):
+    """serve --rows 256 -c 8192: the plan counts every row's cache and step, and says what fits."""
+    from llmcli.runtime.plan import NotEnoughMemoryError
+    from llmcli.runtime.runtime import plan_memory
+
+    monkeypatch.setenv("LLMCLI_MEMORY_LIMIT", "8GiB")
+    with pytest.raises(NotEnoughMemoryError, match="8192 tokens for each of 256 rows.*fits \\(or fewer --rows\\)"):
+        plan_memory(smollm2_gguf, place("cpu", "bfloat16"), ctx_size=8192, rows=256)

@@ -116,6 +116,16 @@ def test_logprobs_and_cancel(loaded):
             assert [a for a, _ in top1] == [a for a, _ in top2]
 
 
+def test_the_last_chunk_says_which_limit_ended_it(loaded):
+    engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=2, max_len=24)
+    greedy = SamplingParams(temperature=0)
+    reqs = [Request(list(range(5, 21)), greedy, 40, tag="context"), Request(list(range(5, 10)), greedy, 3, tag="n")]
+    last = {req.tag: chunk for req, chunk in engine.run(reqs) if chunk.finish_reason}
+    assert last["n"].finish_reason == "length" and last["n"].stopped_by == "max_tokens"
+    if last["context"].finish_reason == "length":  # a random model may end on an end token first
+        assert last["context"].stopped_by == "context" and last["context"].stats.completion_tokens == 8
+
+
 def test_a_prompt_with_no_room_is_refused_at_submit(loaded):
     engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=2, max_len=16)
     with pytest.raises(PromptTooLongError):

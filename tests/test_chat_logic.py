@@ -173,7 +173,7 @@ def test_save_to_a_missing_folder_or_a_folder(tmp_path):
     ('{"format": "llmcli-conversation", "version": 1, "messages": [], "parameters": {"temperature": -1}}', "--temp"),
     ('{"format": "llmcli-conversation", "version": 1, "messages": [], "parameters": {"bogus": 1}}', "bogus"),
     ('{"format": "llmcli-conversation", "version": 7, "messages": []}', "version"),
-    (b"\x00\xff\xfe binary", "not a text file"),
+    (b"\x00\xff\xfe binary", "is a binary file"),
 ])
 def test_load_bad_files(tmp_path, content, needle):
     path = tmp_path / "c.json"
@@ -249,7 +249,7 @@ def test_read(tiny_loaded, tmp_path):
     (tmp_path / "empty.txt").write_text("  \n")
     out = run_command(s, f"/read {tmp_path / 'notes.txt'}")
     assert out.send == "Paris is the capital of France.\n"
-    for name, needle in [("missing.txt", "does not exist"), ("blob.bin", "binary"), ("latin1.txt", "binary"),
+    for name, needle in [("missing.txt", "does not exist"), ("blob.bin", "binary"), ("latin1.txt", "not UTF-8"),
                          ("empty.txt", "empty"), ("", "not a file")]:
         with pytest.raises(CommandError, match=needle):
             run_command(s, f"/read {tmp_path / name}")

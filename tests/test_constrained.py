@@ -175,7 +175,7 @@ def test_bad_schema_is_one_line_before_the_model_loads(capsys, tmp_path, content
 @pytest.mark.parametrize("args, needles", [
     (["--regex", "(abc"], ["not a usable regex", "unclosed group"]),
     (["--regex", "a(?=b)"], ["look-around"]),
-    (["--json-schema", "/nonexistent/schema.json"], ["no such file"]),
+    (["--json-schema", "/nonexistent/schema.json"], ["does not exist"]),
     (["--regex", "[0-9]+", "--json-schema", "s.json"], ["exclude each other"]),
     (["--regex", "[0-9]+", "--stop", "x"], ["--stop does not combine"]),
     (["--logprobs", "3"], ["needs --json"]),

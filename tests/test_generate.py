@@ -92,6 +92,7 @@ def test_max_tokens_gives_length(tok):
     chunks, model = run(tok, ids_of(tok, "one two three four five six"), max_tokens=3)
     last = chunks[-1]
     assert last.finish_reason == "length" and last.stats.completion_tokens == 3
+    assert last.stopped_by == "max_tokens"
     assert sum(1 for c in chunks if c.tokens) == 3
     assert model.calls[1:] == [1, 1]  # one token per decode step; no forward after the last token
 
@@ -101,6 +102,13 @@ def test_output_limited_by_context(tok):
     n = len(tok.encode(prompt))
     chunks, _ = run(tok, ids_of(tok, "one two three four five six seven eight"), ctx=n + 4)
     assert chunks[-1].finish_reason == "length" and chunks[-1].stats.completion_tokens == 4
+    assert chunks[-1].stopped_by == "context"  # the last chunk says which limit it was (issue 21)
+    chunks, _ = run(tok, ids_of(tok, "one two three four five six seven eight"), ctx=n + 4, max_tokens=10)
+    assert chunks[-1].stopped_by == "context" and chunks[-1].stats.completion_tokens == 4
+    chunks, _ = run(tok, ids_of(tok, "one two three four five six seven eight"), ctx=n + 4, max_tokens=4)
+    assert chunks[-1].stopped_by == "max_tokens"  # both at once: -n was met
+    chunks, _ = run(tok, ids_of(tok, "one") + [2], ctx=n + 4)
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].stopped_by is None
 
 
 def test_prompt_longer_than_context_is_an_error(tok):
@@ -152,3 +160,21 @@ def test_quantized_heads_read_back_their_rows(smollm2_gguf):
     head = load_model(smollm2_gguf, place("cpu", "bfloat16", threads=1)).model.lm_head
     ids = torch.tensor([0, 17, 49151])
     assert torch.equal(head.weight_rows(ids, torch.float32), head.dequantize(torch.float32)[ids])
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0), SamplingParams(top_k=1),
+                                    SamplingParams(temperature=1.5, top_k=1, seed=7)])
+def test_top_k_1_is_greedy_and_rescores_near_ties(params):
+    """--top-k 1 picks the most likely token whatever the temperature, so it rescores a bfloat16
+    tie as --temp 0 does (issue 21: only the temp-0 path did)."""
+    from llmcli.decode.picker import Picker
+    from llmcli.models.linear import Linear
+
+    head = Linear(4, 3, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[5, 5, 5, 5.03125], [5, 5, 5, 5.0625], [1, 1, 1, 1]]))
+        h = torch.ones(4, dtype=torch.bfloat16)
+        rounded = head(h).float()
+    picker = Picker(params, [0], torch.device("cpu"), head=head)
+    assert params.greedy and picker.wants_hidden
+    assert picker.pick(rounded, h) == 1

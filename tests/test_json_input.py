@@ -18,7 +18,7 @@ def refused(data, **limits) -> str:
 
 
 def test_depth_is_capped_before_parsing():
-    assert "nested more than 128 levels deep" in refused("[" * 10_000 + "]" * 10_000)
+    assert f"nested more than {MAX_JSON_DEPTH} levels deep" in refused("[" * 10_000 + "]" * 10_000)
     assert "nested more than" in refused('{"a": ' * 5000 + "1" + "}" * 5000)
     deepest = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
     assert load_json(deepest, "x") == eval(deepest)
@@ -29,7 +29,7 @@ def test_depth_is_capped_before_parsing():
 
 
 def test_size_utf8_and_syntax():
-    assert refused(b"[1, 2]", max_bytes=5) == "the thing is 6 bytes of JSON; the limit is 5"
+    assert refused(b"[1, 2]", max_bytes=5).startswith("the thing is 6 bytes of JSON, larger than the limit of 5")
     assert refused("\u00e9\u00e9\u00e9", max_bytes=5).startswith("the thing is 6 bytes")  # counted in UTF-8
     assert "is not UTF-8 (byte 0xff at offset 1)" in refused(b"[\xff]")
     assert "is not valid JSON" in refused('{"a": 1')

@@ -116,6 +116,7 @@ def test_max_tokens_stop_and_text_parts(tiny, client):
     want, _ = reference(rt, ids, max_tokens=40)
     r = client.chat.completions.create(model="tiny", messages=parts, temperature=0, max_tokens=3)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+    assert r.choices[0].model_extra["stopped_by"] == "max_tokens"  # OpenAI's "length", and which limit
     assert want.startswith(r.choices[0].message.content)
     # a stop string from the middle of the greedy answer: the text ends before it
     stop = next(want[i:i + 2] for i in range(6, len(want)) if want[i:i + 2].isascii() and want[i:i + 2].strip())

@@ -22,6 +22,7 @@ from conftest import REPO, run_cli
 from llmcli.cli import serve as cli_serve
 from llmcli.decode.generate import generate
 from llmcli.decode.sampling import SamplingParams
+from llmcli.json_input import MAX_JSON_DEPTH
 from llmcli.runtime.runtime import open_model
 from llmcli.serve import http as server_mod
 from llmcli.serve.http import Server
@@ -269,7 +270,7 @@ DEEP = b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 10_00
 
 
 @pytest.mark.parametrize("name, data, status, needle", [
-    ("nested 10,000 deep", post("/v1/chat/completions", DEEP), 400, "nested more than 128 levels deep"),
+    ("nested 10,000 deep", post("/v1/chat/completions", DEEP), 400, f"nested more than {MAX_JSON_DEPTH} levels deep"),
     ("a lone surrogate in chat", post("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}'),
      400, "lone surrogate (\\ud800)"),
     ("a lone surrogate prompt", post("/v1/completions", b'{"prompt": "a\\udfff"}'), 400, "lone surrogate"),

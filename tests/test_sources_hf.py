@@ -207,3 +207,22 @@ def test_two_pulls_at_once_share_the_cache(hub, env):
     assert [p.returncode for p in procs] == [0, 0], outs
     paths = {Path(out.strip()) for out, _ in outs}
     assert len(paths) == 1 and paths.pop().read_bytes() == hub.big
+
+
+def test_a_host_that_never_answers_ends_in_seconds(tmp_path):
+    """The connection is accepted and nothing comes back: huggingface_hub's first call had no timeout
+    and waited 200 s and more. Now a read timeout ends it in one line that says how to work offline."""
+    import time
+
+    from hub_server import SilentHost
+
+    with SilentHost() as silent:
+        env = {"HF_ENDPOINT": silent.url, "HF_HOME": str(tmp_path / "hf"), "LLMCLI_HOME": str(tmp_path / "home"),
+               "HF_TOKEN": "", "HF_HUB_OFFLINE": "0", "HF_HUB_DOWNLOAD_TIMEOUT": "2",
+               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        t0 = time.monotonic()
+        r = run_cli("run", "org/never", "hi", env=env, timeout=120)
+        took = time.monotonic() - t0
+    assert_one_line_error(r, "did not answer in time", "--offline")
+    assert took < 30, took
+    assert silent.held  # it did connect

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..decode.sampling import PARAMETER_NAMES, parse_parameter
+from .. import text_input
 from ..errors import InvalidParameterError, LlmcliError
 from . import conversation
 from .session import ChatSession
@@ -34,7 +35,6 @@ COMMANDS = [  # (name, arguments, what it does)
 FENCE = '"""'  # opens and closes a message of several lines
 NAMES = tuple(dict.fromkeys(name for name, _, _ in COMMANDS))
 SHOW_SECTIONS = ("info", "parameters", "system", "template")
-MAX_READ_BYTES = 8 << 20  # /read refuses larger files: they could not fit a context anyway
 
 
 class CommandError(LlmcliError):
@@ -233,23 +233,12 @@ def _regen(session, rest):
 
 
 def read_text_file(name: str) -> str:
+    """/read's file: a regular text file (text_input's limits)."""
     path = Path(name).expanduser()
-    if not path.exists():
-        raise CommandError(f"{path} does not exist; give the path of a text file")
-    if not path.is_file():
-        raise CommandError(f"{path} is not a file; give the path of a text file")
-    if path.stat().st_size > MAX_READ_BYTES:
-        raise CommandError(f"{path} is larger than {MAX_READ_BYTES >> 20} MiB; send a part of it")
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise CommandError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        if b"\0" in data:
-            raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CommandError(f"{path} is a binary file; /read sends text (UTF-8) files") from None
+        text = text_input.read_text_file(path, hint="/read sends text (UTF-8) files")
+    except InvalidParameterError as e:
+        raise CommandError(str(e)) from None
     if not text.strip():
         raise CommandError(f"{path} is empty; nothing to send")
     return text

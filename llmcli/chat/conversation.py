@@ -16,7 +16,8 @@ from typing import Callable
 from ..decode.sampling import SamplingParams, parse_parameter
 from ..errors import InvalidParameterError, LlmcliError, PromptTooLongError
 from ..hub.store import atomic_write_text
-from ..text_input import check_text
+from ..json_input import JsonInputError, load_json
+from ..text_input import check_text, read_text_file
 
 FORMAT = "llmcli-conversation"
 VERSION = 1
@@ -133,19 +134,14 @@ def save(conv: Conversation, path: str | Path) -> Path:
 
 
 def load(path: str | Path) -> Conversation:
-    path = Path(path).expanduser()
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise ConversationFileError(f"{path} {what}; pass a file written by /save")
+    """A conversation written by save(): a regular file of bounded JSON (json_input's limits)."""
+    hint = "pass a file written by /save"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConversationFileError(f"{path} is not a text file; pass a file written by /save") from None
-    except json.JSONDecodeError as e:
-        raise ConversationFileError(f"{path} is not valid JSON (line {e.lineno}: {e.msg}); "
-                                    "pass a file written by /save") from None
-    except OSError as e:
-        raise ConversationFileError(f"cannot read {path}: {e.strerror or e}") from None
+        data = load_json(read_text_file(path, hint=hint), str(Path(path).expanduser()))
+    except JsonInputError as e:
+        raise ConversationFileError(f"{e}; {hint}") from None
+    except InvalidParameterError as e:
+        raise ConversationFileError(str(e)) from None
     return Conversation.from_dict(data, str(path))
 
 

@@ -29,6 +29,7 @@ class Turn:
     ttft_s: float | None  # None when interrupted before the first token
     stats: Stats | None  # None when interrupted (generate reports stats with its last chunk)
     context_used: int  # tokens in the cache after the reply
+    stopped_by: str | None = None  # finish "length": "max_tokens" or "context" (generate.limit_reason)
 
 
 class ChatSession:
@@ -133,7 +134,8 @@ class ChatSession:
             self.generated += tokens
             self.last = Turn(text, last.finish_reason if last else "interrupted", tokens,
                              last.stats.ttft_s if last else ttft, last.stats if last else None,
-                             len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1)
+                             len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1,
+                             last.stopped_by if last else None)
 
     def _constraint(self):
         """A fresh per-reply matcher for the session's grammar (None without one)."""

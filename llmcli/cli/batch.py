@@ -50,25 +50,26 @@ def batch(
     command_grammar = read_grammar(json_schema, regex, grammar)
     Strategy(constrained=command_grammar is not None, stop=tuple(stop or ())).check(params)
     lines = _read_lines(input, output)
-    parsed = list(bj.read_jobs(lines, bj.done_ids(output), system))
-    jobs = [j for j in parsed if isinstance(j, bj.Job)]
-    bad = [e for e in parsed if isinstance(e, bj.LineError)]
-    err = stderr_console()
-    for e in bad:
-        err.print(f"warning: {e}", markup=False, highlight=False)
-    skipped = sum(1 for t in lines if t.strip()) - len(jobs) - len(bad)
-    if skipped:
-        err.print(f"{skipped} requests already in {output}; skipped", markup=False, highlight=False)
-    if jobs:
-        flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
-                            registry=registry, offline=offline, rows=min(rows, len(jobs)))
-        bad += _run(err, flags, jobs, output, verbose,
-                    dict(params=params, max_tokens=max_tokens, stop=tuple(stop or ()), raw=raw, grammar=command_grammar,
-                         retries=retries, fallback=fallback_value))
-    if bad:
-        err.print(f"error: {len(bad)} input lines were skipped (see the warnings above); fix them and run again "
-                  "to add their results", markup=False, highlight=False)
-        raise typer.Exit(1)
+    with bj.output_lock(output):  # a second run on the same -o would write every result again
+        parsed = list(bj.read_jobs(lines, bj.done_ids(output), system))
+        jobs = [j for j in parsed if isinstance(j, bj.Job)]
+        bad = [e for e in parsed if isinstance(e, bj.LineError)]
+        err = stderr_console()
+        for e in bad:
+            err.print(f"warning: {e}", markup=False, highlight=False)
+        skipped = sum(1 for t in lines if t.strip()) - len(jobs) - len(bad)
+        if skipped:
+            err.print(f"{skipped} requests already in {output}; skipped", markup=False, highlight=False)
+        if jobs:
+            flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
+                                registry=registry, offline=offline, rows=min(rows, len(jobs)))
+            bad += _run(err, flags, jobs, output, verbose,
+                        dict(params=params, max_tokens=max_tokens, stop=tuple(stop or ()), raw=raw,
+                             grammar=command_grammar, retries=retries, fallback=fallback_value))
+        if bad:
+            err.print(f"error: {len(bad)} input lines were skipped (see the warnings above); fix them and run again "
+                      "to add their results", markup=False, highlight=False)
+            raise typer.Exit(1)
 
 
 def _check_numbers(rows: int, retries: int, max_tokens: int) -> None:
@@ -117,22 +118,19 @@ def _run(err, flags, jobs, output: Path, verbose: bool, settings: dict) -> list:
 
 
 def _read_lines(input: str, output: Path) -> list[str]:
-    from ..text_input import check_text, read_stdin
+    from ..text_input import MAX_DATA_BYTES, read_stdin, read_text_file
 
     if input == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise InvalidParameterError("no input: pipe JSONL on stdin or pass a file")
-        text = read_stdin()
+        text = read_stdin(limit=MAX_DATA_BYTES)
     else:
         path = Path(input)
-        if not path.is_file():
+        if not path.exists():
             raise InvalidParameterError(f"{path}: no such file; pass a JSONL file of requests (or - for stdin)")
         if output.exists() and path.resolve() == output.resolve():
             raise InvalidParameterError("-o/--output is the input file; results go to a file of their own")
-        try:
-            text = check_text(path.read_text(encoding="utf-8"), str(path))
-        except UnicodeDecodeError:
-            raise InvalidParameterError(f"{path} is not UTF-8 text; pass a JSONL file") from None
+        text = read_text_file(path, limit=MAX_DATA_BYTES)
     if output.exists() and not output.is_file():
         raise InvalidParameterError(f"-o {output} is not a file")
     if not output.parent.is_dir():

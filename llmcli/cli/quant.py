@@ -101,12 +101,9 @@ def perplexity(
     from ..bench.perplexity import evaluate
     from ..runtime.runtime import check_ctx_size, open_model
 
-    try:
-        text = file.expanduser().read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidParameterError(f"--file {file} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidParameterError(f"--file {file} cannot be read as UTF-8 text ({e})") from None
+    from ..text_input import MAX_DATA_BYTES, read_text_file
+
+    text = read_text_file(file, "--file", MAX_DATA_BYTES)  # a regular UTF-8 file: a FIFO would block
     if chunks is not None and chunks < 1:
         raise InvalidParameterError(f"--chunks must be at least 1, got {chunks}")
     flags = model_flags(model, device=device, dtype=dtype, threads=threads, quant=quant)

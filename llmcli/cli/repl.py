@@ -128,10 +128,11 @@ def after_reply_notes(session: ChatSession) -> tuple[str, str | None, bool]:
              f"context {turn.context_used}/{ctx}")
     if turn.finish != "length":
         return stats, None, False
-    if session.conv.max_tokens is not None and s.completion_tokens >= session.conv.max_tokens:
+    if turn.stopped_by == "max_tokens":
         return stats, (f"the reply stopped at max-tokens ({session.conv.max_tokens}); "
                        "/set parameter max-tokens N for longer replies"), False
-    return stats, f"the reply stopped because the context ({ctx} tokens) is full; older turns will be dropped next turn", True
+    return stats, (f"warning: the context ({ctx} tokens) filled: the reply stops after {s.completion_tokens} tokens; "
+                   "older turns will be dropped next turn (or restart with a larger --ctx-size)"), True
 
 
 # ------------------------------------------------------------------------------- interrupts

@@ -125,12 +125,15 @@ def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max
             json_out: bool, ignore_eos: bool) -> _Answer:
     """Generate, streaming the text to stdout as it comes unless it is held for the end."""
     from ..decode.constrained import GrammarCompiler
-    from ..decode.generate import generate
+    from ..decode.generate import generate, output_limit
     from ..decode.picker import Logprobs
 
     out = _Answer(held=json_out or grammar_of is not None)  # constrained text is printed once complete and valid
     out.grammar, out.max_tokens = grammar_of, max_tokens
     ids = rt.prompt_ids(messages, raw=raw)
+    if strategy.beams > 1 and rt.plan is not None:  # the search's own cache: beams x (prompt + answer)
+        answer_room = output_limit(len(ids), rt.ctx_size, max_tokens)
+        rt.plan.check_rows(strategy.beams, len(ids), answer_room, f"--beams {strategy.beams}")
     out.shift = rt.context_shift(messages, raw) if strategy.context_shift else None
     if grammar_of is not None:
         out.constraint = GrammarCompiler(rt.loaded.tokenizer).constraint(grammar_of)
@@ -171,12 +174,23 @@ def _print_result(err, rt, answer: _Answer, json_out: bool, verbose: bool) -> No
                   "plain steps); drop --draft/--lookup for this kind of prompt", markup=False, highlight=False)
     if problem is not None:
         raise problem
+    if last.stopped_by == "context":  # never silent: the answer is shorter than asked for
+        err.print(f"warning: {context_filled(rt.ctx_size, stats.completion_tokens, answer.max_tokens)}",
+                  markup=False, highlight=False)
+
+
+def context_filled(ctx_size: int, tokens: int, max_tokens: int | None) -> str:
+    """What to say when the context filled before -n (or, without -n, at all)."""
+    before = f" before -n {max_tokens}" if max_tokens is not None else ""
+    return (f"the context ({ctx_size} tokens) filled{before}: the answer stops after {tokens} tokens; "
+            "raise --ctx-size")
 
 
 def result_json(rt, answer: _Answer) -> dict:
     """--json's object: text, finish_reason, usage, timings (and logprobs)."""
     stats = answer.last.stats
     out = {"model": rt.loaded.name, "text": answer.text, "finish_reason": answer.last.finish_reason,
+           **({"stopped_by": answer.last.stopped_by} if answer.last.stopped_by else {}),
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
                      "total_tokens": stats.prompt_tokens + stats.completion_tokens},
            "timings": {"load_s": round(rt.loaded.load_seconds, 4), **stats.as_dict()}}

@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 
 from ..cache import new_cache
-from .generate import Chunk, output_limit, prefill, text_stream
+from .generate import Chunk, limit_reason, output_limit, prefill, text_stream
 from .picker import Logprobs, Picker
 from .sampling import SamplingParams
 
@@ -55,7 +55,8 @@ class _Sequence:
         self.length = 0  # tokens in its cache row
         self.last = -1  # the token the next step feeds
         self.pending: int | None = None  # the token text_stream reads next
-        self.text = text_stream(self._feed(), tokenizer, tuple(s for s in req.stop if s), req.prompt, self.stats)
+        self.text = text_stream(self._feed(), tokenizer, tuple(s for s in req.stop if s), req.prompt, self.stats,
+                                limit_reason(limit, req.max_tokens))
 
     def _feed(self) -> Iterator[int]:
         while self.pending is not None:

@@ -24,6 +24,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,9 @@ import torch
 
 from ..errors import GrammarError, InvalidOutputError, InvalidParameterError, UnsupportedModelError
 from ..formats.tokenizer import Tokenizer
+from ..json_input import load_json
+from ..text_input import read_text_file
+from .regex_check import MAX_REPETITIONS, ascii_digits, repetitions
 
 KINDS = {"json_schema": "--json-schema", "regex": "--regex", "grammar": "--grammar"}
 # JSON comes out on one line, spaced as Python's json.dumps: with llguidance's default (any whitespace
@@ -66,7 +70,7 @@ class Grammar:
                 raise InvalidOutputError(f"the output does not validate against the schema ({error.message}); "
                                          "this is a bug, please report it")
         elif self.kind == "regex":
-            pattern = _python_regex(self.source)
+            pattern = _python_regex(ascii_digits(self.source, python=True))
             if pattern is not None and pattern.fullmatch(text) is None:
                 raise InvalidOutputError(f"the output {text!r} does not match the regex; this is a bug, please report it")
 
@@ -92,9 +96,9 @@ def from_json_schema(text: str, name: str = "the schema") -> Grammar:
     import llguidance
 
     try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GrammarError(f"{name} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        schema = load_json(text, name)  # bounded: a schema nested 10,000 deep is refused here
+    except InvalidParameterError as e:
+        raise GrammarError(str(e)) from None
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"{name} is not a JSON Schema: it must be an object (or true/false), got {type(schema).__name__}")
     try:
@@ -105,6 +109,8 @@ def from_json_schema(text: str, name: str = "the schema") -> Grammar:
                            + (f" (at {where})" if where else "")) from None
     compiled = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     _check(compiled, f"{name} cannot be used for constrained output")
+    _probe(compiled, f"{name} cannot be used for constrained output", "it describes no JSON value that can be "
+           "written (does a $ref point back to itself?)")
     return Grammar("json_schema", text, compiled, schema)
 
 
@@ -114,11 +120,17 @@ def from_regex(pattern: str) -> Grammar:
 
     if not pattern:
         raise GrammarError("--regex is empty; pass a pattern, e.g. --regex '[0-9]+'")
-    compiled = llguidance.LLMatcher.grammar_from_regex(pattern)
+    copies = repetitions(pattern)
+    if copies > MAX_REPETITIONS:  # llguidance accepts it, then fails mid-generation
+        raise GrammarError(f"--regex {pattern!r} repeats too much: its counted repetitions ask for {copies} copies "
+                           f"of what they repeat, and the constraint engine builds at most {MAX_REPETITIONS}; "
+                           "use * or + for long runs")
+    compiled = llguidance.LLMatcher.grammar_from_regex(ascii_digits(pattern))  # \d is 0-9, not all of Nd
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled)
     if is_error:  # the position llguidance gives is in the grammar it wraps the pattern in: drop it
         why = re.sub(r"^at \d+\(\d+\): |invalid regex .*\(in regex\): ", "", _one_line(messages[0]))
         raise GrammarError(f"--regex {pattern!r} is not a usable regex: {why}")
+    _probe(compiled, f"--regex {pattern!r} is not a usable regex", "it matches no text")
     return Grammar("regex", pattern, compiled)
 
 
@@ -129,6 +141,7 @@ def from_lark(text: str, name: str = "the grammar") -> Grammar:
 
     compiled = llguidance.LLMatcher.grammar_from_lark(text)
     _check(compiled, f"{name} is not a usable Lark grammar")
+    _probe(compiled, f"{name} is not a usable Lark grammar", "it matches no text (does a rule only refer to itself?)")
     return Grammar("grammar", text, compiled)
 
 
@@ -200,8 +213,11 @@ class TokenConstraint:
     def advance(self, token: int) -> None:
         t0 = time.perf_counter()
         if not self.matcher.consume_token(token):
-            raise InvalidOutputError(f"the grammar rejected token {token} ({_one_line(self.matcher.get_error())}); "
-                                     "this is a bug, please report it")
+            error = _one_line(self.matcher.get_error())
+            if _OVER_LIMITS.search(error):  # the grammar outgrew llguidance's limits: not a bug of ours
+                raise GrammarError(f"the grammar is too large for the constraint engine ({error}); simplify it, "
+                                   "e.g. * or + instead of long counted repetitions")
+            raise InvalidOutputError(f"the grammar rejected token {token} ({error}); this is a bug, please report it")
         self.tokens += 1
         self._spent(t0)
 
@@ -235,12 +251,11 @@ def incomplete_message(grammar: Grammar, tokens: int, max_tokens: int | None) ->
 
 
 def _read(path: Path, flag: str) -> str:
+    """A regular text file (a FIFO or /dev/zero is refused before it is read)."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GrammarError(f"{flag} {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise GrammarError(f"{flag} {path} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+        return read_text_file(path, flag)
+    except InvalidParameterError as e:
+        raise GrammarError(str(e)) from None
 
 
 def _validator(schema):
@@ -249,6 +264,39 @@ def _validator(schema):
 
     return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema) \
         if not isinstance(schema, bool) else jsonschema.Draft202012Validator(schema)
+
+
+# llguidance's resource limits (LLParserLimits): the lexer's expressions and fuel, the parser's items
+_OVER_LIMITS = re.compile(r"too many expressions|fuel|max_items|too many (lexer )?states|limit", re.IGNORECASE)
+
+
+@lru_cache(maxsize=1)
+def _byte_tokenizer():
+    """llguidance's view of a 257-token vocabulary: the 256 bytes and an end token."""
+    import llguidance
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken("<end>", special=True)])
+    return llguidance.LLTokenizer(backend.to_str(), eos_token=[len(alphabet)])
+
+
+def _probe(compiled: str, what: str, empty: str) -> None:
+    """The grammar's first step on a byte vocabulary, before any model loads: a grammar that cannot
+    start (llguidance's NoExtensionBias: {"$ref": "#"}, a rule that only refers to itself) is
+    refused here, with `empty` saying why, instead of failing at the first token. Other errors
+    are left for the model's own vocabulary to judge (a Lark grammar may name its special tokens)."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), compiled, log_level=0)
+    if not matcher.is_error():
+        words = np.zeros(9, dtype=np.int32)  # 257 bits
+        matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    if matcher.is_error() and "NoExtensionBias" in matcher.get_error():
+        raise GrammarError(f"{what}: {empty}")
 
 
 def _check(compiled: str, what: str) -> None:

@@ -6,7 +6,9 @@
                    across tokens), whole UTF-8 characters only
     generate       the public entry: checks the prompt fits, picks the output limit, yields Chunk
 
-The last chunk carries `finish_reason` ("stop" or "length") and the `Stats`. Two optional
+The last chunk carries `finish_reason` ("stop" or "length") and the `Stats`; a "length" finish
+also says which limit ended it, `stopped_by`: "max_tokens" (-n) or "context" (the context filled
+before -n, or without one). Two optional
 per-sequence objects ride along: a `constraint` (constrained.TokenConstraint: a grammar masks the
 logits, and a complete grammar ends the sequence) and `logprobs` (Logprobs: records each sampled
 token's log-probability and the top alternatives).
@@ -35,6 +37,7 @@ class Chunk:
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
     stats: Stats | None = None
+    stopped_by: str | None = None  # with finish_reason "length": "max_tokens" or "context"
 
 
 @torch.inference_mode()
@@ -93,9 +96,9 @@ def _partial_stop(text: str, stops: Iterable[str]) -> int:
 
 
 def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, ...], context: list[int],
-                stats: Stats, ignore_eos: bool = False) -> Iterator[Chunk]:
+                stats: Stats, stopped_by: str | None = None, ignore_eos: bool = False) -> Iterator[Chunk]:
     """Token ids -> text chunks; ends on an end-of-sequence id (unless `ignore_eos`), a stop string,
-    or the token limit."""
+    or the token limit (`stopped_by` names it on the last chunk: limit_reason())."""
     decoder = StreamDecoder(tokenizer, context)
     pending = ""  # decoded text held back because it might be the start of a stop string
     for token in tokens:
@@ -112,7 +115,7 @@ def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, .
         keep = _partial_stop(pending, stops)
         out, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")
         yield Chunk(out, [token])
-    yield Chunk(pending + decoder.flush(), [], "length", stats)
+    yield Chunk(pending + decoder.flush(), [], "length", stats, stopped_by)
 
 
 def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> int:
@@ -123,6 +126,12 @@ def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> i
             f"the prompt is {prompt_tokens} tokens but the context holds {ctx_size}; "
             "shorten the prompt or raise --ctx-size")
     return room if max_tokens is None else min(room, max_tokens)
+
+
+def limit_reason(limit: int, max_tokens: int | None) -> str:
+    """Which limit a sequence allowed `limit` (output_limit()) new tokens stops at: "max_tokens"
+    when it is -n (the context had room for all of them), else "context"."""
+    return "max_tokens" if max_tokens is not None and limit == max_tokens else "context"
 
 
 def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
@@ -150,4 +159,4 @@ def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingPar
     else:
         tokens = stream(model, prompt, cache, params, limit, device, stats, step, shift)
     stops = tuple(s for s in stop if s)
-    yield from text_stream(tokens, tokenizer, stops, prompt, stats, ignore_eos)
+    yield from text_stream(tokens, tokenizer, stops, prompt, stats, limit_reason(limit, max_tokens), ignore_eos)

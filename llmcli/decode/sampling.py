@@ -1,12 +1,13 @@
 """Sampling: frozen parameters and pure functions on logits (..., vocab).
 
 The chain follows llama.cpp: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
-Temperature 0 is greedy (argmax after penalties). Draws use a seeded `torch.Generator`, so the same
+Temperature 0 (or top-k 1) is greedy (argmax after penalties). Draws use a seeded `torch.Generator`, so the same
 seed and settings give the same tokens.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields, replace
 
@@ -32,6 +33,10 @@ class SamplingParams:
     seed: int = -1  # -1: a random seed (reported in the stats)
 
     def __post_init__(self):
+        for name in ("temp", "top-p", "min-p", "repeat-penalty", "presence-penalty", "frequency-penalty"):
+            value = getattr(self, _FIELD_OF[name])
+            if not _finite(value):  # inf passed every range below (nan failed them, less clearly)
+                raise InvalidParameterError(f"--{name} must be a finite number, got {value}")
         checks = [
             (self.temperature >= 0, "temp", "must be >= 0 (0 = greedy)"),
             (self.top_k >= 0, "top-k", "must be >= 0 (0 = off)"),
@@ -53,7 +58,16 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """The most likely token every time: temperature 0, or top-k 1 (the one token left is drawn
+        whatever the temperature), so both rescore near ties (picker.py) and both may speculate."""
+        return self.temperature == 0 or self.top_k == 1
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int from JSON too large for a float (10**400)
+        return False
 
 
 # flag name (llama.cpp spelling) -> field

@@ -10,7 +10,9 @@ too, so that a bad one is an error rather than a hang or a machine out of memory
 - size: every way a template builds text or numbers goes through a check before the work is done:
   `*`, `**`, `+` and `%` (intercepted operators), `~` (compiled to the checked join below), the
   output and `{% set %}`/macro bodies (the environment's `concat`), and the arguments and results
-  of calls and filters (widths such as `center(10**11)`);
+  of calls and filters (widths such as `center(10**11)`). Each text is at most MAX_TEXT characters,
+  and all the text one render builds at most MAX_BUILT: a hundred texts just under the first bound,
+  kept in variables or a list, peaked at 3.1 GB before the time bound stopped the render;
 - depth: recursion ends in Python's RecursionError, reported like any other failure.
 
 A long C-level operation cannot be interrupted, which is why sizes are checked before the work.
@@ -18,6 +20,7 @@ A long C-level operation cannot be interrupted, which is why sizes are checked b
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import functools
 import json
@@ -34,6 +37,7 @@ from ..errors import LlmcliError
 
 RENDER_SECONDS = 3.0  # real templates render in milliseconds
 MAX_TEXT = 32 << 20  # characters in the output or in any string (or items in a list) built on the way
+MAX_BUILT = 2 * MAX_TEXT  # characters (and list items) one render builds in all, kept or not
 MAX_INT_BITS = 1 << 16  # integers a template computes (10 ** 10 ** 10 would take forever)
 MAX_INT_ARG = 1 << 20  # widths and counts passed to calls and filters, and in format strings
 
@@ -65,10 +69,24 @@ def _strftime_now(fmt):
 
 # ------------------------------------------------------------------------------------ bounds
 
+_built: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("built", default=None)
+
+
+def _count(n: int) -> None:
+    """Add `n` characters (or list items) to what the current render has built."""
+    built = _built.get()
+    if built is not None:
+        built[0] += n
+        if built[0] > MAX_BUILT:
+            raise _TooBig(f"built more than {MAX_BUILT} characters in all")
+
+
 def _sized(value):
-    """`value`, if it is within the bounds."""
-    if isinstance(value, (str, list, tuple)) and len(value) > MAX_TEXT:
-        raise _TooBig(f"built a text or list of more than {MAX_TEXT} items")
+    """`value`, if it is within the bounds (and counted against the render's total)."""
+    if isinstance(value, (str, list, tuple)):
+        if len(value) > MAX_TEXT:
+            raise _TooBig(f"built a text or list of more than {MAX_TEXT} items")
+        _count(len(value))
     if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
         raise _TooBig(f"computed a number of more than {MAX_INT_BITS} bits")
     return value
@@ -120,6 +138,7 @@ def _bounded_join(pieces) -> str:
             if size > MAX_TEXT:
                 raise _TooBig(f"produced more than {MAX_TEXT} characters")
             kept.append(piece)
+    _count(size)
     return "".join(kept)
 
 
@@ -253,7 +272,11 @@ def render(source: str, messages: list[dict], *, add_generation_prompt: bool = T
     template = _compile(source)
     variables = dict(messages=_plain(messages), add_generation_prompt=add_generation_prompt,
                      bos_token=bos_token or "", eos_token=eos_token or "", **_plain(extra))
-    return _bounded("rendering", lambda: template.render(**variables))
+    counter = _built.set([0])
+    try:
+        return _bounded("rendering", lambda: template.render(**variables))
+    finally:
+        _built.reset(counter)
 
 
 def plain_prompt(messages: list[dict]) -> str:

@@ -25,6 +25,7 @@ from ..models import gemma3, phi3
 from ..models.llama import ModelArgs
 
 GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)  # what llama.cpp reads (version 1 had 32-bit counts; 3 added big-endian files)
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
 # llama.cpp's converter permutes Q and K rows for these (interleaved rotary pairs); qwen, phi3 and
 # gemma3 are stored in HF's half-split layout
@@ -48,16 +49,6 @@ _GEMMA3_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm":
                  "post_ffw_norm": "post_feedforward_layernorm"}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
-
-
-def is_gguf(path: Path) -> bool:
-    if not Path(path).is_file():  # opening a FIFO blocks until someone writes to it
-        return False
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except OSError:
-        return False
 
 
 # GGUF value types -> struct format (scalars); 8 = string, 9 = array
@@ -106,8 +97,8 @@ class GGUFFile:
         if bytes(buf[:4]) != GGUF_MAGIC:
             raise ValueError("not a GGUF file")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is too old")
+        if version not in GGUF_VERSIONS:
+            raise _Version(version)
         self.pos = 24
         self.metadata = {}
         for _ in range(n_kv):
@@ -128,6 +119,7 @@ class GGUFFile:
             raise _Corrupt(f"general.alignment is {align!r}, not a power of two")
         start = (self.pos + align - 1) // align * align
         self.tensors = []
+        expected = 0  # as llama.cpp's gguf_init: each tensor's data follows the one before, padded
         for name, dims, kind, offset in infos:
             n = math.prod(int(d) for d in dims)  # Python ints: no silent overflow
             block, size = GGML_QUANT_SIZES[kind]
@@ -135,7 +127,13 @@ class GGUFFile:
                 raise _Corrupt(f"tensor {name}'s data offset {offset} is not aligned to {align} bytes")
             if n % block:
                 raise _Corrupt(f"tensor {name} has {n} values, not whole blocks of {block} for {kind.name}")
+            if offset != expected:  # a size that does not match the type and shape (a type rewritten)
+                raise _Corrupt(_size_mismatch(self.tensors[-1], start + offset - self.tensors[-1].data_offset)
+                               if self.tensors else
+                               f"tensor {name}'s data starts at offset {offset}, not 0")
             self.tensors.append(TensorInfo(name, kind, dims, n, n * size // block, start + offset, self._map))
+            expected = offset + (self.tensors[-1].n_bytes + align - 1) // align * align
+        self.data_end = start + expected  # the end of the last tensor's padding
 
     def _unpack(self, fmt: str):
         values = struct.unpack_from(fmt, self._map, self.pos)
@@ -174,10 +172,30 @@ class _Corrupt(ValueError):
     """Damage the parser can name."""
 
 
+class _Version(ValueError):
+    """A GGUF version this parser does not read."""
+
+    def __init__(self, version: int):
+        super().__init__(version)
+        self.version = version
+
+
+def _size_mismatch(t: TensorInfo, given: int) -> str:
+    """A tensor whose type and shape do not match the bytes the file has for it (up to the next one)."""
+    dims = "x".join(str(int(d)) for d in t.shape.tolist())
+    return (f"tensor {t.name} is {t.tensor_type.name} of shape {dims}, which takes {t.n_bytes} bytes, but the "
+            f"file has {given} for it (its type or shape does not match its data)")
+
+
 def open_gguf(path: Path) -> GGUFFile:
     """Parse the header; a truncated or corrupt file is one clear error."""
     try:
         reader = GGUFFile(path)
+    except _Version as e:
+        swapped = " (a big-endian file?)" if e.version and not e.version & 0xFFFF else ""
+        raise UnsupportedModelError(f"{path} is GGUF version {e.version}{swapped}; llmcli reads versions "
+                                    f"{' and '.join(map(str, GGUF_VERSIONS))}, as llama.cpp does: convert the model "
+                                    "again with a current llama.cpp") from None
     except _Corrupt as e:
         raise CorruptModelError(f"{path} is corrupt: {e}; download it again") from None
     except Exception as e:  # struct.error, ValueError, KeyError ... on bad bytes
@@ -186,6 +204,11 @@ def open_gguf(path: Path) -> GGUFFile:
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size:
             raise CorruptModelError(f"{path} is truncated (tensor {t.name} runs past the end); download it again")
+    align = reader.metadata.get("general.alignment", 32)
+    if reader.tensors and size >= reader.data_end + align:  # the last tensor is smaller than its bytes
+        last = reader.tensors[-1]
+        raise CorruptModelError(f"{path} is corrupt: {_size_mismatch(last, size - last.data_offset)}; "
+                                "download it again")
     return reader
 
 

@@ -39,7 +39,15 @@ def check_model_path(path: str | Path) -> Path:
     if not path.is_file():  # a FIFO would block the first read, a device never end
         raise UnsupportedModelError(f"{path} is not a regular file (a FIFO or a device?); "
                                     "pass a .gguf file or a model folder")
-    if gguf_file.is_gguf(path):
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except PermissionError:  # not "neither a GGUF file nor a model folder": it may well be one
+        raise ModelNotFoundError(f"{path} cannot be read: permission denied; check its permissions "
+                                 f"(`ls -l {path}`)") from None
+    except OSError as e:
+        raise ModelNotFoundError(f"{path} cannot be read ({e.strerror or e})") from None
+    if magic == gguf_file.GGUF_MAGIC:
         return path
     if path.suffix == ".safetensors":
         raise UnsupportedModelError(f"{path} is a bare weights file; pass the folder that holds it with config.json")

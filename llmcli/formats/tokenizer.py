@@ -12,6 +12,7 @@ Sources:
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,18 +58,38 @@ class Tokenizer:
     bos_token: str | None = None
     eos_token: str | None = None
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    # the backend's `encode_special_tokens` switch is shared state: one encode at a time flips it
+    # (a second backend would cost a copy, 3 s for Gemma's 262k vocabulary)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Special tokens written in the text (e.g. `<|im_start|>`) become their ids."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        """`special`: special tokens written in the text (e.g. `<|im_start|>`) become their ids;
+        False: they are tokenized as the plain text they are (llama.cpp's parse_special=false), as
+        message content must be (formats/prompt.py)."""
+        with self.lock:
+            if special:
+                ids = self.backend.encode(text, add_special_tokens=False).ids
+            else:
+                self.backend.encode_special_tokens = True
+                try:
+                    ids = self.backend.encode(text, add_special_tokens=False).ids
+                finally:
+                    self.backend.encode_special_tokens = False
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             if not ids or ids[0] != self.bos_id:
                 ids = [self.bos_id] + ids
         return ids
+
+    def special_tokens_in(self, text: str) -> list[tuple[int, int, int]]:
+        """(start, end, id) of each special token written in `text` (character offsets), exactly
+        where encode() would make it an id."""
+        with self.lock:
+            enc = self.backend.encode(text, add_special_tokens=False)
+        return [(start, end, t) for t, (start, end) in zip(enc.ids, enc.offsets) if t in self.special_ids]
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special)
@@ -80,7 +101,7 @@ class Tokenizer:
         """A copy that also ends generation on these token texts (those in the vocabulary)."""
         extra = {self.backend.token_to_id(t) for t in texts} - {None}
         return Tokenizer(self.backend, self.bos_id, self.eos_ids | extra, self.add_bos,
-                         self.bos_token, self.eos_token, self.special_ids)
+                         self.bos_token, self.eos_token, self.special_ids, self.lock)
 
 
 class StreamDecoder:

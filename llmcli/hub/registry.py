@@ -21,7 +21,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from ..errors import InvalidModelNameError, ModelNotFoundError, RegistryError
+from ..errors import InvalidModelNameError, InvalidParameterError, ModelNotFoundError, RegistryError
+from ..text_input import read_text_file
 
 # `family:tag`, lower case; a tag is a size with an optional form (`135m`, `0.5b-q4_k_m`)
 _PART = r"[a-z0-9][a-z0-9._-]*"
@@ -149,17 +150,18 @@ def load_registry(extra: Path | None = None, user_file: Path | None = None) -> R
         add(registry, _read(user_file), str(user_file))
     if extra is not None:
         extra = Path(extra).expanduser()
-        if not extra.is_file():
+        if not extra.exists():
             raise RegistryError(f"--registry {extra}: no such file; pass a models.toml")
-        add(registry, _read(extra), str(extra))
+        add(registry, _read(extra, "--registry"), str(extra))
     return registry
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, what: str = "") -> str:
+    """A regular text file (text_input's limits: a FIFO, a device or a huge file is refused)."""
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise RegistryError(f"{path}: cannot be read ({e})") from None
+        return read_text_file(path, what)
+    except InvalidParameterError as e:
+        raise RegistryError(str(e)) from None
 
 
 def add(registry: Registry, text: str, where: str) -> None:
@@ -170,6 +172,8 @@ def add(registry: Registry, text: str, where: str) -> None:
         line = re.search(r"line (\d+)", str(e))
         at = f":{line.group(1)}" if line else ""
         raise RegistryError(f"{where}{at}: {str(e).split(' (at line')[0]}; fix the TOML there") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise RegistryError(f"{where}: the TOML nests too deeply; fix it there") from None
     context = _Context(text, where)
     for key in data:
         if key not in ("families", "models"):

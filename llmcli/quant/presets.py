@@ -30,6 +30,7 @@ from pathlib import Path
 import tomllib
 
 from ..errors import InvalidParameterError, LlmcliError
+from ..text_input import read_text_file
 
 GROUP_SIZES = (32, 64, 128, 256)
 LAYER_SELECTORS = ("first_eighth", "last_eighth", "every_third")
@@ -166,9 +167,13 @@ def load_preset(name_or_path: str | Path) -> Preset:
     text = str(name_or_path)
     path = Path(text).expanduser()
     if text.endswith(".toml") or path.is_file() or "/" in text:
-        if not path.is_file():
+        if not path.exists():
             raise PresetError(f"preset file {path} does not exist")
-        return parse_preset(path.read_text(encoding="utf-8"), path.stem, str(path))
+        try:  # a regular UTF-8 text file (a Latin-1 file or a FIFO is one error line)
+            text = read_text_file(path, "preset file")
+        except InvalidParameterError as e:
+            raise PresetError(str(e)) from None
+        return parse_preset(text, path.stem, str(path))
     shipped = shipped_dir() / f"{text}.toml"
     if not shipped.is_file():
         raise PresetError(f"unknown preset {text!r}; choose one of {', '.join(shipped_names())} or pass a .toml file")
@@ -181,6 +186,8 @@ def parse_preset(text: str, name: str, source: str = "<preset>") -> Preset:
     except tomllib.TOMLDecodeError as e:
         line = re.search(r"line (\d+)", str(e))
         raise PresetError(f"{source}:{line.group(1) if line else '?'}: not valid TOML ({str(e).split(' (at')[0]})") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise PresetError(f"{source}: not a usable preset: the TOML nests too deeply") from None
     rule_lines = [i + 1 for i, ln in enumerate(text.splitlines()) if re.match(r"\s*\[\[\s*rules\s*\]\]", ln)]
 
     def fail(message: str, line: int | None = None, key: str | None = None):

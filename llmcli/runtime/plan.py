@@ -91,13 +91,17 @@ def kv_parts(args, ctx: int, dtype: torch.dtype, choice: CacheChoice, device: st
     return parts
 
 
-def activation_bytes(args, ctx: int, dtype: torch.dtype) -> int:
-    """The largest intermediates of one prefill chunk: hidden states, q/k/v, MLP, mask, logits (an estimate)."""
+def activation_bytes(args, ctx: int, dtype: torch.dtype, rows: int = 1) -> int:
+    """The largest intermediates (an estimate) of one prefill chunk (hidden states, q/k/v, MLP,
+    mask, logits) or of one decode step of `rows` sequences (the same per row, each row's attention
+    scores over the context, and its logits with their float32 log-softmax, as beam search takes)."""
     T = min(PREFILL_CHUNK, ctx)
     h, i = args.hidden_size, args.intermediate_size
     qkv = (args.num_attention_heads + 2 * args.num_key_value_heads) * args.head_dim
     per_token = 6 * h + 3 * qkv + 3 * i
-    return T * per_token * dtype.itemsize + T * ctx + 2 * args.vocab_size * 4
+    chunk = T * per_token * dtype.itemsize + T * ctx + 2 * args.vocab_size * 4
+    step = rows * (per_token * dtype.itemsize + args.num_attention_heads * ctx * 4 + 4 * args.vocab_size * 4)
+    return max(chunk, step)
 
 
 def headroom_bytes(budget: Budget) -> int:
@@ -132,6 +136,32 @@ class Plan:
     @property
     def kv_bytes(self) -> int:
         return sum(p.nbytes for p in self.parts if p.name.startswith("KV "))
+
+    def check_rows(self, rows: int, prompt: int, answer: int, what: str) -> None:
+        """Refuse a cache of `rows` more sequences of `prompt` + `answer` tokens each (a beam
+        search's own, in the compute dtype) and their decode step, unless they fit beside what the
+        plan holds; the error says how many rows fit, and the -n at which `rows` of them do. Without
+        it, torch's allocator fails mid-search."""
+        tokens = prompt + answer
+        left = self.budget.free - self.device_bytes - self.host_bytes * (self.budget.host_free is None)
+
+        def need(r: int, t: int) -> int:
+            kv = sum(p.nbytes for p in kv_parts(self.args, t, self.dtype, CacheChoice(), self.budget.device, r))
+            return kv + activation_bytes(self.args, t, self.dtype, r)
+
+        if need(rows, tokens) <= left:
+            return
+        fit_rows = next((r for r in range(rows - 1, 0, -1) if need(r, tokens) <= left), 0) if rows < 4096 else 0
+        lo, hi = 0, tokens  # the longest sequences `rows` of them can have
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if need(rows, mid) <= left else (lo, mid - 1)
+        fits = [f"{fit_rows} rows fit at that length" if fit_rows else "not even one row fits at that length"]
+        if lo > prompt:
+            fits.append(f"{rows} rows fit with -n {lo - prompt}")
+        raise NotEnoughMemoryError(
+            f"{what} needs {human(need(rows, tokens))} for {rows} rows of {tokens} tokens, but {human(left)} is left "
+            f"on {self.budget.device} beside the model{_from(self.budget)}; {', or '.join(fits)}")
 
     def new_cache(self, device: torch.device, max_len: int | None = None, rows: int = 1):
         return new_cache(self.args, max_len or self.ctx, device, self.dtype, self.choice.kv_type,
@@ -177,8 +207,8 @@ def _parts(args, weights: int, weights_label: str, ctx: int, dtype, choice: Cach
            rows: int = 1) -> list[Part]:
     d = budget.device
     return ([Part(f"weights {weights_label}", weights, d)] + kv_parts(args, ctx, dtype, choice, d, rows)
-            + [Part(f"activations ({min(PREFILL_CHUNK, ctx)}-token prefill chunk, estimate)",
-                    activation_bytes(args, ctx, dtype), d),
+            + [Part(f"activations ({min(PREFILL_CHUNK, ctx)}-token prefill chunk or {rows}-row step, estimate)",
+                    activation_bytes(args, ctx, dtype, rows), d),
                Part("headroom (allocator, kernels)", headroom_bytes(budget), d)])
 
 
@@ -273,9 +303,11 @@ def plan(args, weights: int, weights_label: str, budget: Budget, dtype: torch.dt
     flags = f" with --kv-type {best_choice.kv_type}" if best_choice.kv_type and not kv_type else ""
     if ctx_given or best < min(MIN_CONTEXT, ctx):
         fit = f"--ctx-size {best}{flags} fits" if best >= 1 else "no context fits"
+        each = f" for each of {rows} rows" if rows > 1 else ""
+        fewer = " (or fewer --rows)" if rows > 1 else ""
         raise NotEnoughMemoryError(
-            f"a context of {ctx} tokens needs at least {human(need)} but {human(budget.free)} is free on "
-            f"{d}{_from(budget)}; {fit}")
+            f"a context of {ctx} tokens{each} needs at least {human(need)} but {human(budget.free)} is free on "
+            f"{d}{_from(budget)}; {fit}{fewer}")
     if best_choice.device_layers == 0:  # as many layers on the device as fit at that context
         best_choice = next(c for c in choices if c.device_layers is not None and
                            _fits(_parts(args, weights, weights_label, best, dtype, c, budget, rows), budget))

@@ -20,6 +20,7 @@ from ..decode.batched import BatchEngine
 from ..errors import InvalidParameterError
 from ..formats import chat_template
 from ..formats.open import ModelFile, open_model_file
+from ..formats.prompt import conversation_ids
 from ..hub import fetch
 from ..quant.presets import check_preset_name
 from .compiled import CompiledStep
@@ -128,15 +129,13 @@ class Runtime:
         return ContextShift(keep, self.loaded.model.inv_freq_for(self.ctx_size))
 
     def prompt_ids(self, messages: list[dict], raw: bool = False) -> list[int]:
-        """Token ids for a conversation: through the model's chat template unless `raw` or absent."""
+        """Token ids for a conversation: through the model's chat template, where only the
+        template's structure makes control tokens (formats/prompt.py). `raw`: the messages' text as
+        it is, special tokens written in it included (the user writes the whole prompt)."""
         tok = self.loaded.tokenizer
-        template = None if raw else self.loaded.chat_template
-        if template is None:
+        if raw:
             return tok.encode(chat_template.plain_prompt(messages))
-        text = chat_template.render(template, messages, add_generation_prompt=True,
-                                    bos_token=tok.bos_token, eos_token=tok.eos_token)
-        # the template writes BOS itself where the model wants one
-        return tok.encode(text, add_bos=False)
+        return conversation_ids(tok, self.loaded.chat_template, messages)
 
 
 def check_ctx_size(ctx_size: int | None, model_max: int) -> int:

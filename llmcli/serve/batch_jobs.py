@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..errors import InvalidParameterError, LlmcliError
+from ..json_input import JsonInputError, load_json
 
 # line field -> SamplingParams field
 SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -82,9 +84,9 @@ def read_jobs(lines: Iterable[str], done: set[str] = frozenset(), system: str | 
 
 def parse_line(text: str, n: int, system: str | None = None) -> Job:
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidParameterError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+        obj = load_json(text, f"line {n}")  # bounded in size and depth, as every JSON input
+    except JsonInputError as e:
+        raise InvalidParameterError(e.detail) from None
     if not isinstance(obj, dict):
         raise InvalidParameterError(f"expected a JSON object, got {type(obj).__name__}")
     if "id" not in obj:
@@ -153,11 +155,40 @@ def done_ids(out: Path) -> set[str]:
         if not line.strip():
             continue
         try:
-            ids.add(id_key(json.loads(line)["id"]))
-        except (json.JSONDecodeError, KeyError, TypeError):
+            ids.add(id_key(load_json(line, f"{out} line {n}")["id"]))
+        except (JsonInputError, KeyError, TypeError):
             raise InvalidParameterError(f"{out} line {n} is not a result of llmcli batch; "
                                         "pass another -o file (results are appended to it)") from None
     return ids
+
+
+class OutputBusyError(LlmcliError):
+    """Another process is writing the same results file."""
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold the output's lock for a whole run, as pip and ollama lock what they write: two runs
+    appending to one file would each read the ids done before the other wrote, and answer every
+    request twice. The lock is `.NAME.lock` beside the file (the real one, through symlinks), and
+    stays there, as filelock leaves it (unlinking a lock file breaks the exclusion)."""
+    from filelock import FileLock, Timeout
+
+    real = out.resolve()
+    path = real.parent / f".{real.name}.lock"
+    lock = FileLock(str(path), blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise OutputBusyError(f"another llmcli batch is writing {out} (it holds {path}); wait for it to end "
+                              "or pass another -o file") from None
+    except OSError as e:
+        raise OutputBusyError(f"cannot lock {out} ({e.strerror or e}: {path}); pass an -o file in a folder you "
+                              "can write to") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class ResultWriter:

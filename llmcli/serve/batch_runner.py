@@ -101,7 +101,9 @@ class BatchRunner:
         text, reason, stats = "".join(p.pieces), chunk.finish_reason, chunk.stats
         room = self.engine.max_len - len(p.prompt)
         problem, value = None, None
-        if reason == "length":
+        if reason == "length" and chunk.stopped_by == "context":
+            problem = f"the context ({self.engine.max_len} tokens) filled after {stats.completion_tokens} tokens"
+        elif reason == "length":
             problem = f"the output reached its cap of {stats.completion_tokens} tokens"
         elif p.grammar is not None:
             try:
@@ -118,11 +120,12 @@ class BatchRunner:
                 self._submit(p)
                 return None
         usage = {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens}
+        why = {"stopped_by": chunk.stopped_by} if chunk.stopped_by else {}
         if problem is not None:
             self.fallbacks += 1
             return {"id": p.job.id, "fallback": True, "value": self.fallback, "error": problem, "text": text,
-                    "finish_reason": reason, "attempts": p.attempts, "usage": usage}
-        result = {"id": p.job.id, "text": text, "finish_reason": reason, "attempts": p.attempts, "usage": usage}
+                    "finish_reason": reason, **why, "attempts": p.attempts, "usage": usage}
+        result = {"id": p.job.id, "text": text, "finish_reason": reason, **why, "attempts": p.attempts, "usage": usage}
         if value is not None or (p.grammar is not None and p.grammar.kind == "json_schema"):
             result["json"] = value
         return result

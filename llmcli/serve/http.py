@@ -40,7 +40,7 @@ from ..decode.batched import Request as EngineRequest
 from ..decode.constrained import GrammarCompiler, from_json_schema
 from ..decode.generate import Logprobs
 from ..errors import GrammarError
-from ..json_input import MAX_JSON_BYTES, load_json
+from ..json_input import load_json
 from . import openai_api as api
 from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_api_error, collect, json_response,
                    optional_v1, unless_gone)
@@ -48,7 +48,7 @@ from .engine_loop import EngineLoop
 from .listener import HttpServer, Timeouts
 from .openai_api import ApiError
 
-MAX_BODY = MAX_JSON_BYTES  # bytes; a larger request body is refused with 413
+MAX_BODY = 8 << 20  # bytes; a larger request body is refused with 413 (json_input caps its depth too)
 QUEUE_PER_ROW = 8  # the default queue: this many waiting requests per row (64 at 8 rows)
 
 
@@ -130,7 +130,7 @@ class Server:
                 run.close()
             request.state.note = _note(last)
             return json_response(200, api.chat_response(head, text, last.finish_reason, last.stats,
-                                                        entries if cursor else None))
+                                                        entries if cursor else None, last.stopped_by))
         except Exception as e:
             return _failure(e, request)
 
@@ -151,7 +151,8 @@ class Server:
                 run.close()
             request.state.note = _note(last)
             return json_response(200, api.completion_response(head, text, last.finish_reason, last.stats,
-                                                              api.merge_legacy(parts) if cursor else None))
+                                                              api.merge_legacy(parts) if cursor else None,
+                                                              last.stopped_by))
         except Exception as e:
             return _failure(e, request)
 
@@ -166,7 +167,7 @@ class Server:
             if chunk.text or (chunk.finish_reason and entries):
                 yield api.chat_chunk(head, {"content": chunk.text}, logprobs=entries if cursor else None, with_usage=usage)
                 entries = []
-        yield api.chat_chunk(head, {}, chunk.finish_reason, with_usage=usage)
+        yield api.chat_chunk(head, {}, chunk.finish_reason, with_usage=usage, stopped_by=chunk.stopped_by)
         if usage:
             yield api.chat_chunk(head, None, stats=chunk.stats, with_usage=True)
         request.state.note = _note(chunk)
@@ -176,7 +177,8 @@ class Server:
         async for chunk in run:
             lp = cursor.legacy(chunk, offset + sent) if cursor else None
             if chunk.text or chunk.finish_reason or (lp and lp["tokens"]):
-                yield api.completion_chunk(head, chunk.text, chunk.finish_reason, lp, with_usage=job.include_usage)
+                yield api.completion_chunk(head, chunk.text, chunk.finish_reason, lp, with_usage=job.include_usage,
+                                           stopped_by=chunk.stopped_by)
             sent += len(chunk.text)
         if job.include_usage:
             yield api.completion_chunk(head, None, stats=chunk.stats, with_usage=True)

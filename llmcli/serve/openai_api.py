@@ -267,37 +267,47 @@ def usage(stats) -> dict:
             "total_tokens": stats.prompt_tokens + stats.completion_tokens}
 
 
-def chat_response(head: dict, text: str, finish: str, stats, logprobs: list[dict] | None) -> dict:
+def _stopped(stopped_by: str | None) -> dict:
+    """OpenAI says "length" for both limits; llmcli adds which one ended it: max_tokens or the context."""
+    return {"stopped_by": stopped_by} if stopped_by else {}
+
+
+def chat_response(head: dict, text: str, finish: str, stats, logprobs: list[dict] | None,
+                  stopped_by: str | None = None) -> dict:
     choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
               "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
-              "finish_reason": finish}
+              "finish_reason": finish, **_stopped(stopped_by)}
     return {**head, "object": "chat.completion", "choices": [choice], "usage": usage(stats),
             "timings": stats.as_dict()}  # llama.cpp's extra
 
 
 def chat_chunk(head: dict, delta: dict | None, finish: str | None = None, logprobs: list[dict] | None = None,
-               stats=None, with_usage: bool = False) -> dict:
+               stats=None, with_usage: bool = False, stopped_by: str | None = None) -> dict:
     """One streamed event; `delta` None: the usage-only chunk that ends an include_usage stream."""
     out = {**head, "object": "chat.completion.chunk", "choices": []}
     if delta is not None:
         out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish,
-                           "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None}}]
+                           "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+                           **_stopped(stopped_by)}]
     if with_usage:  # OpenAI: null on every chunk but the last, which carries it
         out["usage"] = usage(stats) if stats is not None else None
     return out
 
 
-def completion_response(head: dict, text: str, finish: str, stats, logprobs: dict | None) -> dict:
+def completion_response(head: dict, text: str, finish: str, stats, logprobs: dict | None,
+                        stopped_by: str | None = None) -> dict:
     return {**head, "object": "text_completion",
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                         **_stopped(stopped_by)}],
             "usage": usage(stats), "timings": stats.as_dict()}
 
 
 def completion_chunk(head: dict, text: str | None, finish: str | None = None, logprobs: dict | None = None,
-                     stats=None, with_usage: bool = False) -> dict:
+                     stats=None, with_usage: bool = False, stopped_by: str | None = None) -> dict:
     out = {**head, "object": "text_completion", "choices": []}
     if text is not None:
-        out["choices"] = [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]
+        out["choices"] = [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                           **_stopped(stopped_by)}]
     if with_usage:
         out["usage"] = usage(stats) if stats is not None else None
     return out

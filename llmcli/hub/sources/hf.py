@@ -56,6 +56,7 @@ def fetch(source: Source, *, offline: bool = False, progress: ProgressFn | None 
             raise NotCachedError(f"{source} is not in the Hugging Face cache and --offline (or HF_HUB_OFFLINE) uses "
                                  "only the cache; pull it with network access first")
         return path
+    _with_timeouts()
     try:
         folder = snapshot_download(source.repo, revision=source.revision, allow_patterns=patterns(source),
                                    cache_dir=cache_dir, endpoint=endpoint, tqdm_class=_bars(progress, str(source)))
@@ -67,6 +68,44 @@ def fetch(source: Source, *, offline: bool = False, progress: ProgressFn | None 
                                  "a quantization, e.g. org/name:Q4_K_M")
     _check_sha256(Path(folder), source, cache_dir)
     return path
+
+
+CONNECT_SECONDS = 10.0  # huggingface_hub's own default for its file downloads (HF_HUB_DOWNLOAD_TIMEOUT)
+_timeouts_set = False
+
+
+def _with_timeouts() -> None:
+    """Connect and read timeouts on every request huggingface_hub makes. Its shared client has
+    none, and snapshot_download's first call (repo_info) passes none either, so a host that accepts
+    the connection and never answers held `pull` for 200 s and more. Requests that name their own
+    timeout (file downloads: HF_HUB_DOWNLOAD_TIMEOUT) keep it."""
+    global _timeouts_set
+    if _timeouts_set:
+        return
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _http
+
+    read = float(constants.HF_HUB_DOWNLOAD_TIMEOUT or CONNECT_SECONDS)
+    if hasattr(_http, "default_client_factory"):  # huggingface_hub >= 1.0: httpx
+        def fill(request):
+            given = request.extensions.get("timeout") or {}
+            request.extensions["timeout"] = {"connect": given.get("connect") or CONNECT_SECONDS,
+                                             "read": given.get("read") or read, "write": given.get("write") or read,
+                                             "pool": given.get("pool") or CONNECT_SECONDS}
+
+        def client():
+            made = _http.default_client_factory()
+            made.event_hooks = {**made.event_hooks, "request": [*made.event_hooks.get("request", []), fill]}
+            return made
+        _http.set_client_factory(client)
+    elif hasattr(_http, "_default_backend_factory"):  # 0.x: requests
+        def session():
+            made = _http._default_backend_factory()
+            send = made.request
+            made.request = lambda *a, timeout=None, **k: send(*a, timeout=timeout or (CONNECT_SECONDS, read), **k)
+            return made
+        _http.configure_http_backend(session)
+    _timeouts_set = True
 
 
 def pick(folder: Path, source: Source) -> Path | None:
@@ -123,6 +162,10 @@ def _explain(e: Exception, source: Source, endpoint: str | None) -> LlmcliError:
     if isinstance(e, LocalEntryNotFoundError):  # the Hub could not be reached and the cache lacks the files
         cause = e.__cause__ or e.__context__
         why = f" ({type(cause).__name__})" if cause is not None else ""
+        if "Timeout" in type(cause).__name__:
+            return DownloadError(f"the Hugging Face Hub at {hub} did not answer in time{why} and {source} is not in "
+                                 "the cache; check the network and try again, or use --offline to run only models "
+                                 "already downloaded (`llmcli list`)")
         return DownloadError(f"cannot reach the Hugging Face Hub at {hub}{why} and {source} is not in the cache; "
                              "check the network and try again (--offline uses only the cache)")
     if isinstance(e, HfHubHTTPError):
