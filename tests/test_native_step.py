@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from llmcli import native
+from llmcli.native.build import VARIANTS
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler for the kernels")
 
@@ -34,6 +35,7 @@ CASES = {  # name: (architecture, GGUF type of every 2-D weight, or a llama.cpp 
 def loaded(request, tmp_path_factory):
     from tiny import k_mix, write_gguf
 
+    from llmcli import device
     from llmcli.runtime import open_model
 
     arch, qtype = CASES[request.param]
@@ -41,10 +43,21 @@ def loaded(request, tmp_path_factory):
         qtype = k_mix(3, tied=True, base=qtype)
     path = tmp_path_factory.mktemp("native") / f"{request.param}.gguf"
     write_gguf(_tiny(arch), path, qtype)
-    rt = open_model(str(path), device="cpu", ctx_size=64)  # as stored: "float32" would dequantize
-    if rt.placement.dtype != torch.float32:
-        pytest.skip("the native step runs float32 activations; this CPU computes in bfloat16")
+    with pytest.MonkeyPatch.context() as mp:  # float32 activations, blocks as stored, on CPUs with bf16 too
+        mp.setattr(device, "_cpu_has_bf16", lambda: False)  # ("float32" asked for would dequantize)
+        rt = open_model(str(path), device="cpu", ctx_size=64)
+    assert rt.placement.dtype == torch.float32
     return rt
+
+
+@pytest.fixture(params=list(VARIANTS))
+def variant(request, monkeypatch):
+    """The step on each kernel variant this CPU runs (the others skip, naming the missing flag)."""
+    reason = native.why_not(request.param)
+    if reason is not None:
+        pytest.skip(reason)
+    monkeypatch.setattr(native, "_module", native.load(request.param))
+    return request.param
 
 
 def _compare(rt, positions: int | None = None):
@@ -98,16 +111,16 @@ def norms_summed_in_float64(monkeypatch):
     monkeypatch.setattr(llama.RMSNorm, "forward", forward)
 
 
-def test_native_steps_give_the_model_s_logits_and_cache(loaded):
+def test_native_steps_give_the_model_s_logits_and_cache(loaded, variant):
     _compare(loaded)
 
 
-def test_native_steps_follow_a_context_shift_s_positions(loaded):
+def test_native_steps_follow_a_context_shift_s_positions(loaded, variant):
     """After a shift the RoPE position runs ahead of the cache slot."""
     _compare(loaded, positions=5)
 
 
-def test_native_steps_keep_a_sliding_window(loaded, monkeypatch):
+def test_native_steps_keep_a_sliding_window(loaded, variant, monkeypatch):
     for layer in loaded.loaded.model.model.layers[1:]:
         monkeypatch.setattr(layer.self_attn, "window", 4)
     _compare(loaded)
