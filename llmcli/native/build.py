@@ -96,6 +96,7 @@ def compile_variant(variant: str, out: Path, cxx: str | None = None) -> Path:
         if r.returncode != 0:
             tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-5:])
             raise BuildError(f"{Path(cxx).name} could not build the {variant} kernels: {tail}")
+        os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep other users of a shared install from loading it
         os.replace(tmp, out)
     except OSError as e:
         raise BuildError(f"{Path(cxx).name} could not build the {variant} kernels: {e}") from None

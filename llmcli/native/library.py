@@ -45,16 +45,20 @@ def find(variant: str, on_build=None) -> "Kernels":
         k = Kernels(path)
         if k.source_hash == want:
             return k
-    cached = cache_dir() / f"{want}-{build.library_name(variant)}"
+    name = build.library_name(variant)
+    cached = cache_dir() / f"{want}-{name}"
     if not cached.exists():
         from filelock import FileLock
 
         cached.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(cached) + ".lock"):  # another process (a test worker) may be building it
+        with FileLock(str(cache_dir() / f"{variant}.lock")):  # another process (a test worker) may be building it
             if not cached.exists():
                 if on_build is not None:
                     on_build()
                 build.compile_variant(variant, cached)
+                for old in cached.parent.glob(f"*-{name}"):  # builds of other sources (a process using one keeps its copy)
+                    if old != cached:
+                        old.unlink(missing_ok=True)
     return Kernels(cached)
 
 
