@@ -159,6 +159,10 @@ struct Q8 {
     const float* d;     // (K/32,)
     const float* s;     // (K/32,)
     const int32_t* n4;  // (K/4,)
+    // The AVX-512 variant's copy for 4-bit and 5-bit 32-blocks, per group of 4 blocks A-D (dot_avx512.h):
+    const int8_t* qi;   // codes as A0-15 B0-15 C0-15 D0-15 A16-31 B16-31 C16-31 D16-31
+    const int32_t* ni;  // 16 a group: lane l's -(sum of the 8 codes it multiplies)
+    const float* ds;    // (d, s) of each block side by side
 };
 
 // Rounds v (|v| < 2^22) to the nearest integer, ties to even, as nearbyint does in the default mode:

@@ -38,7 +38,7 @@ struct Activation {
     std::vector<float> x;
     Q8Rows q;
     void resize(int64_t n) { x.resize(n); q.resize(1, n); }
-    void quantize() { q.quantize(x.data(), 0, (int64_t)x.size() / 32); }
+    void quantize() { q.quantize(x.data(), 0, 1); }
 };
 
 struct Layer {

@@ -5,7 +5,7 @@
 // codes' sum): the offset costs one shift, where the sign trick of the 256-bit variants costs two
 // instructions per vector (and AVX-512 has no vpsignb).
 #pragma once
-#include "x86.h"
+#include "dot_avx2.h"
 
 static inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
 static inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -59,25 +59,41 @@ static inline __m256i codes1(const uint8_t* a) {  // one 32-block's codes, as co
     return c;
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 for one activation row, four blocks a step: two vectors of two
-// blocks, their 8-lane halves scaled by d * dx of their block (one permute from 4 scales each)
-template <int T>
-static float dot32_row(const uint8_t* row, const Q8& x, int64_t nb) {
-    constexpr int bytes = Block<T>::bytes;
-    const __m512i lo2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i hi2 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    __m512 acc = _mm512_setzero_ps();
-    __m128 off = _mm_setzero_ps();
-    int64_t k = 0;
-    for (; k + 4 <= nb; k += 4) {
-        const uint8_t* b = row + k * bytes;
-        const __m512i p01 = _mm512_dpbusd_epi32(start512<T>(x.n4 + 8 * k), codes2<T>(b, b + bytes), load512(x.q + 32 * k));
-        const __m512i p23 = _mm512_dpbusd_epi32(start512<T>(x.n4 + 8 * k + 16), codes2<T>(b + 2 * bytes, b + 3 * bytes), load512(x.q + 32 * k + 64));
-        const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(four_halves(b, bytes), _mm_loadu_ps(x.d + k)));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(lo2, s), acc);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(hi2, s), acc);
-        if constexpr (T == kQ4_1 || T == kQ5_1) off = _mm_fmadd_ps(four_halves(b + 2, bytes), _mm_loadu_ps(x.s + k), off);
+// The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds): per group of 4
+// blocks A-D, the first 16 codes of each, then the last 16, as those blocks' nibbles come out of one
+// vector of their 4 x 16 code bytes (low nibbles, then high): no shuffle of the weights is needed.
+// The blocks' (d, s) side by side meet the weights' (d, m) in one multiply.
+static inline void interleave(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni, float* ds) {
+    for (int64_t g = 0; g + 4 <= nb; g += 4)
+        for (int j = 0; j < 4; ++j) {
+            std::memcpy(qi + 32 * g + 16 * j, x.q + 32 * (g + j), 16);
+            std::memcpy(qi + 32 * g + 64 + 16 * j, x.q + 32 * (g + j) + 16, 16);
+            for (int t = 0; t < 4; ++t) ni[4 * g + 4 * j + t] = x.n4[8 * (g + j) + t] + x.n4[8 * (g + j) + 4 + t];
+        }
+    for (int64_t i = 0; i < nb; ++i) { ds[2 * i] = x.d[i]; ds[2 * i + 1] = x.s[i]; }
+}
+
+static inline uint64_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+static inline uint64_t load_u32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+
+// out[r] = the sum of acc[r]'s lanes, for R = 1 or 4 accumulators (4: reduced together, a transpose's adds)
+template <int R>
+static inline void reduce_rows(const __m512* acc, float* out) {
+    if constexpr (R == 1) {
+        out[0] = _mm512_reduce_add_ps(acc[0]);
+    } else {
+        const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
+        const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
+        const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));  // per 128 bits: rows 0-3
+        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
     }
+}
+
+// The blocks after the last whole group of 4, one at a time
+template <int T>
+static float tail32(const uint8_t* row, const Q8& x, int64_t k, int64_t nb) {
+    constexpr int bytes = Block<T>::bytes;
     float tail = 0.f;
     for (; k < nb; ++k) {
         const uint8_t* b = row + k * bytes;
@@ -85,33 +101,85 @@ static float dot32_row(const uint8_t* row, const Q8& x, int64_t nb) {
         tail += h2f(b) * x.d[k] * hsum8(_mm256_cvtepi32_ps(p));
         if constexpr (T == kQ4_1 || T == kQ5_1) tail += h2f(b + 2) * x.s[k];
     }
-    return _mm512_reduce_add_ps(acc) + hsum4(off) + tail;
+    return tail;
 }
 
-// Q4_K: per 256-block, 4 vectors of two sub-blocks (a 32-byte run's low nibbles, then its high ones,
-// as the activations lie); each 8-lane half scaled by d * sc * dx of its sub-block
-static float q4k_row(const uint8_t* row, const Q8& x, int64_t nb) {
+// Q4_0, Q4_1, Q5_0, Q5_1, R weight rows (`stride` bytes apart) against one activation row, four
+// blocks a step: their 4 x 16 code bytes in one vector give the low nibbles (codes 0-15 of each) and
+// the high ones (16-31), two vpdpbusd into 16 lanes, 4 a block; one conversion, one multiply-add,
+// the scales spread by one permute. The R rows share the activations' loads and the final reduction.
+template <int T, int R>
+static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
+    constexpr int bytes = Block<T>::bytes, at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
+    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    __m512i pick[4];  // lanes 0-7 from sub-block 2c's scale, 8-15 from 2c + 1's
-    for (int c = 0; c < 4; ++c) pick[c] = _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 off = _mm256_setzero_ps();
-    for (int64_t k = 0; k < nb / 8; ++k) {
-        const uint8_t* b = row + k * 144;
-        uint8_t sc[8], mn[8];
-        k_scales(b + 4, sc, mn);
-        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
-        const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn))));
-        const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(h2f(b))), _mm256_loadu_ps(x.d + 8 * k)));
-        off = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(h2f(b + 2))), _mm256_loadu_ps(x.s + 8 * k), off);
-        for (int c = 0; c < 4; ++c) {
-            const __m256i raw = load256(b + 16 + 32 * c);
-            const __m512i w = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), low4);
-            const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, load512(x.q + 256 * k + 64 * c));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(pick[c], s), acc);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);  // d * dx of block j to lanes 4j..4j+3
+    __m512 acc[R];
+    __m256 off[R];
+    for (int r = 0; r < R; ++r) { acc[r] = _mm512_setzero_ps(); off[r] = _mm256_setzero_ps(); }
+    int64_t k = 0;
+    for (; k + 4 <= nb; k += 4) {
+        const __m512i st = start512<T>(x.ni + 4 * k), y0 = load512(x.qi + 32 * k), y1 = load512(x.qi + 32 * k + 64);
+        const __m256 xds = _mm256_loadu_ps(x.ds + 2 * k);
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* b = row + r * stride + k * bytes;
+            __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at)));
+            qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + bytes + at)), 1);
+            qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 * bytes + at)), 2);
+            qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 3 * bytes + at)), 3);
+            __m512i lo = _mm512_and_si512(qs, low4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4);
+            if constexpr (T == kQ5_0 || T == kQ5_1) {  // bit j of qh: element j's 5th bit
+                uint64_t mlo = 0, mhi = 0;
+                for (int j = 0; j < 4; ++j) {
+                    const uint64_t h = load_u32(b + j * bytes + at - 4);
+                    mlo |= (h & 0xFFFF) << (16 * j);
+                    mhi |= (h >> 16) << (16 * j);
+                }
+                lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, _mm512_set1_epi8(16));
+                hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, _mm512_set1_epi8(16));
+            }
+            const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(st, lo, y0), hi, y1);
+            // the 4 blocks' (d, m) or (d, 0) as 8 halves, times the activations' (d, s): d * dx and m * s
+            const uint64_t w01 = has_m ? load_u32(b) | load_u32(b + bytes) << 32 : load_u16(b) | load_u16(b + bytes) << 32;
+            const uint64_t w23 = has_m ? load_u32(b + 2 * bytes) | load_u32(b + 3 * bytes) << 32
+                                       : load_u16(b + 2 * bytes) | load_u16(b + 3 * bytes) << 32;
+            const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01)), xds);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(prod)), acc[r]);
+            if constexpr (has_m) off[r] = _mm256_add_ps(off[r], prod);
         }
     }
-    return _mm512_reduce_add_ps(acc) - hsum8(off);
+    reduce_rows<R>(acc, out);
+    for (int r = 0; r < R; ++r) {
+        if constexpr (has_m) out[r] += hsum8(_mm256_blend_ps(_mm256_setzero_ps(), off[r], 0xAA));  // the m * s lanes
+        out[r] += tail32<T>(row + r * stride, x, k, nb);
+    }
+}
+
+// Q8_0, R weight rows against one activation row, four blocks a step: two vectors of two blocks
+// (q + 128, as stored), their 8-lane halves scaled by d * dx of their block
+template <int R>
+static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
+    constexpr int bytes = Block<kQ8_0>::bytes;
+    const __m512i lo2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i hi2 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 4 <= nb; k += 4) {
+        const __m512i st01 = start512<kQ8_0>(x.n4 + 8 * k), st23 = start512<kQ8_0>(x.n4 + 8 * k + 16);
+        const __m512i y01 = load512(x.q + 32 * k), y23 = load512(x.q + 32 * k + 64);
+        const __m128 dx = _mm_loadu_ps(x.d + k);
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* b = row + r * stride + k * bytes;
+            const __m512i p01 = _mm512_dpbusd_epi32(st01, codes2<kQ8_0>(b, b + bytes), y01);
+            const __m512i p23 = _mm512_dpbusd_epi32(st23, codes2<kQ8_0>(b + 2 * bytes, b + 3 * bytes), y23);
+            const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(four_halves(b, bytes), dx));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(lo2, s), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(hi2, s), acc[r]);
+        }
+    }
+    reduce_rows<R>(acc, out);
+    for (int r = 0; r < R; ++r) out[r] += tail32<kQ8_0>(row + r * stride, x, k, nb);
 }
 
 // Q6_K: per half of a block (128 weights), two vectors of two quarters; ql's 64 bytes give the low
@@ -148,7 +216,20 @@ static float q6k_row(const uint8_t* row, const Q8& x, int64_t nb) {
 // One weight row against one activation row of K = 32 * nb
 template <int T>
 static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
-    if constexpr (T == kQ4_K) return q4k_row(row, x, nb);
-    else if constexpr (T == kQ6_K) return q6k_row(row, x, nb);
-    else return dot32_row<T>(row, x, nb);
+    float out;
+    if constexpr (T == kQ4_K) out = ymm::q4k_row(row, x, nb);
+    else if constexpr (T == kQ6_K) out = q6k_row(row, x, nb);
+    else if constexpr (T == kQ8_0) q8_0_rows<1>(row, 0, x, nb, &out);
+    else nibble_rows<T, 1>(row, 0, x, nb, &out);
+    return out;
+}
+
+// Four weight rows, `stride` bytes apart, against one activation row
+#define LLMCLI_ROW_GROUPS 1
+template <int T>
+static void dot_4rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float out[4]) {
+    if constexpr (T == kQ8_0) q8_0_rows<4>(row, stride, x, nb, out);
+    else if constexpr (T == kQ4_K || T == kQ6_K)
+        for (int r = 0; r < 4; ++r) out[r] = dot_row<T>(row + r * stride, x, nb);
+    else nibble_rows<T, 4>(row, stride, x, nb, out);
 }

@@ -7,18 +7,26 @@
 
 // Activation rows quantized as the dot products take them (blocks.h's Q8), owning their buffers
 struct Q8Rows {
-    std::vector<int8_t> q;
-    std::vector<float> d, s;
-    std::vector<int32_t> n4;
+    std::vector<int8_t> q, qi;
+    std::vector<float> d, s, ds;
+    std::vector<int32_t> n4, ni;
     int64_t K = 0;
 
     void resize(int64_t rows, int64_t k) {
         K = k;
         q.resize(rows * k); d.resize(rows * k / 32); s.resize(rows * k / 32); n4.resize(rows * k / 4);
+#if defined(LLMCLI_AVX512VNNI)
+        qi.resize(rows * k); ni.resize(rows * k / 8); ds.resize(rows * k / 16);
+#endif
     }
-    Q8 row(int64_t m) const { return {q.data() + m * K, d.data() + m * K / 32, s.data() + m * K / 32, n4.data() + m * K / 4}; }
-    // blocks [b0, b1) of 32 floats of x (rows side by side)
-    void quantize(const float* x, int64_t b0, int64_t b1);
+    Q8 row(int64_t m) const {
+        const int64_t nb = K / 32;
+        return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4,
+                qi.data() + (qi.empty() ? 0 : m * K), ni.data() + (ni.empty() ? 0 : m * K / 8),
+                ds.data() + (ds.empty() ? 0 : 2 * m * nb)};
+    }
+    // rows [m0, m1) of x (rows of K floats)
+    void quantize(const float* x, int64_t m0, int64_t m1);
 };
 
 // y[m * ldy + n] = (row n of W: GGUF blocks of `type`, K wide) . (activation row m), for n in

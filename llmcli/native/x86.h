@@ -52,9 +52,22 @@ static inline float hsum4(__m128 r) {
     return _mm_cvtss_f32(r);
 }
 
-// Four float16 values `stride` bytes apart (the d or m of four consecutive blocks) as floats
+// Four float16 values `stride` bytes apart (the d of four consecutive blocks) as floats. Put
+// together in a register: four 2-byte stores read back as one 8-byte load would miss store forwarding.
 static inline __m128 four_halves(const uint8_t* p, int64_t stride) {
-    uint16_t h[4];
-    for (int j = 0; j < 4; ++j) std::memcpy(&h[j], p + j * stride, 2);
-    return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h)));
+    uint64_t v = 0;
+    for (int j = 0; j < 4; ++j) {
+        uint16_t h;
+        std::memcpy(&h, p + j * stride, 2);
+        v |= (uint64_t)h << (16 * j);
+    }
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)v));
+}
+
+// The float16 pairs (d, m) at the start of four blocks `stride` bytes apart: [d0..d3 | m0..m3]
+static inline __m256 four_pairs(const uint8_t* p, int64_t stride) {
+    uint32_t u[4];
+    for (int j = 0; j < 4; ++j) std::memcpy(&u[j], p + j * stride, 4);
+    const __m256 dm = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));  // d0 m0 d1 m1 ...
+    return _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
 }
