@@ -134,3 +134,21 @@ def test_variants_follow_the_cpu_s_flags(monkeypatch, flags, runs):
     if "avx512_vnni" not in flags:
         assert cpu.why_not("avx512vnni") == "needs avx512_vnni"
     assert cpu.why_not("neon") == "neon is for aarch64 CPUs; this one is x86_64"
+
+
+def test_without_a_compiler_one_warning_and_the_torch_path(monkeypatch, tmp_path):
+    import warnings
+
+    from llmcli.errors import LlmcliWarning
+    from llmcli.native import library
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("LLMCLI_HOME", str(tmp_path))  # nothing built there
+    monkeypatch.setattr(library, "installed", lambda variant: tmp_path / "none.so")
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_loaded", {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not native.available() and native.variant() is None and not native.int8_dot()
+    assert [str(w.message) for w in caught if w.category is LlmcliWarning] == [
+        "no C++ compiler found (install g++ or clang++, or set CXX); the GGUF kernels take the slower torch path"]
