@@ -75,9 +75,10 @@ def library_name(variant: str) -> str:
 
 
 def compiler() -> str | None:
-    """$CXX, or the first C++ compiler on PATH."""
-    if os.environ.get("CXX"):
-        return os.environ["CXX"]
+    """$CXX (a command, perhaps with arguments), or the first C++ compiler on PATH; None without one."""
+    cxx = os.environ.get("CXX", "").strip()
+    if cxx:
+        return cxx if shutil.which(cxx.split()[0]) else None
     return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
 
 
@@ -89,17 +90,17 @@ def compile_variant(variant: str, out: Path, cxx: str | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *COMMON, *VARIANTS[variant][1], f'-DLLMCLI_SOURCE_HASH="{source_hash(variant)}"',
+    cmd = [*cxx.split(), *COMMON, *VARIANTS[variant][1], f'-DLLMCLI_SOURCE_HASH="{source_hash(variant)}"',
            *(str(FOLDER / u) for u in UNITS), "-o", tmp]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-5:])
-            raise BuildError(f"{Path(cxx).name} could not build the {variant} kernels: {tail}")
+            raise BuildError(f"{Path(cxx.split()[0]).name} could not build the {variant} kernels: {tail}")
         os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep other users of a shared install from loading it
         os.replace(tmp, out)
     except OSError as e:
-        raise BuildError(f"{Path(cxx).name} could not build the {variant} kernels: {e}") from None
+        raise BuildError(f"{Path(cxx.split()[0]).name} could not build the {variant} kernels: {e}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
