@@ -87,15 +87,18 @@ class Kernels:
         return f"Kernels({self.variant}, {self.path})"
 
     def mm(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
-        """x (M, K) any float dtype, blocks (N, row bytes) uint8 -> (M, N) float32."""
-        if x.dtype != torch.float32 or not x.is_contiguous():
+        """x (M, K) any float dtype, blocks (N, row bytes) uint8 -> (M, N) float32. A decode step calls
+        this ~120 times a token: the checks are the cheapest that keep the kernel inside the tensors."""
+        if x.dtype is not torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         if not blocks.is_contiguous():
             blocks = blocks.contiguous()
-        _check_blocks(blocks, type_id, K)
-        M, N = x.shape[0], blocks.shape[0]
-        if x.shape[1] != K:
-            raise ValueError(f"x has {x.shape[1]} columns, the weight {K}")
+        M, k = x.shape
+        N, row = blocks.shape
+        row_bytes = _ROW_BYTES.get(type_id)
+        if k != K or blocks.dtype is not torch.uint8 or not blocks.is_cpu or row_bytes is None or row != row_bytes(K):
+            _check_blocks(blocks, type_id, K)
+            raise ValueError(f"x has {k} columns, the weight {K}")
         y = torch.empty(M, N)
         self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads())
         return y
@@ -142,6 +145,11 @@ class Kernels:
     def DecodeSteps(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
                     threads: int) -> DecodeSteps:
         return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, threads)
+
+
+# type id -> K -> the bytes of a row of K weights (None where K is not whole blocks)
+_ROW_BYTES = {t: (lambda K, size=size, nbytes=nbytes: K // size * nbytes if K % size == 0 else None)
+              for t, (size, nbytes) in BLOCKS.items()}
 
 
 def _check_blocks(blocks: torch.Tensor, type_id: int, K: int) -> None:
