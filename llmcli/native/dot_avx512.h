@@ -19,12 +19,6 @@ static inline __m512i start512(const int32_t* n4) {  // 16 lanes: -zero * sum of
     else return _mm512_slli_epi32(load512(n4), zero_shift<T>);
 }
 
-template <int T>
-static inline __m256i start256(const int32_t* n4) {
-    if constexpr (zero_shift<T> < 0) return _mm256_setzero_si256();
-    else return _mm256_slli_epi32(load256(n4), zero_shift<T>);
-}
-
 // Two 32-blocks' codes as 64 unsigned bytes in element order (block a's 32, then b's)
 template <int T>
 static inline __m512i codes2(const uint8_t* a, const uint8_t* b) {
@@ -46,31 +40,35 @@ static inline __m512i codes2(const uint8_t* a, const uint8_t* b) {
     }
 }
 
-template <int T>
-static inline __m256i codes1(const uint8_t* a) {  // one 32-block's codes, as codes2's
-    if constexpr (T == kQ8_0) return _mm256_xor_si256(load256(a + 2), _mm256_set1_epi8((char)0x80));
-    constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
-    __m256i c = nibbles(a + at);
-    if constexpr (T == kQ5_0 || T == kQ5_1) {
-        uint32_t h;
-        std::memcpy(&h, a + at - 4, 4);
-        c = _mm256_mask_add_epi8(c, (__mmask32)h, c, _mm256_set1_epi8(16));
-    }
-    return c;
-}
-
 // The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds): per group of 4
 // blocks A-D, the first 16 codes of each, then the last 16, as those blocks' nibbles come out of one
 // vector of their 4 x 16 code bytes (low nibbles, then high): no shuffle of the weights is needed.
 // The blocks' (d, s) side by side meet the weights' (d, m) in one multiply.
+// A last group of fewer than 4 blocks is padded with zeros (Q8Rows keeps room for it).
 static inline void interleave(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni, float* ds) {
-    for (int64_t g = 0; g + 4 <= nb; g += 4)
+    for (int64_t g = 0; g < nb; g += 4)
         for (int j = 0; j < 4; ++j) {
-            std::memcpy(qi + 32 * g + 16 * j, x.q + 32 * (g + j), 16);
-            std::memcpy(qi + 32 * g + 64 + 16 * j, x.q + 32 * (g + j) + 16, 16);
-            for (int t = 0; t < 4; ++t) ni[4 * g + 4 * j + t] = x.n4[8 * (g + j) + t] + x.n4[8 * (g + j) + 4 + t];
+            const int64_t i = g + j;
+            if (i < nb) {
+                std::memcpy(qi + 32 * g + 16 * j, x.q + 32 * i, 16);
+                std::memcpy(qi + 32 * g + 64 + 16 * j, x.q + 32 * i + 16, 16);
+                for (int t = 0; t < 4; ++t) ni[4 * g + 4 * j + t] = x.n4[8 * i + t] + x.n4[8 * i + 4 + t];
+                ds[2 * i] = x.d[i]; ds[2 * i + 1] = x.s[i];
+            } else {
+                std::memset(qi + 32 * g + 16 * j, 0, 16);
+                std::memset(qi + 32 * g + 64 + 16 * j, 0, 16);
+                for (int t = 0; t < 4; ++t) ni[4 * g + 4 * j + t] = 0;
+                ds[2 * i] = ds[2 * i + 1] = 0.f;
+            }
         }
-    for (int64_t i = 0; i < nb; ++i) { ds[2 * i] = x.d[i]; ds[2 * i + 1] = x.s[i]; }
+}
+
+// The 4 blocks from k on: in the row, or past its end, a zero block (scale 0: it adds nothing,
+// whatever activations it meets; Q8Rows has room for a last group of fewer than 4)
+static const uint8_t kZeroBlock[64] = {};
+template <int bytes>
+static inline void group_of(const uint8_t* row, int64_t k, int64_t nb, const uint8_t* p[4]) {
+    for (int j = 0; j < 4; ++j) p[j] = k + j < nb ? row + (k + j) * bytes : kZeroBlock;
 }
 
 static inline uint64_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
@@ -90,73 +88,70 @@ static inline void reduce_rows(const __m512* acc, float* out) {
     }
 }
 
-// The blocks after the last whole group of 4, one at a time
+// Q4_0, Q4_1, Q5_0, Q5_1: blocks p[0..3] against their activations (y0, y1: codes 0-15 of each block,
+// then 16-31; st: the zero point's start). Their 4 x 16 code bytes in one vector give the low
+// nibbles (codes 0-15 of each) and the high ones (16-31): two vpdpbusd into 16 lanes, 4 a block;
+// one conversion, one multiply-add, the scales spread by one permute.
 template <int T>
-static float tail32(const uint8_t* row, const Q8& x, int64_t k, int64_t nb) {
-    constexpr int bytes = Block<T>::bytes;
-    float tail = 0.f;
-    for (; k < nb; ++k) {
-        const uint8_t* b = row + k * bytes;
-        const __m256i p = _mm256_dpbusd_epi32(start256<T>(x.n4 + 8 * k), codes1<T>(b), load256(x.q + 32 * k));
-        tail += h2f(b) * x.d[k] * hsum8(_mm256_cvtepi32_ps(p));
-        if constexpr (T == kQ4_1 || T == kQ5_1) tail += h2f(b + 2) * x.s[k];
-    }
-    return tail;
-}
-
-// Q4_0, Q4_1, Q5_0, Q5_1, R weight rows (`stride` bytes apart) against one activation row, four
-// blocks a step: their 4 x 16 code bytes in one vector give the low nibbles (codes 0-15 of each) and
-// the high ones (16-31), two vpdpbusd into 16 lanes, 4 a block; one conversion, one multiply-add,
-// the scales spread by one permute. The R rows share the activations' loads and the final reduction.
-template <int T, int R>
-static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
-    constexpr int bytes = Block<T>::bytes, at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
+static inline void nibble_group(const uint8_t* const p[4], __m512i st, __m512i y0, __m512i y1, __m256 xds,
+                                __m512& acc, __m256& off) {
+    constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;  // where qs starts
     constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);  // d * dx of block j to lanes 4j..4j+3
+    __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + at)));
+    for (int j = 1; j < 4; ++j) qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[j] + at)), j);
+    __m512i lo = _mm512_and_si512(qs, low4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4);
+    if constexpr (T == kQ5_0 || T == kQ5_1) {  // bit j of qh: element j's 5th bit
+        uint64_t mlo = 0, mhi = 0;
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t h = load_u32(p[j] + at - 4);
+            mlo |= (h & 0xFFFF) << (16 * j);
+            mhi |= (h >> 16) << (16 * j);
+        }
+        lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, _mm512_set1_epi8(16));
+        hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, _mm512_set1_epi8(16));
+    }
+    const __m512i prods = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(st, lo, y0), hi, y1);
+    // the 4 blocks' (d, m) or (d, 0) as 8 halves, times the activations' (d, s): d * dx and m * s
+    const uint64_t w01 = has_m ? load_u32(p[0]) | load_u32(p[1]) << 32 : load_u16(p[0]) | load_u16(p[1]) << 32;
+    const uint64_t w23 = has_m ? load_u32(p[2]) | load_u32(p[3]) << 32 : load_u16(p[2]) | load_u16(p[3]) << 32;
+    const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01)), xds);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(prod)), acc);
+    if constexpr (has_m) off = _mm256_add_ps(off, prod);
+}
+
+// Q4_0, Q4_1, Q5_0, Q5_1, R weight rows (`stride` bytes apart) against one activation row, four
+// blocks a step; the R rows share the activations' loads and the final reduction
+template <int T, int R>
+static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
+    constexpr int bytes = Block<T>::bytes;
     __m512 acc[R];
     __m256 off[R];
     for (int r = 0; r < R; ++r) { acc[r] = _mm512_setzero_ps(); off[r] = _mm256_setzero_ps(); }
-    int64_t k = 0;
-    for (; k + 4 <= nb; k += 4) {
+    for (int64_t k = 0; k < nb; k += 4) {
         const __m512i st = start512<T>(x.ni + 4 * k), y0 = load512(x.qi + 32 * k), y1 = load512(x.qi + 32 * k + 64);
         const __m256 xds = _mm256_loadu_ps(x.ds + 2 * k);
         for (int r = 0; r < R; ++r) {
             const uint8_t* b = row + r * stride + k * bytes;
-            __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at)));
-            qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + bytes + at)), 1);
-            qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 * bytes + at)), 2);
-            qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 3 * bytes + at)), 3);
-            __m512i lo = _mm512_and_si512(qs, low4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4);
-            if constexpr (T == kQ5_0 || T == kQ5_1) {  // bit j of qh: element j's 5th bit
-                uint64_t mlo = 0, mhi = 0;
-                for (int j = 0; j < 4; ++j) {
-                    const uint64_t h = load_u32(b + j * bytes + at - 4);
-                    mlo |= (h & 0xFFFF) << (16 * j);
-                    mhi |= (h >> 16) << (16 * j);
-                }
-                lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, _mm512_set1_epi8(16));
-                hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, _mm512_set1_epi8(16));
+            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
+            if (k + 4 <= nb) {
+                nibble_group<T>(p, st, y0, y1, xds, acc[r], off[r]);
+            } else {  // the last, short group
+                const uint8_t* q[4];
+                group_of<bytes>(row + r * stride, k, nb, q);
+                nibble_group<T>(q, st, y0, y1, xds, acc[r], off[r]);
             }
-            const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(st, lo, y0), hi, y1);
-            // the 4 blocks' (d, m) or (d, 0) as 8 halves, times the activations' (d, s): d * dx and m * s
-            const uint64_t w01 = has_m ? load_u32(b) | load_u32(b + bytes) << 32 : load_u16(b) | load_u16(b + bytes) << 32;
-            const uint64_t w23 = has_m ? load_u32(b + 2 * bytes) | load_u32(b + 3 * bytes) << 32
-                                       : load_u16(b + 2 * bytes) | load_u16(b + 3 * bytes) << 32;
-            const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01)), xds);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(prod)), acc[r]);
-            if constexpr (has_m) off[r] = _mm256_add_ps(off[r], prod);
         }
     }
     reduce_rows<R>(acc, out);
-    for (int r = 0; r < R; ++r) {
-        if constexpr (has_m) out[r] += hsum8(_mm256_blend_ps(_mm256_setzero_ps(), off[r], 0xAA));  // the m * s lanes
-        out[r] += tail32<T>(row + r * stride, x, k, nb);
-    }
+    if constexpr (T == kQ4_1 || T == kQ5_1)
+        for (int r = 0; r < R; ++r) out[r] += hsum8(_mm256_blend_ps(_mm256_setzero_ps(), off[r], 0xAA));  // the m * s lanes
 }
 
 // Q8_0, R weight rows against one activation row, four blocks a step: two vectors of two blocks
-// (q + 128, as stored), their 8-lane halves scaled by d * dx of their block
+// (q + 128, as stored), their 8-lane halves scaled by d * dx of their block. A last group of fewer
+// than 4 reads past the row's activations (Q8Rows' slack), against zero blocks.
 template <int R>
 static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
     constexpr int bytes = Block<kQ8_0>::bytes;
@@ -164,22 +159,23 @@ static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t n
     const __m512i hi2 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 4 <= nb; k += 4) {
+    for (int64_t k = 0; k < nb; k += 4) {
         const __m512i st01 = start512<kQ8_0>(x.n4 + 8 * k), st23 = start512<kQ8_0>(x.n4 + 8 * k + 16);
         const __m512i y01 = load512(x.q + 32 * k), y23 = load512(x.q + 32 * k + 64);
         const __m128 dx = _mm_loadu_ps(x.d + k);
         for (int r = 0; r < R; ++r) {
             const uint8_t* b = row + r * stride + k * bytes;
-            const __m512i p01 = _mm512_dpbusd_epi32(st01, codes2<kQ8_0>(b, b + bytes), y01);
-            const __m512i p23 = _mm512_dpbusd_epi32(st23, codes2<kQ8_0>(b + 2 * bytes, b + 3 * bytes), y23);
-            const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(four_halves(b, bytes), dx));
+            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
+            if (k + 4 > nb) group_of<bytes>(row + r * stride, k, nb, p);  // the last, short group
+            const __m512i p01 = _mm512_dpbusd_epi32(st01, codes2<kQ8_0>(p[0], p[1]), y01);
+            const __m512i p23 = _mm512_dpbusd_epi32(st23, codes2<kQ8_0>(p[2], p[3]), y23);
+            const uint64_t h = load_u16(p[0]) | load_u16(p[1]) << 16 | load_u16(p[2]) << 32 | load_u16(p[3]) << 48;
+            const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)), dx));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(lo2, s), acc[r]);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(hi2, s), acc[r]);
         }
     }
     reduce_rows<R>(acc, out);
-    for (int r = 0; r < R; ++r) out[r] += tail32<kQ8_0>(row + r * stride, x, k, nb);
 }
 
 // Q6_K: per half of a block (128 weights), two vectors of two quarters; ql's 64 bytes give the low

@@ -10,20 +10,22 @@ struct Q8Rows {
     std::vector<int8_t> q, qi;
     std::vector<float> d, s, ds;
     std::vector<int32_t> n4, ni;
-    int64_t K = 0;
+    int64_t K = 0, G = 0;  // G: groups of 4 blocks a row, the last one padded with zero blocks (qi, ni, ds)
 
     void resize(int64_t rows, int64_t k) {
         K = k;
-        q.resize(rows * k); d.resize(rows * k / 32); s.resize(rows * k / 32); n4.resize(rows * k / 4);
+        G = (k / 32 + 3) / 4;
+        // slack after the last row: a padded group's codes, sums and scales read past it (times d = 0)
+        q.resize(rows * k + 128); d.resize(rows * k / 32 + 4); s.resize(rows * k / 32 + 4); n4.resize(rows * k / 4 + 32);
 #if defined(LLMCLI_AVX512VNNI)
-        qi.resize(rows * k); ni.resize(rows * k / 8); ds.resize(rows * k / 16);
+        qi.resize(rows * G * 128); ni.resize(rows * G * 16); ds.resize(rows * G * 8);
 #endif
     }
     Q8 row(int64_t m) const {
         const int64_t nb = K / 32;
         return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4,
-                qi.data() + (qi.empty() ? 0 : m * K), ni.data() + (ni.empty() ? 0 : m * K / 8),
-                ds.data() + (ds.empty() ? 0 : 2 * m * nb)};
+                qi.data() + (qi.empty() ? 0 : m * G * 128), ni.data() + (ni.empty() ? 0 : m * G * 16),
+                ds.data() + (ds.empty() ? 0 : m * G * 8)};
     }
     // rows [m0, m1) of x (rows of K floats)
     void quantize(const float* x, int64_t m0, int64_t m1);

@@ -16,7 +16,10 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1) {
         sums_of_four(q.data() + 32 * i, n4.data() + 8 * i);
     }
 #if defined(LLMCLI_AVX512VNNI)
-    for (int64_t m = m0; m < m1; ++m) interleave(row(m), nb, qi.data() + m * K, ni.data() + m * K / 8, ds.data() + 2 * m * nb);
+    for (int64_t m = m0; m < m1; ++m) {
+        const Q8 x = row(m);
+        interleave(x, nb, const_cast<int8_t*>(x.qi), const_cast<int32_t*>(x.ni), const_cast<float*>(x.ds));
+    }
 #endif
 }
 
