@@ -143,7 +143,7 @@ def test_without_a_compiler_one_warning_and_the_torch_path(monkeypatch, tmp_path
     from llmcli.native import library
 
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("LLMCLI_HOME", str(tmp_path))  # nothing built there
+    monkeypatch.setattr(library, "cache_dir", lambda: tmp_path)  # nothing built there
     monkeypatch.setattr(library, "installed", lambda variant: tmp_path / "none.so")
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_loaded", {})

@@ -1,6 +1,6 @@
 // Block dot products with AVX-512 VNNI (Zen 4/5, Ice Lake and later): vpdpbusd multiplies 64
-// unsigned weight codes by 64 signed activation codes into 16 int32 lanes, two 32-blocks (or two
-// sub-blocks) a vector. Codes with a zero point (Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's
+// unsigned weight codes by 64 signed activation codes into 16 int32 lanes: two 32-blocks, or halves
+// of four, or two sub-blocks, a vector. Codes with a zero point (Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's
 // q as q + 128) go in unsigned as stored, and the accumulator starts at -zero * (each 4 activation
 // codes' sum): the offset costs one shift, where the sign trick of the 256-bit variants costs two
 // instructions per vector (and AVX-512 has no vpsignb).
@@ -19,25 +19,10 @@ static inline __m512i start512(const int32_t* n4) {  // 16 lanes: -zero * sum of
     else return _mm512_slli_epi32(load512(n4), zero_shift<T>);
 }
 
-// Two 32-blocks' codes as 64 unsigned bytes in element order (block a's 32, then b's)
-template <int T>
-static inline __m512i codes2(const uint8_t* a, const uint8_t* b) {
-    if constexpr (T == kQ8_0) {  // q + 128
-        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a + 2)), load256(b + 2), 1);
-        return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
-    } else {
-        constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;  // where qs starts
-        const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + at))),
-                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at)), 1);
-        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);  // [a, b, a>>4, b>>4]
-        __m512i c = _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0F));
-        if constexpr (T == kQ5_0 || T == kQ5_1) {  // the 5th bits: bit j of qh is element j's
-            uint32_t ha, hb;
-            std::memcpy(&ha, a + at - 4, 4); std::memcpy(&hb, b + at - 4, 4);
-            c = _mm512_mask_add_epi8(c, (__mmask64)ha | ((__mmask64)hb << 32), c, _mm512_set1_epi8(16));
-        }
-        return c;
-    }
+// Two Q8_0 blocks' codes as 64 unsigned bytes (q + 128), block a's 32 then b's
+static inline __m512i q8_0_codes2(const uint8_t* a, const uint8_t* b) {
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a + 2)), load256(b + 2), 1);
+    return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
 }
 
 // The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds): per group of 4
@@ -167,8 +152,8 @@ static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t n
             const uint8_t* b = row + r * stride + k * bytes;
             const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
             if (k + 4 > nb) group_of<bytes>(row + r * stride, k, nb, p);  // the last, short group
-            const __m512i p01 = _mm512_dpbusd_epi32(st01, codes2<kQ8_0>(p[0], p[1]), y01);
-            const __m512i p23 = _mm512_dpbusd_epi32(st23, codes2<kQ8_0>(p[2], p[3]), y23);
+            const __m512i p01 = _mm512_dpbusd_epi32(st01, q8_0_codes2(p[0], p[1]), y01);
+            const __m512i p23 = _mm512_dpbusd_epi32(st23, q8_0_codes2(p[2], p[3]), y23);
             const uint64_t h = load_u16(p[0]) | load_u16(p[1]) << 16 | load_u16(p[2]) << 32 | load_u16(p[3]) << 48;
             const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)), dx));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(lo2, s), acc[r]);
