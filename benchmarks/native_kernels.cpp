@@ -1,14 +1,17 @@
 // The block kernels alone, per variant: ns per 32 weights for one activation row against 256 weight rows
-// of K = 1024 (in cache: what the instructions cost, apart from memory), best of 30 passes.
+// of K weights (in cache: what the instructions cost, apart from memory), best of 30 passes.
+// K: the first argument, 576 by default (SmolLM2's hidden size); the K-quants take the multiple of
+// 256 below it.
 //
 //   S=llmcli/native; for v in "avx512vnni:-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c -DLLMCLI_AVX512VNNI" \
 //       "avxvnni:-mavx2 -mavxvnni -mfma -mf16c -DLLMCLI_AVXVNNI" "avx2:-mavx2 -mfma -mf16c -DLLMCLI_AVX2" "portable:"; do
-//     g++ -O3 -std=c++17 -ffp-contract=off -pthread ${v#*:} -I$S benchmarks/native_kernels.cpp -o /tmp/kb && /tmp/kb; done
+//     g++ -O3 -std=c++17 -ffp-contract=off -pthread ${v#*:} -I$S benchmarks/native_kernels.cpp -o /tmp/kb && /tmp/kb 576; done
 //
 // (the flags as build.py has them; neon: "-march=armv8.2-a+dotprod -DLLMCLI_NEON" on aarch64)
 #include "dot.h"
 #include "kernels.h"
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1) {
@@ -39,8 +42,8 @@ template <int T> double run(int64_t N, int64_t K) {
     }
     return best;
 }
-int main() {
-    const int64_t N = 256, K = 1024;
+int main(int argc, char** argv) {
+    const int64_t N = 256, K = argc > 1 ? std::atoll(argv[1]) : 576, KK = std::max<int64_t>(256, K / 256 * 256);
     printf("%-11s ns/block: Q4_0 %.3f  Q4_1 %.3f  Q5_0 %.3f  Q8_0 %.3f  Q4_K %.3f  Q6_K %.3f\n", LLMCLI_VARIANT,
-           run<kQ4_0>(N, K), run<kQ4_1>(N, K), run<kQ5_0>(N, K), run<kQ8_0>(N, K), run<kQ4_K>(N, K), run<kQ6_K>(N, K));
+           run<kQ4_0>(N, K), run<kQ4_1>(N, K), run<kQ5_0>(N, K), run<kQ8_0>(N, K), run<kQ4_K>(N, KK), run<kQ6_K>(N, KK));
 }
