@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -47,8 +48,8 @@ class CustomBuildHook(BuildHookInterface):
         if version != "editable" and built:
             for path in built.values():
                 build_data["force_include"][str(path)] = f"llmcli/native/lib/{path.name}"
-            build_data["pure_python"] = False  # machine code inside: a platform wheel
-            build_data["infer_tag"] = True
+            build_data["pure_python"] = False  # machine code inside: a platform wheel, for any Python 3
+            build_data["tag"] = "py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
         self.app.display_info(f"llmcli: C++ kernels built ({', '.join(built) or 'none'}) in "
                               f"{time.perf_counter() - start:.0f} s")
         for line in failed:
