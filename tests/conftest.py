@@ -36,6 +36,22 @@ def _pin_xdist_worker() -> None:
 _pin_xdist_worker()
 
 
+def _kernels_built_before_the_tests() -> None:
+    """The C++ kernels for this CPU, loaded (or built into the user cache, once, under a lock) before
+    any test starts an `llmcli` process: a build's note on stderr would spoil tests of the CLI's output.
+    Without a compiler they stay off, with their warning here rather than in a test."""
+    import warnings
+
+    from llmcli import native
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        native.available()
+
+
+_kernels_built_before_the_tests()
+
+
 def test_cache_dir() -> Path:
     d = Path(os.environ.get("LLMCLI_TEST_CACHE", Path.home() / ".cache" / "llmcli-tests"))
     d.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from llmcli import native
+from llmcli.native.build import VARIANTS
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler for the kernels")
 
@@ -44,6 +45,16 @@ def loaded(request, tmp_path_factory):
     rt = open_model(str(path), device="cpu", ctx_size=64)  # default flags: as stored, and float32 for the step
     assert rt.placement.dtype == torch.float32  # auto picks it on every CPU where the step runs
     return rt
+
+
+@pytest.fixture(params=list(VARIANTS))
+def variant(request, monkeypatch):
+    """The step on each kernel variant this CPU runs (the others skip, naming the missing flag)."""
+    reason = native.why_not(request.param)
+    if reason is not None:
+        pytest.skip(reason)
+    monkeypatch.setattr(native, "_module", native.load(request.param))
+    return request.param
 
 
 def _compare(rt, positions: int | None = None):
@@ -97,16 +108,16 @@ def norms_summed_in_float64(monkeypatch):
     monkeypatch.setattr(llama.RMSNorm, "forward", forward)
 
 
-def test_native_steps_give_the_model_s_logits_and_cache(loaded):
+def test_native_steps_give_the_model_s_logits_and_cache(loaded, variant):
     _compare(loaded)
 
 
-def test_native_steps_follow_a_context_shift_s_positions(loaded):
+def test_native_steps_follow_a_context_shift_s_positions(loaded, variant):
     """After a shift the RoPE position runs ahead of the cache slot."""
     _compare(loaded, positions=5)
 
 
-def test_native_steps_keep_a_sliding_window(loaded, monkeypatch):
+def test_native_steps_keep_a_sliding_window(loaded, variant, monkeypatch):
     for layer in loaded.loaded.model.model.layers[1:]:
         monkeypatch.setattr(layer.self_attn, "window", 4)
     _compare(loaded)

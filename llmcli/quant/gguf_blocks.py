@@ -1,8 +1,9 @@
 """GGUF blocks kept as they are in the file: a packed format of llmcli's for the GGUF types whose
 codes do not fit the int4 kernel (5 and 6 bits), so they cost no more memory than in the file, and
-on CPUs with AVX2 also for Q4_0, Q4_1, Q8_0 and Q4_K. There the kernel multiplies all of these but
-Q5_K with integer dot products (activations quantized to int8 per 32, as llama.cpp does): 2x
-torch's int4 kernel, and 4x its own scalar path for Q5_0/Q6_K.
+where a SIMD variant of the kernels runs (native.int8_dot(): AVX-512 VNNI, AVX-VNNI, AVX2, NEON with
+dot products) also for Q4_0, Q4_1, Q8_0 and Q4_K. The kernels multiply all of these but Q5_K with
+integer dot products (activations quantized to int8 per 32, as llama.cpp does): 2x torch's int4
+kernel with AVX2, 4x a float path for Q5_0/Q6_K.
 
     Q4_0   18 bytes / 32:  d f16, qs[16]                            w = d * (q - 8)
     Q4_1   20 bytes / 32:  d, m f16, qs[16]                         w = d * q + m
@@ -27,7 +28,7 @@ from .. import native
 from . import kernels
 from .packed import _dense_tiles
 
-# Types that fit torch's int4/int8 kernels too, kept as blocks only on CPUs where the kernel is built
+# Types that fit torch's int4/int8 kernels too, kept as blocks only where a SIMD kernel variant runs
 # (gguf_import.as_stored_preset): its integer dot products (activations as int8, as llama.cpp takes
 # them) beat torch's int4 kernel there. type -> (elements per block, bytes per block)
 INT8_DOT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}

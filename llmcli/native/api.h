@@ -1,0 +1,52 @@
+// The libraries' C interface, what library.py and steps.py call through ctypes. Arrays are
+// contiguous unless strides are given (in elements); float32 unless named otherwise. Functions
+// return 0, or non-zero for arguments they do not take (the Python side checks shapes first).
+#pragma once
+#include <cstdint>
+
+#define LLMCLI_API __attribute__((visibility("default")))
+
+extern "C" {
+
+LLMCLI_API const char* llmcli_variant();      // "avx512vnni", "avxvnni", "avx2", "neon" or "portable"
+LLMCLI_API const char* llmcli_source_hash();  // build.py's hash of the sources and flags it was built from
+
+// y (M, N) = x (M, K) @ W.T, W (N, row bytes) uint8: GGUF blocks of `type` (quant/gguf_blocks.py's TYPE_IDS)
+LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
+// y (N, K) = W's rows dequantized
+LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
+// x (M, K) -> q (M, K) int8, d and s (M, K/32): the activations as mm's integer dot products take them
+LLMCLI_API int llmcli_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s);
+
+// One query per row: q (B, H, D), k and v (B, KV, S, D) with strides {batch, head, slot} and rows of
+// D contiguous, mask (mask_rows of 1 or B, S) uint8 or null -> out (B, H, D)
+LLMCLI_API int llmcli_attend_one(const float* q, int64_t B, int64_t H, int64_t D, const float* k, const int64_t* k_strides,
+                                 const float* v, const int64_t* v_strides, int64_t KV, int64_t S, const uint8_t* mask,
+                                 int64_t mask_rows, float scale, float* out, int threads);
+
+// A decode step (decode.cpp): its weights and cache stay owned by the caller, who keeps them alive
+struct LlmcliProjection {  // y = W x (+ b)
+    const uint8_t* blocks;  // (N, row bytes)
+    const float* bias;      // (N,) or null
+    int64_t type, N, K;
+};
+
+struct LlmcliLayer {
+    const float *in_norm, *post_norm, *q_norm, *k_norm;  // (hidden,), (hidden,), (head_dim,) or null
+    const LlmcliProjection *qkv, *o, *gate_up, *down;    // groups: projections of one input, outputs side by side
+    int64_t n_qkv, n_o, n_gate_up, n_down;
+    float *k_cache, *v_cache;  // (1, KV, max_len, D), rows of D contiguous
+    int64_t k_strides[2], v_strides[2];  // {head, slot}
+    int64_t max_len, window;  // window: attend to this many most recent slots (0: all)
+};
+
+LLMCLI_API void* llmcli_steps_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
+                                  float scale, int threads);
+LLMCLI_API int llmcli_steps_add_layer(void* steps, const LlmcliLayer* layer);
+LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const LlmcliProjection* head, int64_t n_head);
+// x (hidden,) -> logits (vocab,), hidden (hidden,): the final normed state; keys and values to `slot`
+LLMCLI_API int llmcli_steps_run(void* steps, const float* x, int64_t slot, const float* cos, const float* sin,
+                                float* logits, float* hidden);
+LLMCLI_API void llmcli_steps_free(void* steps);
+
+}  // extern "C"

@@ -1,0 +1,131 @@
+"""Compiling the kernels: one shared library per instruction-set variant, plain C++ with a C
+interface (api.h) and no torch headers, by the system's compiler in a few seconds a variant.
+
+Each variant compiles with explicit target flags, never -march=native, so one build serves every
+CPU of its kind; cpu.py says which of them this CPU runs. Standard library only: build_hook.py
+runs this at `pip install` (without torch), and library.py at run time when the installed
+libraries are missing or were built from other sources.
+
+    python -m llmcli.native.build [OUT_DIR]     # every variant for this machine, into OUT_DIR
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+FOLDER = Path(__file__).parent
+
+# name: (machine, flags), best first. The macros pick the code (isa.h); the flags let the compiler
+# emit the instructions. AVX-512 VNNI: Zen 4/5, Ice Lake and later; AVX-VNNI (VEX-encoded vpdpbusd):
+# Alder Lake and later; AVX2 + FMA: Haswell and later, Zen 1-3; NEON with dot products: Apple
+# Silicon, Graviton 2+, Cortex-A76+.
+VARIANTS = {
+    "avx512vnni": ("x86_64", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2",
+                              "-mfma", "-mf16c", "-DLLMCLI_AVX512VNNI"]),
+    "avxvnni": ("x86_64", ["-mavx2", "-mavxvnni", "-mfma", "-mf16c", "-DLLMCLI_AVXVNNI"]),
+    "avx2": ("x86_64", ["-mavx2", "-mfma", "-mf16c", "-DLLMCLI_AVX2"]),
+    "neon": ("aarch64", ["-march=armv8.2-a+dotprod", "-DLLMCLI_NEON"]),
+    "portable": (None, []),
+}
+# -ffp-contract=off: no multiply-add fused behind the code's back, so that dequantized weights equal
+# gguf-py's bit for bit; the kernels fuse where they mean to, with intrinsics
+COMMON = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-ffp-contract=off", "-pthread"]
+UNITS = ("matmul.cpp", "attention.cpp", "decode.cpp", "variant.cpp")
+
+
+class BuildError(Exception):
+    """No compiler, or the compiler refused the sources (the message ends with its last lines)."""
+
+
+def machine() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def variants_for(arch: str | None = None) -> list[str]:
+    """The variants that compile for a machine, best first (the portable one last)."""
+    arch = arch or machine()
+    return [name for name, (target, _) in VARIANTS.items() if target in (None, arch)]
+
+
+def sources() -> list[Path]:
+    return sorted(p for p in FOLDER.iterdir() if p.suffix in (".cpp", ".h"))
+
+
+def source_hash(variant: str) -> str:
+    """What a library must have been built from: the sources and the variant's flags."""
+    h = hashlib.sha256()
+    for p in sources():
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(" ".join(COMMON + VARIANTS[variant][1]).encode())
+    return h.hexdigest()[:16]
+
+
+def library_name(variant: str) -> str:
+    suffix = ".dylib" if sys.platform == "darwin" else ".dll" if os.name == "nt" else ".so"
+    return f"libllmcli-{variant}{suffix}"
+
+
+def compiler() -> str | None:
+    """$CXX (a command, perhaps with arguments), or the first C++ compiler on PATH; None without one."""
+    cxx = os.environ.get("CXX", "").strip()
+    if cxx:
+        return cxx if shutil.which(cxx.split()[0]) else None
+    return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+
+
+def compile_variant(variant: str, out: Path, cxx: str | None = None) -> Path:
+    """Builds one variant's library at `out` (written beside it, then renamed: readers never see half a file)."""
+    cxx = cxx or compiler()
+    if cxx is None:
+        raise BuildError("no C++ compiler found (install g++ or clang++, or set CXX)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    cmd = [*cxx.split(), *COMMON, *VARIANTS[variant][1], f'-DLLMCLI_SOURCE_HASH="{source_hash(variant)}"',
+           *(str(FOLDER / u) for u in UNITS), "-o", tmp]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-5:])
+            raise BuildError(f"{Path(cxx.split()[0]).name} could not build the {variant} kernels: {tail}")
+        os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep other users of a shared install from loading it
+        os.replace(tmp, out)
+    except OSError as e:
+        raise BuildError(f"{Path(cxx.split()[0]).name} could not build the {variant} kernels: {e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def compile_all(folder: Path, variants: list[str] | None = None) -> dict[str, Path | BuildError]:
+    """Every variant for this machine into `folder`, as many at once as there are CPUs."""
+    names = variants or variants_for()
+
+    def one(name):
+        try:
+            return compile_variant(name, folder / library_name(name))
+        except BuildError as e:
+            return e
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1))) as pool:
+        return dict(zip(names, pool.map(one, names)))
+
+
+if __name__ == "__main__":
+    import time
+
+    start = time.perf_counter()
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else FOLDER / "lib"
+    for name, result in compile_all(out).items():
+        print(f"{name}: {result}")
+    print(f"{time.perf_counter() - start:.1f} s")

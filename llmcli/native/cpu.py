@@ -1,0 +1,60 @@
+"""Which kernel variants this CPU runs, from its flags (Linux: /proc/cpuinfo, which lists only what
+the OS has enabled; macOS: sysctl), and why not where it does not."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+
+from .build import VARIANTS, machine
+
+# The flags (as Linux names them) a variant's instructions need
+NEEDS = {  # the flag that sets a variant apart first: a skip names it
+    "avx512vnni": ("avx512_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"),
+    "avxvnni": ("avx_vnni", "avx2", "fma", "f16c"),
+    "avx2": ("avx2", "fma", "f16c"),
+    "neon": ("asimddp",),
+    "portable": (),
+}
+_MACOS_NAMES = {"avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni", "avx1.0": "avx"}  # sysctl's spelling -> Linux's
+
+
+@functools.cache
+def flags() -> frozenset[str]:
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo") as f:
+                line = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+            return frozenset(line.partition(":")[2].split())
+        except OSError:
+            return frozenset()
+    if sys.platform == "darwin":
+        if machine() == "aarch64":  # every Apple Silicon CPU has the dot products; asked all the same
+            return frozenset({"asimddp"} if _sysctl("hw.optional.arm.FEAT_DotProd") == "1" else ())
+        words = f"{_sysctl('machdep.cpu.features')} {_sysctl('machdep.cpu.leaf7_features')}".lower().split()
+        return frozenset(_MACOS_NAMES.get(w, w) for w in words)
+    return frozenset()
+
+
+def _sysctl(name: str) -> str:
+    try:
+        return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def why_not(variant: str) -> str | None:
+    """None where this CPU runs `variant`; otherwise the reason, naming the missing flag."""
+    if variant not in VARIANTS:
+        return f"no kernel variant {variant!r} (there are {', '.join(VARIANTS)})"
+    target = VARIANTS[variant][0]
+    if target is not None and target != machine():
+        return f"{variant} is for {target} CPUs; this one is {machine()}"
+    missing = [f for f in NEEDS[variant] if f not in flags()]
+    return f"needs {missing[0]}" if missing else None
+
+
+def runnable() -> list[str]:
+    """The variants this CPU runs, best first (the portable one always, last)."""
+    return [v for v in VARIANTS if why_not(v) is None]

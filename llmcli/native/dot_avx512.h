@@ -1,0 +1,216 @@
+// Block dot products with AVX-512 VNNI (Zen 4/5, Ice Lake and later): vpdpbusd multiplies 64
+// unsigned weight codes by 64 signed activation codes into 16 int32 lanes: two 32-blocks, or halves
+// of four, or two sub-blocks, a vector. Codes with a zero point (Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's
+// q as q + 128) go in unsigned as stored, and the accumulator starts at -zero * (each 4 activation
+// codes' sum): the offset costs one shift, where the sign trick of the 256-bit variants costs two
+// instructions per vector (and AVX-512 has no vpsignb).
+#pragma once
+#include "dot_avx2.h"
+
+static inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
+static inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The zero point of a 32-block's unsigned codes (w = d * (code - zero)); Q4_1/Q5_1 have m instead
+template <int T> constexpr int zero_shift = T == kQ4_0 ? 3 : T == kQ5_0 ? 4 : T == kQ8_0 ? 7 : T == kQ6_K ? 5 : -1;
+
+template <int T>
+static inline __m512i start512(const int32_t* n4) {  // 16 lanes: -zero * sum of 4 activation codes, or 0
+    if constexpr (zero_shift<T> < 0) return _mm512_setzero_si512();
+    else return _mm512_slli_epi32(load512(n4), zero_shift<T>);
+}
+
+// Two Q8_0 blocks' codes as 64 unsigned bytes (q + 128), block a's 32 then b's
+static inline __m512i q8_0_codes2(const uint8_t* a, const uint8_t* b) {
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a + 2)), load256(b + 2), 1);
+    return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
+}
+
+// The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds): per group of 4
+// blocks A-D, the first 16 codes of each, then the last 16, as those blocks' nibbles come out of one
+// vector of their 4 x 16 code bytes (low nibbles, then high): no shuffle of the weights is needed.
+// The blocks' (d, s) side by side meet the weights' (d, m) in one multiply.
+// A last group of fewer than 4 blocks is padded with zeros (Q8Rows keeps room for it).
+static inline void interleave(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni, float* ds) {
+    for (int64_t g = 0; g < nb; g += 4)
+        for (int j = 0; j < 4; ++j) {
+            const int64_t i = g + j;
+            if (i < nb) {
+                std::memcpy(qi + 32 * g + 16 * j, x.q + 32 * i, 16);
+                std::memcpy(qi + 32 * g + 64 + 16 * j, x.q + 32 * i + 16, 16);
+                for (int t = 0; t < 4; ++t) ni[4 * g + 4 * j + t] = x.n4[8 * i + t] + x.n4[8 * i + 4 + t];
+                ds[2 * i] = x.d[i]; ds[2 * i + 1] = x.s[i];
+            } else {
+                std::memset(qi + 32 * g + 16 * j, 0, 16);
+                std::memset(qi + 32 * g + 64 + 16 * j, 0, 16);
+                for (int t = 0; t < 4; ++t) ni[4 * g + 4 * j + t] = 0;
+                ds[2 * i] = ds[2 * i + 1] = 0.f;
+            }
+        }
+}
+
+// The 4 blocks from k on: in the row, or past its end, a zero block (scale 0: it adds nothing,
+// whatever activations it meets; Q8Rows has room for a last group of fewer than 4)
+static const uint8_t kZeroBlock[64] = {};
+template <int bytes>
+static inline void group_of(const uint8_t* row, int64_t k, int64_t nb, const uint8_t* p[4]) {
+    for (int j = 0; j < 4; ++j) p[j] = k + j < nb ? row + (k + j) * bytes : kZeroBlock;
+}
+
+static inline uint64_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+static inline uint64_t load_u32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+
+// out[r] = the sum of acc[r]'s lanes, for R = 1 or 4 accumulators (4: reduced together, a transpose's adds)
+template <int R>
+static inline void reduce_rows(const __m512* acc, float* out) {
+    if constexpr (R == 1) {
+        out[0] = _mm512_reduce_add_ps(acc[0]);
+    } else {
+        const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
+        const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
+        const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));  // per 128 bits: rows 0-3
+        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    }
+}
+
+// Q4_0, Q4_1, Q5_0, Q5_1: blocks p[0..3] against their activations (y0, y1: codes 0-15 of each block,
+// then 16-31; st: the zero point's start). Their 4 x 16 code bytes in one vector give the low
+// nibbles (codes 0-15 of each) and the high ones (16-31): two vpdpbusd into 16 lanes, 4 a block;
+// one conversion, one multiply-add, the scales spread by one permute.
+template <int T>
+static inline void nibble_group(const uint8_t* const p[4], __m512i st, __m512i y0, __m512i y1, __m256 xds,
+                                __m512& acc, __m256& off) {
+    constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;  // where qs starts
+    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);  // d * dx of block j to lanes 4j..4j+3
+    __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + at)));
+    for (int j = 1; j < 4; ++j) qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[j] + at)), j);
+    __m512i lo = _mm512_and_si512(qs, low4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4);
+    if constexpr (T == kQ5_0 || T == kQ5_1) {  // bit j of qh: element j's 5th bit
+        uint64_t mlo = 0, mhi = 0;
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t h = load_u32(p[j] + at - 4);
+            mlo |= (h & 0xFFFF) << (16 * j);
+            mhi |= (h >> 16) << (16 * j);
+        }
+        lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, _mm512_set1_epi8(16));
+        hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, _mm512_set1_epi8(16));
+    }
+    const __m512i prods = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(st, lo, y0), hi, y1);
+    // the 4 blocks' (d, m) or (d, 0) as 8 halves, times the activations' (d, s): d * dx and m * s
+    const uint64_t w01 = has_m ? load_u32(p[0]) | load_u32(p[1]) << 32 : load_u16(p[0]) | load_u16(p[1]) << 32;
+    const uint64_t w23 = has_m ? load_u32(p[2]) | load_u32(p[3]) << 32 : load_u16(p[2]) | load_u16(p[3]) << 32;
+    const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01)), xds);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(prod)), acc);
+    if constexpr (has_m) off = _mm256_add_ps(off, prod);
+}
+
+// Q4_0, Q4_1, Q5_0, Q5_1, R weight rows (`stride` bytes apart) against one activation row, four
+// blocks a step; the R rows share the activations' loads and the final reduction
+template <int T, int R>
+static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
+    constexpr int bytes = Block<T>::bytes;
+    __m512 acc[R];
+    __m256 off[R];
+    for (int r = 0; r < R; ++r) { acc[r] = _mm512_setzero_ps(); off[r] = _mm256_setzero_ps(); }
+    for (int64_t k = 0; k < nb; k += 4) {
+        const __m512i st = start512<T>(x.ni + 4 * k), y0 = load512(x.qi + 32 * k), y1 = load512(x.qi + 32 * k + 64);
+        const __m256 xds = _mm256_loadu_ps(x.ds + 2 * k);
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* b = row + r * stride + k * bytes;
+            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
+            if (k + 4 <= nb) {
+                nibble_group<T>(p, st, y0, y1, xds, acc[r], off[r]);
+            } else {  // the last, short group
+                const uint8_t* q[4];
+                group_of<bytes>(row + r * stride, k, nb, q);
+                nibble_group<T>(q, st, y0, y1, xds, acc[r], off[r]);
+            }
+        }
+    }
+    reduce_rows<R>(acc, out);
+    if constexpr (T == kQ4_1 || T == kQ5_1)
+        for (int r = 0; r < R; ++r) out[r] += hsum8(_mm256_blend_ps(_mm256_setzero_ps(), off[r], 0xAA));  // the m * s lanes
+}
+
+// Q8_0, R weight rows against one activation row, four blocks a step: two vectors of two blocks
+// (q + 128, as stored), their 8-lane halves scaled by d * dx of their block. A last group of fewer
+// than 4 reads past the row's activations (Q8Rows' slack), against zero blocks.
+template <int R>
+static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
+    constexpr int bytes = Block<kQ8_0>::bytes;
+    const __m512i lo2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i hi2 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < nb; k += 4) {
+        const __m512i st01 = start512<kQ8_0>(x.n4 + 8 * k), st23 = start512<kQ8_0>(x.n4 + 8 * k + 16);
+        const __m512i y01 = load512(x.q + 32 * k), y23 = load512(x.q + 32 * k + 64);
+        const __m128 dx = _mm_loadu_ps(x.d + k);
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* b = row + r * stride + k * bytes;
+            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
+            if (k + 4 > nb) group_of<bytes>(row + r * stride, k, nb, p);  // the last, short group
+            const __m512i p01 = _mm512_dpbusd_epi32(st01, q8_0_codes2(p[0], p[1]), y01);
+            const __m512i p23 = _mm512_dpbusd_epi32(st23, q8_0_codes2(p[2], p[3]), y23);
+            const uint64_t h = load_u16(p[0]) | load_u16(p[1]) << 16 | load_u16(p[2]) << 32 | load_u16(p[3]) << 48;
+            const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)), dx));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(lo2, s), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(hi2, s), acc[r]);
+        }
+    }
+    reduce_rows<R>(acc, out);
+}
+
+// Q6_K: per half of a block (128 weights), two vectors of two quarters; ql's 64 bytes give the low
+// four bits of quarters 0, 1 (low nibbles) and 2, 3 (high), qh's 32 bytes their top two (bit pairs
+// 0, 1, 2, 3 for the quarters). Codes 0..63 with zero point 32; each 4 lanes share one scale.
+static float q6k_row(const uint8_t* row, const Q8& x, int64_t nb) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);  // scale i is in x block i / 2
+    __m512i pick[4];  // lane l of the vector for quarters (2v, 2v + 1): scale 4v + l / 4
+    for (int v = 0; v < 4; ++v)
+        pick[v] = _mm512_add_epi32(_mm512_set1_epi32(4 * v), _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t k = 0; k < nb / 8; ++k) {
+        const uint8_t* b = row + k * 210;
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+        const __m512 dx = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(x.d + 8 * k)));
+        const __m512 s = _mm512_mul_ps(_mm512_mul_ps(sc, _mm512_set1_ps(h2f(b + 208))), dx);  // d * sc * dx per 16 weights
+        for (int h = 0; h < 2; ++h) {
+            const __m512i l = load512(b + 64 * h);
+            const __m256i qh = load256(b + 128 + 32 * h);
+            const __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);  // [qh, qh >> 2]
+            const __m512i w01 = _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top2));
+            const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), _mm512_and_si512(hb, top2));
+            const int64_t at = 256 * k + 128 * h;  // this half's activations
+            const __m512i p01 = _mm512_dpbusd_epi32(start512<kQ6_K>(x.n4 + at / 4), w01, load512(x.q + at));
+            const __m512i p23 = _mm512_dpbusd_epi32(start512<kQ6_K>(x.n4 + at / 4 + 16), w23, load512(x.q + at + 64));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * h], s), acc);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * h + 1], s), acc);
+        }
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+// One weight row against one activation row of K = 32 * nb
+template <int T>
+static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
+    float out;
+    if constexpr (T == kQ4_K) out = ymm::q4k_row(row, x, nb);
+    else if constexpr (T == kQ6_K) out = q6k_row(row, x, nb);
+    else if constexpr (T == kQ8_0) q8_0_rows<1>(row, 0, x, nb, &out);
+    else nibble_rows<T, 1>(row, 0, x, nb, &out);
+    return out;
+}
+
+// Four weight rows, `stride` bytes apart, against one activation row
+#define LLMCLI_ROW_GROUPS 1
+template <int T>
+static void dot_4rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float out[4]) {
+    if constexpr (T == kQ8_0) q8_0_rows<4>(row, stride, x, nb, out);
+    else if constexpr (T == kQ4_K || T == kQ6_K)
+        for (int r = 0; r < 4; ++r) out[r] = dot_row<T>(row + r * stride, x, nb);
+    else nibble_rows<T, 4>(row, stride, x, nb, out);
+}

@@ -1,0 +1,46 @@
+// What the .cpp files share: quantized activations, projections, attention, the shared team.
+#pragma once
+#include <vector>
+
+#include "blocks.h"
+#include "team.h"
+
+// Activation rows quantized as the dot products take them (blocks.h's Q8), owning their buffers
+struct Q8Rows {
+    std::vector<int8_t> q, qi;
+    std::vector<float> d, s, ds;
+    std::vector<int32_t> n4, ni;
+    int64_t K = 0, G = 0;  // G: groups of 4 blocks a row, the last one padded with zero blocks (qi, ni, ds)
+
+    void resize(int64_t rows, int64_t k) {
+        K = k;
+        G = (k / 32 + 3) / 4;
+        // slack after the last row: a padded group's codes, sums and scales read past it (times d = 0)
+        q.resize(rows * k + 128); d.resize(rows * k / 32 + 4); s.resize(rows * k / 32 + 4); n4.resize(rows * k / 4 + 32);
+#if defined(LLMCLI_AVX512VNNI)
+        qi.resize(rows * G * 128); ni.resize(rows * G * 16); ds.resize(rows * G * 8);
+#endif
+    }
+    Q8 row(int64_t m) const {
+        const int64_t nb = K / 32;
+        return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4,
+                qi.data() + (qi.empty() ? 0 : m * G * 128), ni.data() + (ni.empty() ? 0 : m * G * 16),
+                ds.data() + (ds.empty() ? 0 : m * G * 8)};
+    }
+    // rows [m0, m1) of x (rows of K floats)
+    void quantize(const float* x, int64_t m0, int64_t m1);
+};
+
+// y[m * ldy + n] = (row n of W: GGUF blocks of `type`, K wide) . (activation row m), for n in
+// [n0, n1) and m in [0, M). xq: the rows quantized; xf: the rows as floats (Q5_K's float route).
+void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t M,
+             float* y, int64_t ldy, int64_t n0, int64_t n1);
+
+// One head's attention for one query: scores against S keys (rows `ks` floats apart), softmax,
+// weighted sum of S values (rows `vs` apart) into out[0..D). p: S floats of scratch; keys where
+// mask[s] is 0 get no weight (mask may be null).
+void attend_head(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S, int64_t D,
+                 const uint8_t* mask, float scale, float* p, float* out);
+
+// The team of `threads` threads the one-off calls (mm, dequantize, attention) share
+std::shared_ptr<Team> shared_team(int threads);

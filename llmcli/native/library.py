@@ -1,0 +1,158 @@
+"""One variant's compiled library, found or built, and its calls on torch tensors through ctypes.
+
+Where a library comes from, in order: the one `pip install` built beside these sources (lib/, by
+build_hook.py) if it was built from these very sources; one built earlier into the user cache
+(the platform's cache folder, kernels/); else it is built there now, a few seconds. ctypes releases the GIL for each call. A call costs ~5 us over its work (mm of 64 rows: 6.5 us
+of CPU, the ctypes call alone 3.7; the TORCH_LIBRARY operator of the torch extension took 4.7, a
+Python custom op ~9).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from . import build
+from .steps import DecodeSteps, declare
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+BLOCKS = {0: (32, 22), 1: (32, 24), 2: (256, 176), 3: (256, 210), 4: (32, 18), 5: (32, 20), 6: (32, 34), 7: (256, 144)}
+
+
+def cache_dir() -> Path:
+    """Where libraries built at run time go: the user's cache folder, whatever LLMCLI_HOME says (a
+    few hundred kB that every model store of the user's, and every test's, can share)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("llmcli", appauthor=False)) / "kernels"
+
+
+def installed(variant: str) -> Path:
+    return Path(__file__).parent / "lib" / build.library_name(variant)
+
+
+def find(variant: str, on_build=None) -> "Kernels":
+    """The variant's library, built into the cache first if need be (`on_build()` is called before
+    a build). Raises build.BuildError when it cannot be built."""
+    want = build.source_hash(variant)
+    path = installed(variant)
+    if path.exists():
+        k = Kernels(path)
+        if k.source_hash == want:
+            return k
+    name = build.library_name(variant)
+    cached = cache_dir() / f"{want}-{name}"
+    if not cached.exists():
+        from filelock import FileLock
+
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(cache_dir() / f"{variant}.lock")):  # another process (a test worker) may be building it
+            if not cached.exists():
+                if on_build is not None:
+                    on_build()
+                build.compile_variant(variant, cached)
+                for old in cached.parent.glob(f"*-{name}"):  # builds of other sources (a process using one keeps its copy)
+                    if old != cached:
+                        old.unlink(missing_ok=True)
+    return Kernels(cached)
+
+
+def _fn(lib, name: str, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype, f.argtypes = restype, list(argtypes)
+    return f
+
+
+class Kernels:
+    """A loaded library: mm, dequantize, attend_one and quantize_rows on tensors, and DecodeSteps."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lib = lib = ctypes.CDLL(str(path))
+        self.variant = _fn(lib, "llmcli_variant", ctypes.c_char_p)().decode()
+        self.source_hash = _fn(lib, "llmcli_source_hash", ctypes.c_char_p)().decode()
+        self._mm = _fn(lib, "llmcli_mm", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
+        self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
+        self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
+        self._attend = _fn(lib, "llmcli_attend_one", _I32, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P,
+                           _I64, _F32, _P, _I32)
+        declare(lib)
+
+    def __repr__(self) -> str:
+        return f"Kernels({self.variant}, {self.path})"
+
+    def mm(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
+        """x (M, K) any float dtype, blocks (N, row bytes) uint8 -> (M, N) float32. A decode step calls
+        this ~120 times a token: the checks are the cheapest that keep the kernel inside the tensors."""
+        if x.dtype is not torch.float32 or not x.is_contiguous():
+            x = x.to(torch.float32).contiguous()
+        if not blocks.is_contiguous():
+            blocks = blocks.contiguous()
+        M, k = x.shape
+        N, row = blocks.shape
+        row_bytes = _ROW_BYTES.get(type_id)
+        if k != K or blocks.dtype is not torch.uint8 or not blocks.is_cpu or row_bytes is None or row != row_bytes(K):
+            _check_blocks(blocks, type_id, K)
+            raise ValueError(f"x has {k} columns, the weight {K}")
+        y = torch.empty(M, N)
+        self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads())
+        return y
+
+    def dequantize(self, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
+        """(N, row bytes) uint8 -> (N, K) float32."""
+        blocks = blocks.contiguous()
+        _check_blocks(blocks, type_id, K)
+        y = torch.empty(blocks.shape[0], K)
+        self._dequantize(blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(), torch.get_num_threads())
+        return y
+
+    def quantize_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (M, K) -> int8 codes (M, K), scales d and scaled sums s (M, K/32): mm's int8 activations."""
+        x = x.to(torch.float32).contiguous()
+        M, K = x.shape
+        if K % 32:
+            raise ValueError("K must be a multiple of 32")
+        q, d, s = torch.empty(M, K, dtype=torch.int8), torch.empty(M, K // 32), torch.empty(M, K // 32)
+        self._quantize(x.data_ptr(), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr())
+        return q, d, s
+
+    def attend_one(self, q, k, v, mask, scale: float) -> torch.Tensor:
+        """q (B, H, 1, D), k and v (B, KV, S, D) float32 with rows of D contiguous, mask bool (1 or B, S)
+        or None -> (B, H, 1, D) float32."""
+        B, H, _, D = q.shape
+        KV, S = k.shape[1], k.shape[2]
+        if k.dtype != torch.float32 or v.dtype != torch.float32 or k.stride(-1) != 1 or v.stride(-1) != 1:
+            raise ValueError("a float32 cache with rows of D contiguous")
+        if H % KV or k.shape[-1] != D or v.shape[-1] != D:
+            raise ValueError("q, k and v do not match")
+        qf = q.to(torch.float32).contiguous()
+        out = torch.empty(B, H, 1, D)
+        m = None if mask is None else mask.to(torch.uint8).contiguous()
+        ks = (ctypes.c_int64 * 3)(k.stride(0), k.stride(1), k.stride(2))
+        vs = (ctypes.c_int64 * 3)(v.stride(0), v.stride(1), v.stride(2))
+        rc = self._attend(qf.data_ptr(), B, H, D, k.data_ptr(), ks, v.data_ptr(), vs, KV, S,
+                          None if m is None else m.data_ptr(), 0 if m is None else m.shape[0], scale, out.data_ptr(),
+                          torch.get_num_threads())
+        if rc:
+            raise ValueError(f"attend_one: mask of {m.shape[0]} rows for a batch of {B}")
+        return out
+
+    def DecodeSteps(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
+                    threads: int) -> DecodeSteps:
+        return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, threads)
+
+
+# type id -> K -> the bytes of a row of K weights (None where K is not whole blocks)
+_ROW_BYTES = {t: (lambda K, size=size, nbytes=nbytes: K // size * nbytes if K % size == 0 else None)
+              for t, (size, nbytes) in BLOCKS.items()}
+
+
+def _check_blocks(blocks: torch.Tensor, type_id: int, K: int) -> None:
+    """A wrong row length would have the kernel read past the tensor: refused here."""
+    if type_id not in BLOCKS or blocks.dtype != torch.uint8 or blocks.device.type != "cpu" or blocks.dim() != 2:
+        raise ValueError("blocks must be (N, row bytes) uint8 on the CPU, of a known type")
+    size, nbytes = BLOCKS[type_id]
+    if K % size or blocks.shape[1] != K // size * nbytes:
+        raise ValueError(f"rows of {blocks.shape[1]} bytes do not hold {K} weights of type {type_id}")

@@ -1,0 +1,117 @@
+// A kernel variant checked through its C interface, without Python: built with the variant's flags
+// together with the library's sources, so that a variant this machine cannot load as a library
+// (neon on x86) is still checked, cross-compiled and run under qemu (test_native_check.py).
+// Per block type: mm against float64 on the same int8 activations (the dequantized weights are
+// compared with gguf-py elsewhere), quantize_rows against the portable bytes; attention against
+// float64. Prints "ok <variant>" and exits 0, or names what differs and exits 1.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "api.h"
+#include "blocks.h"
+
+static std::mt19937 rng(7);
+
+static float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); }
+
+// float -> float16 bits for values that are normal float16 numbers (the scales set below)
+static uint16_t to_half(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    const uint32_t sign = (b >> 16) & 0x8000, exp = ((b >> 23) & 255) - 112, man = (b >> 13) & 1023;
+    return (uint16_t)(sign | (exp << 10) | man);
+}
+
+// random bytes, with sane float16 scales where the type keeps them
+static std::vector<uint8_t> random_blocks(int type, int64_t N, int64_t K) {
+    const int64_t size = block_size(type), bytes = block_bytes(type), n = N * K / size;
+    std::vector<uint8_t> w(n * bytes);
+    for (auto& b : w) b = (uint8_t)rng();
+    const bool has_m = type == kQ4_1 || type == kQ5_1 || type == kQ4_K || type == kQ5_K;
+    for (int64_t i = 0; i < n; ++i) {
+        uint8_t* b = w.data() + i * bytes + (type == kQ6_K ? 208 : 0);
+        for (int j = 0; j < (has_m ? 2 : 1); ++j) {
+            const uint16_t h = to_half(uniform(0.002f, 0.02f) * (rng() % 2 ? 1.f : -1.f));
+            std::memcpy(b + 2 * j, &h, 2);
+        }
+    }
+    return w;
+}
+
+static bool check_type(int type) {
+    const int64_t N = 37, M = 3, K = block_size(type) == 256 ? 768 : 544;
+    const std::vector<uint8_t> w = random_blocks(type, N, K);
+    std::vector<float> wf(N * K), x(M * K), y(M * N), d(M * K / 32), s(M * K / 32);
+    std::vector<int8_t> q(M * K), q_ref(32);
+    for (auto& v : x) v = uniform(-1.f, 1.f);
+    x[5] = 0.f;
+    if (llmcli_dequantize(w.data(), N, K, type, wf.data(), 2) || llmcli_quantize_rows(x.data(), M, K, q.data(), d.data(), s.data()) ||
+        llmcli_mm(x.data(), M, w.data(), N, K, type, y.data(), 2)) {
+        std::printf("type %d: refused\n", type);
+        return false;
+    }
+    for (int64_t i = 0; i < M * K / 32; ++i) {  // the portable bytes
+        float dr, sr;
+        quantize_block_scalar(x.data() + 32 * i, q_ref.data(), dr, sr);
+        if (std::memcmp(q_ref.data(), q.data() + 32 * i, 32) || dr != d[i] || sr != s[i]) {
+            std::printf("type %d: activation block %lld quantizes differently\n", type, (long long)i);
+            return false;
+        }
+    }
+    double worst = 0, top = 0;
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+            double want = 0;
+            for (int64_t k = 0; k < K; ++k) {
+                const double a = type == kQ5_K ? x[m * K + k] : (double)q[m * K + k] * d[m * K / 32 + k / 32];
+                want += a * wf[n * K + k];
+            }
+            worst = std::max(worst, std::fabs(want - y[m * N + n]));
+            top = std::max(top, std::fabs(want));
+        }
+    if (worst > 1e-4 * top) {
+        std::printf("type %d: mm differs from float64 by %g of %g\n", type, worst, top);
+        return false;
+    }
+    return true;
+}
+
+static bool check_attention() {
+    const int64_t B = 2, H = 6, KV = 3, S = 37, D = 80;
+    std::vector<float> q(B * H * D), k(B * KV * S * D), v(B * KV * S * D), out(B * H * D);
+    for (auto* t : {&q, &k, &v})
+        for (auto& e : *t) e = uniform(-2.f, 2.f);
+    const int64_t ks[3] = {KV * S * D, S * D, D};
+    if (llmcli_attend_one(q.data(), B, H, D, k.data(), ks, v.data(), ks, KV, S, nullptr, 0, 0.3f, out.data(), 2)) return false;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t g = h / (H / KV);
+            std::vector<double> p(S);
+            double mx = -1e300, sum = 0;
+            for (int64_t j = 0; j < S; ++j) {
+                double dot = 0;
+                for (int64_t c = 0; c < D; ++c) dot += (double)q[(b * H + h) * D + c] * k[b * ks[0] + g * ks[1] + j * D + c];
+                p[j] = 0.3 * dot;
+                mx = std::max(mx, p[j]);
+            }
+            for (auto& e : p) sum += (e = std::exp(e - mx));
+            for (int64_t c = 0; c < D; ++c) {
+                double o = 0;
+                for (int64_t j = 0; j < S; ++j) o += p[j] / sum * v[b * ks[0] + g * ks[1] + j * D + c];
+                if (std::fabs(o - out[(b * H + h) * D + c]) > 1e-5 + 1e-5 * std::fabs(o)) {
+                    std::printf("attention differs: %g against %g\n", out[(b * H + h) * D + c], o);
+                    return false;
+                }
+            }
+        }
+    return true;
+}
+
+int main() {
+    bool ok = check_attention();
+    for (int type = 0; type < kTypes; ++type) ok = check_type(type) && ok;
+    std::printf("%s %s\n", ok ? "ok" : "FAILED", llmcli_variant());
+    return ok ? 0 : 1;
+}

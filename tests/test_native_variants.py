@@ -1,0 +1,154 @@
+"""Every kernel variant this CPU runs (llmcli/native: avx512vnni, avxvnni, avx2, neon, portable),
+each block type: dequantization equals gguf-py's bit for bit, activations quantize to the bytes
+llama.cpp's formula gives, and the integer dot products equal float64 arithmetic on those same int8
+activations. A variant this CPU cannot run is skipped, naming the missing flag or the machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kquants import quantize
+from llmcli import native
+from llmcli.native.build import VARIANTS
+from llmcli.quant.gguf_blocks import BLOCKS, TYPE_IDS
+
+INT8_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"]
+# where each type keeps its float16 scales (offsets in a block): random bytes there could be inf or NaN
+HALVES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+          "Q6_K": (208,)}
+
+
+@pytest.fixture(params=list(VARIANTS))
+def kernels(request):
+    reason = native.why_not(request.param)
+    if reason is not None:
+        pytest.skip(reason)
+    return native.load(request.param)
+
+
+def _ggml(type_name: str):
+    import gguf
+
+    return gguf.GGMLQuantizationType[type_name]
+
+
+def _blocks(type_name: str, N: int, K: int, seed: int, raw: bool) -> np.ndarray:
+    """(N, row bytes): a quantized random matrix, or random bytes with sane scales (every code value,
+    Q8_0's -128 and Q6_K's extremes included)."""
+    rng = np.random.default_rng(seed)
+    if not raw:
+        return quantize(rng.standard_normal((N, K)).astype(np.float32) * 0.05, type_name)
+    size, nbytes = BLOCKS[type_name]
+    b = rng.integers(0, 256, (N, K // size, nbytes), dtype=np.uint8)
+    for at in HALVES[type_name]:
+        scale = (rng.uniform(0.002, 0.02, (N, K // size)) * rng.choice([-1, 1], (N, K // size))).astype(np.float16)
+        b[..., at:at + 2] = scale.view(np.uint8).reshape(N, K // size, 2)
+    return b.reshape(N, -1)
+
+
+def _reference_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's Q8 activations in float32 numpy: per 32, d = max|x| / 127, q = rint(x * (1 / d))."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(-1) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    return np.rint(blocks * inv[..., None]).astype(np.int8).reshape(x.shape), d.astype(np.float32)
+
+
+def test_activations_quantize_to_llama_cpp_s_bytes(kernels):
+    x = np.random.default_rng(1).standard_normal((5, 544)).astype(np.float32)
+    x[2, :32] = 0  # a block of zeros: scale 0, codes 0
+    x[3, 40] = 1e4  # one large value: the rest of its block rounds to 0
+    q, d, s = kernels.quantize_rows(torch.from_numpy(x))
+    want_q, want_d = _reference_activations(x)
+    assert np.array_equal(q.numpy(), want_q) and np.array_equal(d.numpy(), want_d)
+    sums = want_q.reshape(5, -1, 32).astype(np.int64).sum(-1)
+    assert np.array_equal(s.numpy(), want_d * sums.astype(np.float32))
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["quantized", "random-bytes"])
+@pytest.mark.parametrize("type_name", INT8_TYPES)
+def test_int8_dot_products_equal_float64_on_the_same_activations(kernels, type_name, raw):
+    from gguf.quants import dequantize
+
+    type_id = TYPE_IDS[type_name]
+    # 32-blocks go four at a time: K = 544 leaves one over; K-quants: one and three 256-blocks
+    for K in (256, 768) if type_name.endswith("_K") else (512, 544):
+        blocks = _blocks(type_name, 70, K, seed=K, raw=raw)
+        w = dequantize(blocks, _ggml(type_name)).reshape(70, K).astype(np.float64)
+        b = torch.from_numpy(blocks.copy())
+        assert torch.equal(kernels.dequantize(b, type_id, K), torch.from_numpy(w).float())  # nothing rounded
+        for M in (1, 3, 4, 9):  # one row, and rows 4 at a time (AVX2), then one by one
+            x = torch.randn(M, K, generator=torch.Generator().manual_seed(M))
+            q, d, _ = kernels.quantize_rows(x)
+            x_hat = (q.double().view(M, -1, 32) * d.double()[..., None]).view(M, K).numpy()
+            want = x_hat @ w.T
+            got = kernels.mm(x, b, type_id, K).double().numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_q5_k_takes_the_float_route(kernels):
+    from gguf.quants import dequantize
+
+    blocks = _blocks("Q5_K", 40, 512, seed=3, raw=False)
+    w = dequantize(blocks, _ggml("Q5_K")).reshape(40, 512).astype(np.float64)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0))
+    got = kernels.mm(x, torch.from_numpy(blocks.copy()), TYPE_IDS["Q5_K"], 512).double().numpy()
+    np.testing.assert_allclose(got, x.double().numpy() @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_that_do_not_hold_k_weights_are_refused(kernels):
+    b = torch.zeros(4, 20, dtype=torch.uint8)  # one Q4_1 block a row: K = 32
+    with pytest.raises(ValueError):
+        kernels.mm(torch.randn(1, 64), b, TYPE_IDS["Q4_1"], 64)
+
+
+@pytest.mark.parametrize("B,H,KV,S,D", [(1, 9, 3, 70, 64), (2, 4, 4, 1, 64), (2, 6, 3, 17, 80), (1, 4, 2, 33, 128)])
+def test_one_query_attention_equals_sdpa(kernels, B, H, KV, S, D):
+    g = torch.Generator().manual_seed(S * D + B)
+    q = torch.randn(B, H, 1, D, generator=g)
+    cache_k, cache_v = torch.randn(2, B, KV, S + 5, D, generator=g)
+    k, v = cache_k[:, :, :S], cache_v[:, :, :S]  # strided views, as the KV cache hands them out
+    mask = torch.rand(B, S, generator=g) > 0.4
+    mask[:, 0] = True
+    for m in (None, mask):
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=None if m is None else m[:, None, None, :],
+                                             scale=0.3, enable_gqa=H != KV)
+        torch.testing.assert_close(kernels.attend_one(q, k, v, m, 0.3), ref, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("flags,runs", [
+    ({"avx2", "fma", "f16c"}, ["avx2", "portable"]),  # Zen 1-3, Haswell
+    ({"avx512_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}, ["avx512vnni", "avx2", "portable"]),  # Zen 4
+    ({"avx_vnni", "avx2", "fma", "f16c"}, ["avxvnni", "avx2", "portable"]),  # Alder Lake
+    (set(), ["portable"]),
+])
+def test_variants_follow_the_cpu_s_flags(monkeypatch, flags, runs):
+    from llmcli.native import cpu
+
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset(flags))
+    monkeypatch.setattr(cpu, "machine", lambda: "x86_64")
+    assert cpu.runnable() == runs
+    if "avx512_vnni" not in flags:
+        assert cpu.why_not("avx512vnni") == "needs avx512_vnni"
+    assert cpu.why_not("neon") == "neon is for aarch64 CPUs; this one is x86_64"
+
+
+def test_without_a_compiler_one_warning_and_the_torch_path(monkeypatch, tmp_path):
+    import warnings
+
+    from llmcli.errors import LlmcliWarning
+    from llmcli.native import library
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(library, "cache_dir", lambda: tmp_path)  # nothing built there
+    monkeypatch.setattr(library, "installed", lambda variant: tmp_path / "none.so")
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_loaded", {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not native.available() and native.variant() is None and not native.int8_dot()
+    assert [str(w.message) for w in caught if w.category is LlmcliWarning] == [
+        "no C++ compiler found (install g++ or clang++, or set CXX); the GGUF kernels take the slower torch path"]
