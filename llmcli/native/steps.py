@@ -23,6 +23,8 @@ class Layer(ctypes.Structure):  # api.h's LlmcliLayer
                 ("max_len", _I64), ("window", _I64)]
 
 
+BLOCKS = {0: (32, 22), 1: (32, 24), 2: (256, 176), 3: (256, 210), 4: (32, 18), 5: (32, 20), 6: (32, 34), 7: (256, 144)}
+
 def declare(lib) -> None:
     """The step's C signatures on a freshly loaded library (library.Kernels does this)."""
     lib.llmcli_steps_new.restype = _P
@@ -63,14 +65,12 @@ class DecodeSteps:
 
     def _group(self, specs) -> tuple[ctypes.Array, int, int]:
         """[(blocks, GGUF type id, K, bias or an empty tensor)] -> (array of projections, rows, K)"""
-        from .library import _check_blocks
-
         if not specs:
             raise ValueError("a projection group is empty")
         arr = (Projection * len(specs))()
         for p, (blocks, type_id, K, bias) in zip(arr, specs):
             blocks = blocks.contiguous()
-            _check_blocks(blocks, type_id, K)
+            check_blocks(blocks, type_id, K)
             if K % 32 or K != specs[0][2]:
                 raise ValueError("a group's projections read inputs of one size, a multiple of 32")
             if bias.numel() and bias.numel() != blocks.shape[0]:
@@ -135,3 +135,12 @@ class DecodeSteps:
         self._lib.llmcli_steps_run(self._h, x.data_ptr(), slot, cos.data_ptr(), sin.data_ptr(), logits.data_ptr(),
                                    hidden.data_ptr())
         return logits, hidden
+
+
+def check_blocks(blocks: torch.Tensor, type_id: int, K: int) -> None:
+    """A wrong row length would have the kernel read past the tensor: refused here."""
+    if type_id not in BLOCKS or blocks.dtype != torch.uint8 or blocks.device.type != "cpu" or blocks.dim() != 2:
+        raise ValueError("blocks must be (N, row bytes) uint8 on the CPU, of a known type")
+    size, nbytes = BLOCKS[type_id]
+    if K % size or blocks.shape[1] != K // size * nbytes:
+        raise ValueError(f"rows of {blocks.shape[1]} bytes do not hold {K} weights of type {type_id}")
