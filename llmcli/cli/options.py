@@ -61,12 +61,12 @@ def stderr_console():
 def model_flags(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
                 ctx_size: int | None = None, quant: str | None = None, kv_type: str = "auto",
                 kv_offload: str = "auto", registry: Path | None = None, offline: bool = False, rows: int = 1,
-                ctx_cap: int | None = None):
+                ctx_cap: int | None = None, allow_encoder: bool = False):
     """The model flags a command was given -> runtime.ModelFlags."""
     from ..runtime.runtime import ModelFlags
 
     return ModelFlags(model, device, dtype, threads, ctx_size, quant, kv_type, kv_offload, registry, offline, rows,
-                      ctx_cap)
+                      ctx_cap, allow_encoder)
 
 
 def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
