@@ -6,7 +6,8 @@ Kinds (new_cache picks one; nothing else builds a cache):
     OffloadedKVCache   the first N layers on the device, the rest in host memory (offload.py)
     PassThroughCache   keeps nothing: one forward over whole sequences (embeddings; passthrough.py)
 
-static.py lists the interface they share; context_shift.py drops the oldest tokens of a full cache.
+static.py lists the interface they share; context_shift.py drops the oldest tokens of a full cache;
+prompt_cache.py keeps finished requests' KV for later requests that start the same way.
 """
 
 from __future__ import annotations

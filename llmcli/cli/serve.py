@@ -12,8 +12,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads, model_flags, report_plan,
-                      stderr_console)
+from .options import (CacheRam, Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads, cache_ram_bytes,
+                      model_flags, report_plan, stderr_console)
 from .signals import Terminated
 
 DEFAULT_CTX = 4096  # per request when -c is not given: the KV cache holds rows x this many tokens
@@ -32,7 +32,7 @@ def serve(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers (also how long an idle keep-alive connection stays open) and then its body, and to take each part of an answer; a slower one gets 408 or is closed.")] = DEFAULT_TIMEOUT,
     ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help=f"Tokens per request, prompt and answer (default: the model's context, at most {DEFAULT_CTX}). The KV cache holds --rows x this many tokens.", show_default=False)] = None,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
-    registry: RegistryFile = None, offline: Offline = False,
+    registry: RegistryFile = None, offline: Offline = False, cache_ram: CacheRam = None,
     pooling: Annotated[Optional[str], typer.Option("--pooling", help="How /v1/embeddings pools: mean | cls | last | max. An embedding model uses its own unless given; a text-generation model embeds only with it (e.g. last, as llama-server's --embeddings --pooling last).", show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
 ):
@@ -52,6 +52,7 @@ def serve(
         raise InvalidParameterError(f"--port must be from 0 to 65535, got {port}")
     if ctx_size is not None and ctx_size < 2:
         raise InvalidParameterError(f"--ctx-size must be at least 2, got {ctx_size}")
+    prompt_cache = cache_ram_bytes(cache_ram)
     if pooling is not None and pooling not in POOLINGS:
         raise InvalidParameterError(f"--pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     err = stderr_console()
@@ -66,7 +67,8 @@ def serve(
                                         ctx_cap=DEFAULT_CTX, allow_encoder=True), progress)
         report_plan(err, rt, verbose)
         server = Server(rt, listener, model_id=model, rows=rows, queue=queue,
-                        timeouts=Timeouts(head=timeout, body=timeout, write=timeout), pooling=pooling)
+                        timeouts=Timeouts(head=timeout, body=timeout, write=timeout), pooling=pooling,
+                        prompt_cache=prompt_cache)
     except BaseException:
         listener.close()
         raise
@@ -98,6 +100,8 @@ def _details(rt, server) -> str:
     if server.loop is not None:
         engine = server.loop.engine
         parts.append(f"KV cache {engine.rows} rows x {engine.max_len} tokens, {engine.cache.nbytes / 2**20:.0f} MiB")
+        kept = engine.prompt_cache.max_bytes if engine.prompt_cache is not None else 0
+        parts.append(f"prompt cache up to {kept / 2**20:.0f} MiB" if kept else "no prompt cache")
     parts.append(f"up to {server.limit - (server.loop.engine.rows if server.loop else 0)} more requests wait"
                  + (" for a row" if server.loop else ""))
     if server.embedder is not None:

@@ -15,6 +15,7 @@ import torch
 
 from .. import heap, native
 from ..cache import check_kv_type
+from ..cache.prompt_cache import PromptCache
 from ..cache.context_shift import ContextShift, prefix_length
 from ..decode.batched import BatchEngine
 from ..errors import InvalidParameterError, UnsupportedModelError
@@ -35,6 +36,8 @@ from .probe import detect_budget, weights_from_files
 
 # What `llmcli chat` runs when no model is named (a registry name, resolved by locate()).
 DEFAULT_MODEL = "smollm2:135m"
+PROMPT_CACHE_MAX = 1 << 30  # bytes: the prompt cache's default at most (serve, batch; --cache-ram sets it)
+PROMPT_CACHE_NO_PLAN = 256 << 20  # its default for a runtime built without a memory plan
 
 
 @dataclass(frozen=True)
@@ -134,12 +137,23 @@ class Runtime:
         return new_cache(self.loaded.args, max_len or self.ctx_size, self.placement.device, self.placement.dtype,
                          batch=rows)
 
-    def batch_engine(self, rows: int, max_len: int | None = None) -> BatchEngine:
+    def batch_engine(self, rows: int, max_len: int | None = None, prompt_cache: int | None = None) -> BatchEngine:
         """An engine that decodes up to `rows` sequences together (batch, serve), each of up to
-        `max_len` tokens (default: the context), over a cache of the planned kind."""
+        `max_len` tokens (default: the context), over a cache of the planned kind; finished
+        sequences' KV are kept for later prompts that start the same way, in at most `prompt_cache`
+        bytes (None: prompt_cache_budget(); 0: none kept)."""
         p = self.placement
+        budget = self.prompt_cache_budget() if prompt_cache is None else prompt_cache
         return BatchEngine(self.loaded.model, self.loaded.tokenizer, p.device, p.dtype, rows, max_len or self.ctx_size,
-                           self.kv_type)
+                           self.kv_type, PromptCache(budget) if budget > 0 else None)
+
+    def prompt_cache_budget(self) -> int:
+        """The prompt cache's default size: a quarter of what the memory plan leaves free beside the
+        model and its KV cache, at most PROMPT_CACHE_MAX (PROMPT_CACHE_NO_PLAN without a plan)."""
+        if self.plan is None:
+            return PROMPT_CACHE_NO_PLAN
+        left = self.plan.budget.free - self.plan.device_bytes - self.plan.host_bytes * (self.plan.budget.host_free is None)
+        return max(0, min(PROMPT_CACHE_MAX, left // 4))
 
     @property
     def kv_type(self) -> str | None:

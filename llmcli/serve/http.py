@@ -59,17 +59,20 @@ QUEUE_PER_ROW = 8  # the default queue: this many waiting requests per row (64 a
 
 class Server:
     def __init__(self, rt, sock, *, model_id: str, rows: int = 8, max_len: int | None = None,
-                 queue: int | None = None, timeouts: Timeouts = Timeouts(), pooling: str | None = None):
+                 queue: int | None = None, timeouts: Timeouts = Timeouts(), pooling: str | None = None,
+                 prompt_cache: int | None = None):
         """`rt` a runtime.Runtime, `sock` from bind(); `rows` requests decoded together, each up to
         `max_len` tokens (default: rt.ctx_size), and `queue` more waiting for a row (default
         QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens. /v1/embeddings answers with
         the model's own pooling, or `pooling` (mean, cls, last, max): a text-generation model that
-        declares none embeds only with it. An embedding model (rt.generates False) serves only that."""
+        declares none embeds only with it. An embedding model (rt.generates False) serves only that.
+        `prompt_cache`: bytes of finished requests' KV kept for later prompts that start the same way
+        (None: Runtime.prompt_cache_budget(); 0: none)."""
         self.rt, self.sock, self.model_id, self.timeouts = rt, sock, model_id, timeouts
         self.names = {model_id, rt.loaded.name, rt.loaded.path.name, ""}  # what a request's "model" may say
         self.created = int(time.time())
         self.limit = rows + (QUEUE_PER_ROW * rows if queue is None else queue)  # running + waiting
-        self.loop = EngineLoop(rt.batch_engine(rows, max_len)) if rt.generates else None
+        self.loop = EngineLoop(rt.batch_engine(rows, max_len, prompt_cache)) if rt.generates else None
         try:
             self.embedder = rt.embedder(pooling)
         except NoPoolingError:  # a text-generation model: /v1/embeddings says how to start the server
