@@ -183,6 +183,7 @@ def test_cli_embed_one_text_lines_and_jsonl(tiny_bert_folder):
     (["run", "{bert}", "hi"], None, "is an embedding model (bert): it makes vectors, not text; use `llmcli embed"),
     (["chat", "{bert}"], "hi\n", "is an embedding model (bert)"),
     (["embed", "{llama}", "hi"], None, "declare no pooling; pass --pooling last"),
+    (["quantize", "{bert}", "-o", "{bert}-q4"], None, "is an embedding model (bert); llmcli quantizes text-generation"),
     (["embed", "{bert}", "word " * 60], None, "this model embeds at most 48 a text: shorten it, or let it be cut (--truncate"),
     (["embed", "{bert}", "--lines"], "ok\n" + "word " * 60 + "\n", "line 2 is 182 tokens"),
     (["embed", "{bert}", "--jsonl"], '{"id": 1}\n', "line 1 must be a JSON object with a non-empty \"text\""),
@@ -191,7 +192,7 @@ def test_cli_embed_one_text_lines_and_jsonl(tiny_bert_folder):
 ])
 def test_cli_mistakes_are_one_line(tiny_bert_folder, tiny_folder, args, input, needle):
     args = [a.format(bert=tiny_bert_folder, llama=tiny_folder) for a in args]
-    r = run_cli(*args, "-t", "1", input=input)
+    r = run_cli(*args, *(["-t", "1"] if args[0] != "quantize" else []), input=input)
     assert_one_line_error(r, needle)
 
 
