@@ -12,7 +12,10 @@ slots), and a waiting request is admitted into row n as soon as one is free, bet
 
 A new sequence's prompt is prefilled alone through a batch-1 view of its row, exactly as
 generate() prefills, so what a sequence produces does not depend on its neighbours beyond the
-rounding of batched matrix products. Sampling, stop strings, end tokens, constraints and
+rounding of batched matrix products. With a `prompt_cache` (cache/prompt_cache.py), the longest
+prefix of the prompt that an earlier sequence computed is copied into the row first and only the
+rest is prefilled (as a chat reuses its own cache across turns); every sequence's row is offered to
+it when the sequence ends. Sampling, stop strings, end tokens, constraints and
 logprobs are generate()'s own (token by token per row): the chunks and finish reasons are the same.
 """
 
@@ -26,6 +29,7 @@ from typing import Iterator
 import torch
 
 from ..cache import new_cache
+from ..cache.prompt_cache import PromptCache
 from .generate import Chunk, limit_reason, output_limit, prefill, text_stream
 from .picker import Logprobs, Picker
 from .sampling import SamplingParams
@@ -71,10 +75,11 @@ class _Sequence:
 
 class BatchEngine:
     def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, rows: int, max_len: int,
-                 kv_type: str | None = None):
+                 kv_type: str | None = None, prompt_cache: PromptCache | None = None):
         """`rows` sequences at most at once, each up to `max_len` tokens (prompt + output); the cache
         stores keys and values as `kv_type` says (None: the compute `dtype`; "bf16" or "f16": that
-        storage type; the rows need a static cache)."""
+        storage type; the rows need a static cache). `prompt_cache`: finished sequences' KV, reused
+        by later prompts that start the same way (None: every prompt is prefilled whole)."""
         if rows < 1:
             raise ValueError("rows must be at least 1")
         if kv_type not in (None, "bf16", "f16"):
@@ -82,6 +87,7 @@ class BatchEngine:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.rows, self.max_len = rows, max_len
         self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
+        self.prompt_cache = prompt_cache
         self.waiting: deque[Request] = deque()
         self.running: list[_Sequence] = []  # running[i] holds cache row i
         self.cancelled: set[Request] = set()  # requests to drop (held, not id()s: a freed id can be reused)
@@ -140,9 +146,11 @@ class BatchEngine:
                         self.model, self.tokenizer)
         row = len(self.running)
         view = self.cache.row(row)
-        view.length = 0
+        # what an earlier sequence computed of this prompt (one token is left to run for the logits)
+        reuse = self.prompt_cache.restore(req.prompt, self.cache, row, len(req.prompt) - 1) if self.prompt_cache else 0
+        view.length = seq.stats.cached_tokens = reuse
         hidden = seq.picker.wants_hidden
-        out = prefill(self.model, req.prompt, view, self.device, hidden=hidden)
+        out = prefill(self.model, req.prompt[reuse:], view, self.device, hidden=hidden)
         logits, h = out if hidden else (out, None)
         seq.length = len(req.prompt)
         self.running.append(seq)
@@ -200,7 +208,10 @@ class BatchEngine:
         return chunk.finish_reason is None
 
     def _free(self, row: int) -> None:
-        """Drop row's sequence; the last live row moves into its place."""
+        """Drop row's sequence (its KV offered to the prompt cache); the last live row moves into its place."""
+        if self.prompt_cache is not None:
+            seq = self.running[row]
+            self.prompt_cache.store(seq.picker.history[:seq.length], self.cache, row)  # its slots hold these
         last = len(self.running) - 1
         if row != last:
             moved = self.running[last]
