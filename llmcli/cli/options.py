@@ -38,7 +38,7 @@ KvOffload = Annotated[str, typer.Option("--kv-offload", help="KV cache of some l
 ContextShift = Annotated[bool, typer.Option("--context-shift", help="When the context is full, drop the oldest tokens after the system prompt and go on.")]
 JsonSchema = Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON valid under this JSON Schema file.", show_default=False)]
 Regex = Annotated[Optional[str], typer.Option("--regex", help="Constrain the output to text that fully matches this regex (Rust syntax, no look-around).", show_default=False)]
-GrammarFile = Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this Lark grammar file (llguidance's dialect; start: is the top rule).", show_default=False)]
+GrammarFile = Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this grammar file: GBNF as llama.cpp reads it (root ::= ...), or Lark in llguidance's dialect (start: ...).", show_default=False)]
 Beams = Annotated[int, typer.Option("--beams", help="Beam search with N beams (transformers' num_beams); 1 = off. Deterministic: the sampling flags do not apply, and the answer comes out at the end.")]
 LengthPenalty = Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished hypothesis scores sum(logprobs) / length ** F (> 0 favours longer ones).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding with this draft model (same tokenizer), e.g. a q4 copy of MODEL; greedy only (--temp 0).", show_default=False)]
