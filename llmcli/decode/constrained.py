@@ -45,7 +45,7 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 
 @dataclass(frozen=True)
 class Grammar:
-    kind: str  # "json_schema" | "regex" | "grammar" (Lark, or GBNF read as Lark)
+    kind: str  # "json_schema" | "regex" | "grammar" (Lark, or GBNF read as Lark) | "tools" (tool_grammar.py)
     source: str  # the schema's JSON text, the pattern, or the Lark text
     compiled: str  # llguidance's grammar (JSON text) built from `source`
     schema: dict | bool | None = None  # the parsed schema, for validating the output
@@ -53,7 +53,8 @@ class Grammar:
     @property
     def what(self) -> str:
         """The thing the output must be, for messages: 'the JSON', 'the regex match', ..."""
-        return {"json_schema": "the JSON", "regex": "the text matching --regex", "grammar": "the text of the grammar"}[self.kind]
+        return {"json_schema": "the JSON", "regex": "the text matching --regex", "grammar": "the text of the grammar",
+                "tools": "the tool call"}[self.kind]
 
     def check_output(self, text: str) -> None:
         """Raise InvalidOutputError unless `text` parses and validates (JSON Schema) or fully matches
