@@ -167,11 +167,12 @@ class Silence(Response):
 
 class AccessLog:
     """The ASGI app's outer layer: one INFO line per request once it is answered (method, path,
-    status, seconds, "stream", what happened), and a 500 in OpenAI's shape for anything that
-    escaped the endpoints (logged as one line; the traceback only at DEBUG)."""
+    status, seconds, "stream", what happened), counted in `counts` (metrics.RequestCounts; 499:
+    the client went before an answer), and a 500 in OpenAI's shape for anything that escaped the
+    endpoints (logged as one line; the traceback only at DEBUG)."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, counts=None):
+        self.app, self.counts = app, counts
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -197,6 +198,8 @@ class AccessLog:
             path = scope.get("llmcli.path", scope["path"]) + (f"?{query.decode('latin-1')}" if query else "")
             log.info("%s %s %s %.2f s%s%s", scope["method"], path, seen.get("status", "-"), time.perf_counter() - t0,
                      " stream" if seen.get("stream") else "", f" ({note})" if note else "")
+            if self.counts is not None:
+                self.counts.add(scope["path"], seen.get("status", 499))
 
 
 def optional_v1(app):

@@ -1,6 +1,6 @@
 """`llmcli serve`: an OpenAI-compatible HTTP server over one model, a Starlette app on uvicorn.
 
-    GET  /v1/models, /v1/models/{id}, /health          (the /v1 prefix may be left out)
+    GET  /v1/models, /v1/models/{id}, /health, /metrics (the /v1 prefix may be left out)
     POST /v1/chat/completions, /v1/completions         (JSON, or server-sent events with "stream")
 
 Requests are coroutines on one event loop (listener.py runs uvicorn). Reading JSON, the chat
@@ -40,6 +40,7 @@ from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_ap
                    optional_v1, unless_gone)
 from .engine_loop import EngineLoop
 from .listener import HttpServer, Timeouts
+from .metrics import RequestCounts, prometheus
 from .openai_api import ApiError
 from .prepare import Preparer
 
@@ -61,6 +62,7 @@ class Server:
         self.loop = EngineLoop(rt.batch_engine(rows, max_len))
         self.defaults = defaults
         self.prepare = Preparer(rt, defaults)
+        self.counts = RequestCounts()
         self._accepting = 0  # requests admitted and not yet in the engine (body, tokenizing); event loop only
         self._durations: deque[float] = deque(maxlen=32)  # seconds recent requests took in a row
         self.http = HttpServer(self.app(), sock, timeouts, on_stop=self.loop.close)
@@ -93,10 +95,11 @@ class Server:
 
     def app(self):
         routes = [Route("/models", self.models, methods=["GET"]), Route("/models/{name:path}", self.model, methods=["GET"]),
-                  Route("/health", self.health, methods=["GET"]),
+                  Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
                   Route("/chat/completions", self.chat, methods=["POST"]),
                   Route("/completions", self.completion, methods=["POST"])]
-        return AccessLog(optional_v1(Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})))
+        app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
+        return AccessLog(optional_v1(app), self.counts)
 
     # ------------------------------------------------------------------ endpoints
 
@@ -112,6 +115,10 @@ class Server:
 
     async def health(self, request: Request) -> Response:
         return json_response(200, {"status": "ok", "model": self.model_id, **self.loop.stats, "max_requests": self.limit})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(prometheus(self.loop.meter, self.counts, self.loop), 200,
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def _card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llmcli"}
