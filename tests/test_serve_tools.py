@@ -12,7 +12,6 @@ import json
 import jsonschema
 import openai
 import pytest
-import torch
 from tiny import eager_caller, hf_model, save_hf, tool_tokenizer_json
 from tool_templates import QWEN25, TEMPLATES
 
