@@ -12,7 +12,8 @@ requests, decoded together. Limits, each answered in OpenAI's error shape:
 - a body over MAX_BODY: 413; not JSON, nested deeper than json_input's cap, or holding a lone
   surrogate: 400; a body slower than Timeouts.body: 408;
 - a client that goes away cancels its request (its row is freed at the next step); one that stops
-  reading a stream for Timeouts.write is cut off the same way.
+  reading a stream for Timeouts.write is cut off the same way;
+- with an API key (access.py), 401 without it; CORS only for the origins given.
 
     server = Server(runtime, bind("127.0.0.1", 8080), model_id="smollm2")
     server.serve_forever()        # or start() in a thread; close() stops both
@@ -36,6 +37,7 @@ from starlette.routing import Route
 
 from ..json_input import load_json
 from . import openai_api as api
+from .access import cors, require_key
 from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_api_error, collect, json_response,
                    optional_v1, unless_gone)
 from .engine_loop import EngineLoop
@@ -50,17 +52,19 @@ QUEUE_PER_ROW = 8  # the default queue: this many waiting requests per row (64 a
 
 class Server:
     def __init__(self, rt, sock, *, model_id: str, rows: int = 8, max_len: int | None = None,
-                 queue: int | None = None, timeouts: Timeouts = Timeouts(), defaults: api.Defaults = api.Defaults()):
+                 queue: int | None = None, timeouts: Timeouts = Timeouts(), defaults: api.Defaults = api.Defaults(),
+                 api_key: str | None = None, cors_origins: tuple[str, ...] = ()):
         """`rt` a runtime.Runtime, `sock` from bind(); `rows` requests decoded together, each up to
         `max_len` tokens (default: rt.ctx_size), and `queue` more waiting for a row (default
         QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens. `defaults`: what requests
-        that leave a field out get (serve's flags)."""
+        that leave a field out get (serve's flags); `api_key`: required of every request but the
+        health check; `cors_origins`: the browser origins allowed ("*": any; none: CORS off)."""
         self.rt, self.sock, self.model_id, self.timeouts = rt, sock, model_id, timeouts
         self.names = {model_id, rt.loaded.name, rt.loaded.path.name, ""}  # what a request's "model" may say
         self.created = int(time.time())
         self.limit = rows + (QUEUE_PER_ROW * rows if queue is None else queue)  # running + waiting
         self.loop = EngineLoop(rt.batch_engine(rows, max_len))
-        self.defaults = defaults
+        self.defaults, self.api_key, self.cors_origins = defaults, api_key, tuple(cors_origins)
         self.prepare = Preparer(rt, defaults)
         self.counts = RequestCounts()
         self._accepting = 0  # requests admitted and not yet in the engine (body, tokenizing); event loop only
@@ -99,7 +103,12 @@ class Server:
                   Route("/chat/completions", self.chat, methods=["POST"]),
                   Route("/completions", self.completion, methods=["POST"])]
         app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
-        return AccessLog(optional_v1(app), self.counts)
+        if self.api_key:
+            app = require_key(app, self.api_key)
+        app = optional_v1(app)
+        if self.cors_origins:
+            app = cors(app, list(self.cors_origins))
+        return AccessLog(app, self.counts)
 
     # ------------------------------------------------------------------ endpoints
 
