@@ -235,3 +235,87 @@ def test_the_reader_checks_what_the_grammar_guaranteed():
     reader = CallReader(HERMES, None, TOOLS, calls_only=True)
     with pytest.raises(InvalidOutputError, match="do not validate"):
         reader.push('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 99}}\n</tool_call>', [])
+
+
+# ------------------------------------------------------------------------------ run and chat --tools
+
+
+@pytest.fixture(scope="module")
+def caller(tmp_path_factory, one_thread):
+    """(model folder, tools file): a tiny model with Qwen2.5's template that opens a call at once."""
+    from test_serve_tools import OPENS, _token
+    from tiny import eager_caller, hf_model, save_hf
+
+    template, bos, eos = TEMPLATES["qwen2.5"]
+    folder = save_hf(eager_caller(hf_model("llama", max_position_embeddings=2048), _token(OPENS["qwen2.5"])),
+                     tmp_path_factory.mktemp("caller"), template, tools=True, bos=bos, eos=eos)
+    tools = folder.parent / "tools.json"
+    tools.write_text(json.dumps([WEATHER, TIME]))
+    return folder, tools
+
+
+def test_run_prints_the_calls_as_json(capsys, caller):
+    from test_constrained import cli
+
+    folder, tools = caller
+    r = cli(capsys, "run", str(folder), "Weather in Paris?", "--tools", str(tools), "--temp", "0", "-n", "200", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    calls = json.loads(r.stdout)  # one line: [{"name", "arguments"}]
+    assert r.stdout.count("\n") == 1 and calls and all(c["name"] in ("get_weather", "get_time") for c in calls)
+    for c in calls:
+        jsonschema_validate(c["arguments"], {t.name: t.parameters for t in TOOLS}[c["name"]])
+    r = cli(capsys, "run", str(folder), "Weather in Paris?", "--tools", str(tools), "--tool-choice", "get_time",
+            "--temp", "0", "-n", "200", "-t", "1", "--json")
+    out = json.loads(r.stdout)
+    assert out["finish_reason"] == "tool_calls" and [c["name"] for c in out["tool_calls"]] == ["get_time"]
+    r = cli(capsys, "run", str(folder), "Weather in Paris?", "--tools", str(tools), "--tool-choice", "required",
+            "--temp", "0", "-n", "5", "-t", "1")  # cut inside the call: no half call on stdout
+    assert r.returncode == 1 and r.stdout == "" and "before the tool call was complete" in r.stderr
+
+
+def test_run_refuses_tools_a_template_does_not_take(capsys, tiny_folder, caller):
+    from test_cli_run import assert_one_line_error
+    from test_constrained import cli
+
+    r = cli(capsys, "run", str(tiny_folder), "hi", "--tools", str(caller[1]), "-t", "1")
+    assert_one_line_error(r, "chat template does not take tools", "Qwen2.5", code=1)
+
+
+@pytest.mark.parametrize("content, args, needle", [
+    ("[]", [], "non-empty list"),
+    ("{", [], "is not valid JSON"),
+    (json.dumps([WEATHER]), ["--tool-choice", "nope"], "--tool-choice 'nope' is not"),
+    (json.dumps([WEATHER]), ["--regex", "a"], "exclude each other"),
+    (None, ["--tool-choice", "required"], "--tool-choice needs --tools"),
+])
+def test_bad_tools_flags_are_one_line_before_the_model_loads(capsys, tmp_path, content, args, needle):
+    from test_cli_run import assert_one_line_error
+    from test_constrained import cli
+
+    tools = tmp_path / "tools.json"
+    if content is not None:
+        tools.write_text(content)
+        args = ["--tools", str(tools), *args]
+    assert_one_line_error(cli(capsys, "run", "/nonexistent/model.gguf", "hi", *args), needle, code=2)
+
+
+def test_chat_prints_calls_and_takes_results_with_slash_tool(capsys, monkeypatch, caller):
+    from test_constrained import cli
+
+    folder, tools = caller
+    lines = "Weather in Paris?\n/tool {\"forecast\": \"sunny\"}\n"
+    r = cli(capsys, "chat", str(folder), "--tools", str(tools), "--tool-choice", "get_weather", "--temp", "0",
+            "-n", "200", "-t", "1", input=lines, monkeypatch=monkeypatch)
+    assert r.returncode == 0, r.stderr
+    replies = r.stdout.splitlines()
+    assert len(replies) == 2  # a call after the question, another after the result (a model that always calls)
+    for line in replies:
+        (call,) = json.loads(line)
+        assert call["name"] == "get_weather"
+        jsonschema_validate(call["arguments"], TOOLS[0].parameters)
+
+
+def jsonschema_validate(value, schema):
+    import jsonschema
+
+    jsonschema.validate(value, schema)
