@@ -281,6 +281,23 @@ def test_run_refuses_tools_a_template_does_not_take(capsys, tiny_folder, caller)
     assert_one_line_error(r, "chat template does not take tools", "Qwen2.5", code=1)
 
 
+def test_chat_template_file_gives_a_model_a_tools_section(capsys, tmp_path, caller):
+    from test_cli_run import assert_one_line_error
+    from test_constrained import cli
+    from tiny import hf_model, save_hf
+
+    chatml = save_hf(hf_model("llama", max_position_embeddings=2048), tmp_path / "chatml")  # no tools section
+    template = tmp_path / "qwen2.5.jinja"
+    template.write_text(TEMPLATES["qwen2.5"][0])
+    r = cli(capsys, "run", str(chatml), "hi", "--tools", str(caller[1]), "--chat-template-file", str(template),
+            "--tool-choice", "get_time", "--temp", "0", "-n", "200", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert [c["name"] for c in json.loads(r.stdout)] == ["get_time"]  # ChatML's vocabulary: the markers are text
+    template.write_text("{% for m in messages %}")
+    assert_one_line_error(cli(capsys, "run", "/nonexistent/model.gguf", "hi", "--chat-template-file", str(template)),
+                          "--chat-template-file", "does not parse", code=2)
+
+
 @pytest.mark.parametrize("content, args, needle", [
     ("[]", [], "non-empty list"),
     ("{", [], "is not valid JSON"),

@@ -10,12 +10,12 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Beams, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant, DraftTokens, Dtype,
-                      FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup, LookupNgram,
-                      MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile, RepeatLastN,
-                      RepeatPenalty, Seed, Stop, System, Temp, Threads, ToolChoice, ToolsFile, TopK, TopP, Verbose,
-                      check_max_tokens, check_text_options, model_flags, read_grammar, read_tools, report_plan,
-                      sampling_params, stderr_console)
+from .options import (Beams, ChatTemplateFile, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant, DraftTokens,
+                      Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup,
+                      LookupNgram, MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile,
+                      RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, ToolChoice, ToolsFile, TopK, TopP,
+                      Verbose, check_max_tokens, check_text_options, model_flags, read_chat_template, read_grammar,
+                      read_tools, report_plan, sampling_params, stderr_console)
 
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when absent or '-'.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
@@ -38,7 +38,7 @@ def run(
     draft: Draft = None, draft_quant: DraftQuant = None, draft_tokens: DraftTokens = None,
     lookup: Lookup = False, lookup_ngram: LookupNgram = 3,
     json_out: JsonOut = False, json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
-    tools_file: ToolsFile = None, tool_choice: ToolChoice = "auto",
+    tools_file: ToolsFile = None, tool_choice: ToolChoice = "auto", chat_template_file: ChatTemplateFile = None,
     logprobs: LogprobsN = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
     """Generate one answer to PROMPT and stream it to stdout."""
@@ -52,6 +52,7 @@ def run(
         raise InvalidParameterError("--logprobs needs --json: the log-probabilities are part of the JSON object")
     grammar_of = read_grammar(json_schema, regex, grammar)
     tools = read_tools(tools_file, tool_choice)
+    template = read_chat_template(chat_template_file)
     if tools is not None and grammar_of is not None:
         raise InvalidParameterError("--tools and --json-schema, --regex or --grammar exclude each other; pass one")
     offered = tools if tool_choice != "none" else None
@@ -60,7 +61,8 @@ def run(
     strategy.check(params)
     text = read_prompt(prompt)
     flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
-                        kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline)
+                        kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline,
+                        chat_template=template)
     err = stderr_console()
     rt, draft_rt = _open(err, flags, draft, draft_quant, text)
     report_plan(err, rt, verbose)

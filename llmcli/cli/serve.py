@@ -16,8 +16,9 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads, check_max_tokens,
-                      check_text_options, model_flags, read_grammar, report_plan, stderr_console)
+from .options import (ChatTemplateFile, Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads,
+                      check_max_tokens, check_text_options, model_flags, read_chat_template, read_grammar, report_plan,
+                      stderr_console)
 from .signals import Terminated
 
 DEFAULT_CTX = 4096  # per request when -c is not given: the KV cache holds rows x this many tokens
@@ -57,7 +58,7 @@ def serve(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers (also how long an idle keep-alive connection stays open) and then its body, and to take each part of an answer; a slower one gets 408 or is closed.")] = DEFAULT_TIMEOUT,
     ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help=f"Tokens per request, prompt and answer (default: the model's context, at most {DEFAULT_CTX}). The KV cache holds --rows x this many tokens.", show_default=False)] = None,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
-    registry: RegistryFile = None, offline: Offline = False,
+    registry: RegistryFile = None, offline: Offline = False, chat_template_file: ChatTemplateFile = None,
     temp: Temp = None, top_k: TopK = None, top_p: TopP = None, min_p: MinP = None,
     repeat_penalty: RepeatPenalty = None, repeat_last_n: RepeatLastN = None,
     presence_penalty: PresencePenalty = None, frequency_penalty: FrequencyPenalty = None, seed: Seed = None,
@@ -90,6 +91,7 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise InvalidParameterError("--api-key (or LLMCLI_API_KEY) is empty; give a key, or leave it out")
     origins = _origins(cors or [])
+    template = read_chat_template(chat_template_file)
     err = stderr_console()
     if not _loopback(host) and not api_key:
         print(f"warning: --host {host} lets other machines reach this server, which has no authentication "
@@ -99,7 +101,7 @@ def serve(
         with download_progress(err) as progress:
             rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                                         quant=quant, registry=registry, offline=offline, rows=rows,
-                                        ctx_cap=DEFAULT_CTX), progress)
+                                        ctx_cap=DEFAULT_CTX, chat_template=template), progress)
         report_plan(err, rt, verbose)
         server = Server(rt, listener, model_id=model, rows=rows, queue=queue,
                         timeouts=Timeouts(head=timeout, body=timeout, write=timeout), defaults=defaults,

@@ -195,8 +195,8 @@ def template_support(template: str | None) -> ToolSupport | None:
 def no_tools_message(template: str | None) -> str:
     why = "this model has no chat template" if template is None else \
         "this model's chat template does not take tools (it never reads them)"
-    return (f"{why}, so it cannot be offered tools; serve a model whose template has a tools section "
-            f"({KNOWN}), or give this one such a template (a registry entry's chat_template)")
+    return (f"{why}, so it cannot be offered tools; use a model whose template has a tools section "
+            f"({KNOWN}), or give this one such a template with --chat-template-file")
 
 
 def unknown_format_message() -> str:

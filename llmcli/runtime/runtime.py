@@ -52,6 +52,7 @@ class ModelFlags:
     offline: bool = False
     rows: int = 1  # sequences decoded together (batch, serve): the cache holds rows x context
     ctx_cap: int | None = None  # without ctx_size, at most this context (serve: per request)
+    chat_template: str | None = None  # replaces the model's own (--chat-template-file), and the registry's
 
     def with_(self, **changes) -> "ModelFlags":
         return replace(self, **changes)
@@ -222,6 +223,7 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
         loaded.chat_template = entry.chat_template or loaded.chat_template
         if entry.stop_tokens:
             loaded.tokenizer = loaded.tokenizer.with_extra_eos(entry.stop_tokens)
+    loaded.chat_template = flags.chat_template or loaded.chat_template
     loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
     heap.trim()  # what loading freed goes back to the system before the cache fills
     return Runtime(loaded, memory.ctx, memory)
