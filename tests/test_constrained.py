@@ -231,6 +231,20 @@ def test_llama_cpp_gbnf_grammars_are_read_as_llama_cpp_reads_them(tok, compiler,
     assert not _accepts(compiler, tok, grammar, bad)
 
 
+def test_gbnf_rules_stay_lexemes_only_where_greedy_matching_is_safe():
+    """A rule whose text no other text of it begins is one lexeme (fast masks); one that can run on
+    (arithmetic's `num ::= [0-9]+ ws`) is parsed by characters, as llama.cpp parses it."""
+    from llmcli.decode.gbnf import gbnf_as_lark
+
+    lark = gbnf_as_lark((GRAMMARS / "list.gbnf").read_text())
+    assert "\nITEM: " in lark  # "- " [^\n...]+ "\n": it ends at its first newline
+    lark = gbnf_as_lark((GRAMMARS / "json.gbnf").read_text())
+    assert "string: STRING_HEAD ws" in lark and "\nSTRING_HEAD: " in lark  # the quoted string; then ws
+    assert "\nws: " in lark  # ws ::= | " " | "\n" [ \t]{0,20}: by characters
+    lark = gbnf_as_lark((GRAMMARS / "arithmetic.gbnf").read_text())
+    assert not re.search(r"^[A-Z_]+:", lark, re.MULTILINE)  # every rule can run on: all by characters
+
+
 def test_generation_with_a_gbnf_grammar(tok, compiler):
     # the model wants "Paris is the capital"; llama.cpp's list grammar makes it a list
     model = ScriptedModel(tok.encode(" Paris is the capital"), tok.vocab_size)

@@ -147,11 +147,17 @@ def from_grammar(text: str, name: str = "the grammar") -> Grammar:
     """A grammar as llama.cpp users write them (GBNF: `root ::= ...`), or a Lark grammar (from_lark)."""
     if not is_gbnf(text):
         return from_lark(text, name)
+    from llguidance.gbnf_to_lark import GbnfToLarkError
+
+    from .gbnf import gbnf_as_lark
+
     try:
         lark = gbnf_as_lark(text)
     except RecursionError:
         raise GrammarError(f"{name} is not a usable GBNF grammar: it nests too deeply") from None
-    except Exception as e:  # noqa: BLE001 (the converter raises plain Exceptions with a message)
+    except Exception as e:  # the converter's parse errors, and plain Exceptions for a missing rule
+        if not isinstance(e, GbnfToLarkError) and type(e) is not Exception:
+            raise  # ours: a bug, not the grammar's
         raise GrammarError(f"{name} is not a usable GBNF grammar: {_one_line(str(e))}") from None
     import llguidance
 
@@ -159,26 +165,6 @@ def from_grammar(text: str, name: str = "the grammar") -> Grammar:
     _check(compiled, f"{name} is not a usable GBNF grammar")
     _probe(compiled, f"{name} is not a usable GBNF grammar", "it matches no text (does a rule only refer to itself?)")
     return Grammar("grammar", text, compiled)
-
-
-def gbnf_as_lark(text: str) -> str:
-    """GBNF -> llguidance's Lark, through llguidance's own parser, with llama.cpp's meaning kept.
-
-    llguidance's converter makes every rule built only of literals and character classes a lexeme,
-    which its lexer matches greedily: in llama.cpp's arithmetic.gbnf, `num ::= [0-9]+ ws` then
-    swallows the "\\n" that `root` wants next (`ws ::= [ \\t\\n]*`), so no text ever completes the
-    grammar. llama.cpp parses GBNF a character at a time; keeping every rule a parser rule (only
-    literals and single character classes stay lexemes) does the same. It costs mask time: on
-    SmolLM2's vocabulary json.gbnf took 1.8 ms a token against 0.01 ms as lexemes (--json-schema
-    is the fast way to JSON)."""
-    from llguidance.gbnf_to_lark import GrammarParser, resolve
-
-    rules = GrammarParser().parse(text)
-    resolve(rules)
-    for rule in rules.values():
-        if rule.rule_is_terminal:
-            rule.rule_is_terminal, rule.name = False, rule.name.lower()
-    return "%llguidance {}\n\n" + "\n".join(str(r) for r in sorted(rules.values(), key=lambda r: r.order)) + "\n"
 
 
 def from_lark(text: str, name: str = "the grammar") -> Grammar:
