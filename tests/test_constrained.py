@@ -1,11 +1,12 @@
-"""Constrained output (--json-schema, --regex, --grammar) and --logprobs: the mask on hand-built
-logits, generation with a scripted model, every bad input as one line before the model loads, and
-the real SmolLM2 writing JSON that parses and validates."""
+"""Constrained output (--json-schema, --regex, --grammar: Lark or llama.cpp's GBNF) and --logprobs:
+the mask on hand-built logits, generation with a scripted model, every bad input as one line before
+the model loads, and the real SmolLM2 writing JSON that parses and validates."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -24,6 +25,7 @@ from llmcli.formats.tokenizer import from_hf_folder
 from llmcli.runtime.runtime import Runtime
 
 GREEDY = SamplingParams(temperature=0)
+GRAMMARS = Path(__file__).parent / "data" / "grammars"  # llama.cpp's own samples (README.md there)
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0}}}
 
@@ -203,6 +205,73 @@ def test_bad_lark_grammar(capsys, tmp_path):
         constrained.from_flags(regex="a", grammar=g)
 
 
+# ------------------------------------------------------------------------ GBNF
+
+
+def _accepts(compiler, tok, grammar, text: str) -> bool:
+    """Whether the grammar takes `text` token by token and then allows the end token."""
+    c = compiler.constraint(grammar)
+    for token in tok.encode(text):
+        if c.forbidden(tok.vocab_size)[token]:
+            return False
+        c.advance(token)
+    return c.is_accepting()
+
+
+@pytest.mark.parametrize("name, good, bad", [
+    ("json.gbnf", '{"a": [1, 2.5e3, "x\\n", true, null], "b": {}}', '{"a": }'),
+    ("arithmetic.gbnf", "1+2*(x-3)= 4\n", "1+=2\n"),
+    ("list.gbnf", "- eggs\n- milk\n", "eggs\n"),
+])
+def test_llama_cpp_gbnf_grammars_are_read_as_llama_cpp_reads_them(tok, compiler, name, good, bad):
+    text = (GRAMMARS / name).read_text()
+    grammar = constrained.from_flags(grammar=GRAMMARS / name)
+    assert grammar.kind == "grammar" and grammar.source == text and constrained.is_gbnf(text)
+    assert _accepts(compiler, tok, grammar, good)
+    assert not _accepts(compiler, tok, grammar, bad)
+
+
+def test_gbnf_rules_stay_lexemes_only_where_greedy_matching_is_safe():
+    """A rule whose text no other text of it begins is one lexeme (fast masks); one that can run on
+    (arithmetic's `num ::= [0-9]+ ws`) is parsed by characters, as llama.cpp parses it."""
+    from llmcli.decode.gbnf import gbnf_as_lark
+
+    lark = gbnf_as_lark((GRAMMARS / "list.gbnf").read_text())
+    assert "\nITEM: " in lark  # "- " [^\n...]+ "\n": it ends at its first newline
+    lark = gbnf_as_lark((GRAMMARS / "json.gbnf").read_text())
+    assert "string: STRING_HEAD ws" in lark and "\nSTRING_HEAD: " in lark  # the quoted string; then ws
+    assert "\nws: " in lark  # ws ::= | " " | "\n" [ \t]{0,20}: by characters
+    lark = gbnf_as_lark((GRAMMARS / "arithmetic.gbnf").read_text())
+    assert not re.search(r"^[A-Z_]+:", lark, re.MULTILINE)  # every rule can run on: all by characters
+
+
+def test_generation_with_a_gbnf_grammar(tok, compiler):
+    # the model wants "Paris is the capital"; llama.cpp's list grammar makes it a list
+    model = ScriptedModel(tok.encode(" Paris is the capital"), tok.vocab_size)
+    prompt = tok.encode("Hello")
+    model.prompt_len = len(prompt)
+    cache = StaticKVCache(1, 1, 1, 64, torch.device("cpu"), torch.float32)
+    c = compiler.constraint(constrained.from_flags(grammar=GRAMMARS / "list.gbnf"))
+    chunks = list(generate(model, tok, prompt, GREEDY, cache, max_tokens=20, constraint=c))
+    text = "".join(ch.text for ch in chunks)
+    assert re.fullmatch(r"(- [^\n]+\n)+", text + ("" if text.endswith("\n") else "\n")) or \
+        chunks[-1].finish_reason == "length", text
+    assert text.startswith("- ")
+
+
+@pytest.mark.parametrize("gbnf, needle", [
+    ('root ::= greeting\n', "Rule 'greeting' not found"),
+    ('item ::= "a"\n', "No 'root' rule found"),
+    ('root ::= "a\n', "Unexpected end of input"),
+    ("root ::= root\n", "matches no text"),
+])
+def test_bad_gbnf_grammar_is_one_line(capsys, tmp_path, gbnf, needle):
+    g = tmp_path / "g.gbnf"
+    g.write_text(gbnf)
+    assert_one_line_error(cli(capsys, "run", "/nonexistent/model.gguf", "hi", "--grammar", str(g)),
+                          "g.gbnf is not a usable GBNF grammar", needle, code=2)
+
+
 # ------------------------------------------------------------------------ the real model
 
 
@@ -239,6 +308,17 @@ def test_real_model_regex_output_fullmatches(smol):
     pattern = r"(19|20)[0-9]{2}"
     text, last, _ = _generate(rt, compiler, constrained.from_regex(pattern), "In which year did World War II end?")
     assert re.fullmatch(pattern, text) and last.finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_real_model_follows_a_gbnf_grammar_through_the_cli(smollm2_gguf):
+    r = run_cli("run", str(smollm2_gguf), "List three fruits.", "--grammar", str(GRAMMARS / "list.gbnf"),
+                "--temp", "0", "-n", "40", "-t", "1")
+    assert r.returncode in (0, 1), r.stderr
+    if r.returncode == 0:  # complete: one list, as llama.cpp's grammar writes it
+        assert re.fullmatch(r"(- [^\n]+\n)+", r.stdout[:-1]), r.stdout
+    else:  # -n ended it first: nothing on stdout, one line saying so
+        assert r.stdout == "" and "before the text of the grammar was complete" in r.stderr
 
 
 @pytest.mark.slow

@@ -191,12 +191,15 @@ def test_completions_raw_prompt_legacy_logprobs_and_stream(tiny, client):
 
 
 @pytest.mark.parametrize("extra, needles", [
-    ({"n": 2}, ["n must be 1"]),
+    ({"n": 17}, ["n must be from 1 to 16"]),
     ({"temperature": 3}, ["temperature must be from 0 to 2"]),
     ({"top_logprobs": 2}, ["top_logprobs needs logprobs"]),
     ({"logprobs": True, "top_logprobs": 21}, ["top_logprobs must be from 0 to 20"]),
     ({"stop": ["a", "b", "c", "d", "e"]}, ["at most 4"]),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, ["tool calls are not supported"]),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, ["does not take tools", "tools_not_supported"]),
+    ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, ["tools[0].function.name must be"]),
+    ({"tool_choice": "required"}, ["tool_choice 'required' needs tools"]),
+    ({"extra_body": {"grammar": 'root ::= "a" | undefined-rule'}}, ["grammar is not a usable GBNF grammar", "undefined-rule"]),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, ["only text parts"]),
     ({"messages": [{"role": "user", "content": "hi " * 300}]}, ["context holds 256", "context_length_exceeded"]),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "foo"}}}},

@@ -39,10 +39,38 @@ def tokenizer_json() -> str:
 
 VOCAB = 320
 
+# The added tokens of the tool-calling families (Qwen2.5/Qwen3, Llama 3.x, Phi-4-mini): one vocabulary
+# with all of them, so that one tiny model serves every family's template. Qwen's are not special
+# (special: false, as in its tokenizer.json: decoding keeps them); the others are.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>",
+               "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
+               "<|python_tag|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>",
+               "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>"]
+NOT_SPECIAL = TOOL_TOKENS[:6]
 
-def write_tokenizer(folder: Path, template: str | None = CHAT_TEMPLATE) -> None:
-    (folder / "tokenizer.json").write_text(tokenizer_json())
-    config = {"bos_token": None, "eos_token": "<|im_end|>", "add_bos_token": False}
+
+@lru_cache(maxsize=1)
+def tool_tokenizer_json() -> str:
+    """tokenizer_json()'s BPE (vocab 320) with the tool families' added tokens after ChatML's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL + TOOL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([TRAINING_TEXT], trainer)
+    data = json.loads(tok.to_str())
+    for t in data["added_tokens"]:
+        t["special"] = t["content"] not in NOT_SPECIAL
+    return json.dumps(data)
+
+
+def write_tokenizer(folder: Path, template: str | None = CHAT_TEMPLATE, *, tools: bool = False,
+                    bos: str | None = None, eos: str = "<|im_end|>") -> None:
+    """`tools`: the vocabulary with the tool families' tokens (tool_tokenizer_json)."""
+    (folder / "tokenizer.json").write_text(tool_tokenizer_json() if tools else tokenizer_json())
+    config = {"bos_token": bos, "eos_token": eos, "add_bos_token": False}
     if template:
         config["chat_template"] = template
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
@@ -82,10 +110,11 @@ def hf_model(model_type: str = "llama", seed: int = 0, **overrides):
     return model
 
 
-def save_hf(model, folder: Path, template: str | None = CHAT_TEMPLATE) -> Path:
+def save_hf(model, folder: Path, template: str | None = CHAT_TEMPLATE, **tokenizer) -> Path:
+    """`tokenizer`: write_tokenizer's options (tools=True, bos, eos)."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
-    write_tokenizer(folder, template)
+    write_tokenizer(folder, template, **tokenizer)
     return folder
 
 
@@ -145,6 +174,27 @@ def save_bert(folder: Path, pooling: str = "mean", normalize: bool = True, seed:
          **{f"pooling_mode_{m}": key == pooling for key, m in modes.items()}}))
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48, "do_lower_case": False}))
     return folder
+
+
+def eager_caller(model, first: int):
+    """The tiny model, edited so that greedy decoding picks token `first` wherever a grammar allows
+    it, and otherwise always ranks the same tokens first: a "model" that opens a tool call at once
+    (the random weights rarely would). The logits are head[:, d] x (the final hidden state's
+    coordinate d, after the norm): the embeddings put a constant in d, no layer writes to it, and
+    the final norm keeps only d, so that coordinate is positive and the head's column d ranks."""
+    with torch.no_grad():
+        d = 0
+        model.model.embed_tokens.weight[:, d] = 4.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[d, :] = 0
+            layer.mlp.down_proj.weight[d, :] = 0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[d] = 1.0
+        column = torch.linspace(0, 1, model.lm_head.weight.shape[0])[torch.randperm(model.lm_head.weight.shape[0],
+                                                                                   generator=torch.Generator().manual_seed(0))]
+        column[first] = 5.0
+        model.lm_head.weight[:, d] = column
+    return model
 
 
 # ------------------------------------------------------------------------------------- GGUF

@@ -31,6 +31,7 @@ COMMANDS = [  # (name, arguments, what it does)
     ("/regen", "", "forget the last reply and generate it again"),
     ("/read", "<file>", "send a text file's contents as a message"),
     ("/stats", "", "timings of the last reply and of the session"),
+    ("/tool", "<result>", "with --tools: answer the last reply's next tool call with this result"),
 ]
 FENCE = '"""'  # opens and closes a message of several lines
 NAMES = tuple(dict.fromkeys(name for name, _, _ in COMMANDS))
@@ -46,6 +47,7 @@ class Outcome:
     say: str = ""  # for the person at the terminal (stderr when stdout is piped)
     exit: bool = False
     send: str | None = None  # a message to send now (/read)
+    tool_result: str | None = None  # a tool call's result to send now (/tool)
     regen: bool = False  # generate the last reply again
     confirm: str | None = None  # a yes/no question; on yes, carry out `then()`
     then: Callable[[], "Outcome"] | None = None
@@ -268,5 +270,14 @@ def _stats(session, rest):
     return Outcome("\n".join(lines))
 
 
+def _tool(session, rest):
+    if not session.tools:
+        raise CommandError("/tool answers a tool call; start the chat with --tools FILE to offer tools")
+    if not rest:
+        raise CommandError("usage: /tool <result>, e.g. /tool {\"temperature\": 21}")
+    return Outcome(tool_result=rest)
+
+
 _HANDLERS = {"/?": _help, "/help": _help, "/bye": _bye, "/exit": _bye, "/clear": _clear, "/set": _set,
-             "/show": _show, "/save": _save, "/load": _load, "/regen": _regen, "/read": _read, "/stats": _stats}
+             "/show": _show, "/save": _save, "/load": _load, "/regen": _regen, "/read": _read, "/stats": _stats,
+             "/tool": _tool}

@@ -31,7 +31,8 @@ class ConversationFileError(LlmcliError):
 @dataclass
 class Conversation:
     system: str | None = None
-    # {"role": "user" | "assistant", "content": str}; a reply cut short by Ctrl-C has "interrupted": True
+    # {"role": "user" | "assistant" | "tool", "content": str}; a reply cut short by Ctrl-C has "interrupted":
+    # True; with tools, an assistant message may have "tool_calls" and a tool message its "tool_call_id"
     messages: list[dict] = field(default_factory=list)
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None
@@ -42,7 +43,8 @@ class Conversation:
     def window(self) -> list[dict]:
         """What the model sees: the system prompt, then the messages still in the context."""
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + [{"role": m["role"], "content": m["content"]} for m in self.messages[self.start:]]
+        keep = ("role", "content", "tool_calls", "tool_call_id")
+        return head + [{k: m[k] for k in keep if k in m} for m in self.messages[self.start:]]
 
     def clear(self) -> None:
         self.messages, self.start = [], 0
@@ -93,8 +95,9 @@ class Conversation:
 
 
 def _valid_message(m) -> bool:
-    return (isinstance(m, dict) and m.get("role") in ("user", "assistant") and _is_text(m.get("content"))
-            and isinstance(m.get("interrupted", False), bool))
+    return (isinstance(m, dict) and m.get("role") in ("user", "assistant", "tool") and _is_text(m.get("content"))
+            and isinstance(m.get("interrupted", False), bool) and isinstance(m.get("tool_calls", []), list)
+            and isinstance(m.get("tool_call_id", ""), str))
 
 
 def _is_text(value) -> bool:

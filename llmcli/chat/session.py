@@ -8,7 +8,9 @@ that are new since the last reply. No terminal I/O here: chat.py reads and print
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+import json
+import uuid
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..decode.constrained import GrammarCompiler, incomplete_message
@@ -23,19 +25,29 @@ from .conversation import Conversation, fit
 @dataclass
 class Turn:
     """What the last reply did."""
-    text: str
+    text: str  # the text shown (with tools: before any call)
     finish: str  # "stop" | "length" | "interrupted"
     tokens: int  # tokens generated
     ttft_s: float | None  # None when interrupted before the first token
     stats: Stats | None  # None when interrupted (generate reports stats with its last chunk)
     context_used: int  # tokens in the cache after the reply
     stopped_by: str | None = None  # finish "length": "max_tokens" or "context" (generate.limit_reason)
+    calls: list = field(default_factory=list)  # with tools: formats.tool_reply.Call, each whole and valid
+    calls_cut: bool = False  # with tools: the reply ended inside a call
 
 
 class ChatSession:
     def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, context_shift: bool = False,
-                 grammar=None):
+                 grammar=None, tools=None, tool_choice: str = "auto"):
+        """`tools` (formats.tools.Tool list): offered with every message; `tool_choice` as --tool-choice."""
         self.rt = rt
+        self.tools = tools if tools and tool_choice != "none" else None
+        self.tool_choice = tool_choice
+        self._reader = None  # the reply's CallReader, with tools
+        if self.tools:  # a template without tools is refused now, not at the first message
+            from ..decode.tool_grammar import tool_grammar
+
+            grammar = tool_grammar(rt.tool_support().format, self.tools, tool_choice, rt.loaded.tokenizer)
         self.grammar = grammar  # constrained.Grammar every reply must follow (None: free text)
         self._compiler = None  # its GrammarCompiler, built with the first constrained reply
         self.context_shift = context_shift  # a reply may run past the context (context_shift.py)
@@ -63,7 +75,7 @@ class ChatSession:
                 "weights": loaded.weights_type, "path": str(loaded.path)}
 
     def encode(self, messages: list[dict]) -> list[int]:
-        return self.rt.prompt_ids(messages)
+        return self.rt.prompt_ids(messages, tools=self.tools)
 
     def context_used(self) -> int:
         """Tokens the conversation takes in the context now (0 before the first message)."""
@@ -84,6 +96,34 @@ class ChatSession:
             raise
         self._prompt = fitted.ids
         return fitted.dropped
+
+    def add_tool_result(self, text: str) -> tuple[list[dict], bool]:
+        """Answer the last reply's next unanswered tool call with `text`: (messages dropped to make
+        room, whether every call of it is answered now, so that the model can reply)."""
+        check_text(text, "the tool result")
+        calls = self._open_calls()
+        if not calls:
+            raise InvalidParameterError("there is no tool call to answer; /tool answers the calls of the last reply")
+        self.conv.messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": text})
+        try:
+            fitted = fit(self.conv, self.encode, self.ctx_size)
+        except BaseException:
+            self.conv.messages.pop()
+            raise
+        self._prompt = fitted.ids
+        return fitted.dropped, len(calls) == 1
+
+    def _open_calls(self) -> list[dict]:
+        """The last reply's calls that no tool message answers yet."""
+        answered = []
+        for m in reversed(self.conv.messages):
+            if m["role"] == "tool":
+                answered.append(m.get("tool_call_id"))
+            elif m["role"] == "assistant":
+                return [c for c in m.get("tool_calls") or [] if c["id"] not in answered]
+            else:
+                return []
+        return []
 
     def take_back_reply(self) -> list[dict]:
         """For /regen: forget the last reply so reply() answers the same message again."""
@@ -110,6 +150,8 @@ class ChatSession:
         t0 = time.perf_counter()
         pieces, tokens, ttft, last = [], 0, None, None
         shift = self.rt.context_shift(self.conv.window()) if self.context_shift else None
+        reader = self._tool_reader()
+        calls_cut = False
         chunks = generate(loaded.model, loaded.tokenizer, prompt, self.conv.params, self.cache,
                           max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device,
                           step=self.step, shift=shift, constraint=self._constraint())
@@ -118,15 +160,23 @@ class ChatSession:
                 if chunk.tokens and ttft is None:
                     ttft = time.perf_counter() - t0
                 tokens += len(chunk.tokens)
+                text = reader.push(chunk.text, chunk.tokens)[0] if reader else chunk.text
                 if chunk.finish_reason:
                     last = chunk
-                if chunk.text:
-                    pieces.append(chunk.text)
-                    yield chunk.text
+                    if reader:
+                        rest, whole = reader.finish()
+                        text, calls_cut = text + rest, not whole and reader.state == "calls"
+                if text:
+                    pieces.append(text)
+                    yield text
         finally:
             chunks.close()
             text = "".join(pieces)
             message = {"role": "assistant", "content": text}
+            calls = reader.calls if reader else []
+            if calls:  # as OpenAI writes them, for the template to render in later turns
+                message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                          "function": {"name": c.name, "arguments": c.json()}} for c in calls]
             if last is None:
                 message["interrupted"] = True
             self.conv.messages.append(message)
@@ -135,7 +185,23 @@ class ChatSession:
             self.last = Turn(text, last.finish_reason if last else "interrupted", tokens,
                              last.stats.ttft_s if last else ttft, last.stats if last else None,
                              len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1,
-                             last.stopped_by if last else None)
+                             last.stopped_by if last else None, calls, calls_cut)
+
+    def _tool_reader(self):
+        """A fresh reader of the reply's tool calls (None without tools)."""
+        if not self.tools:
+            return None
+        from ..decode.tool_grammar import opener_id
+        from ..formats.tool_reply import CallReader
+
+        fmt = self.rt.tool_support().format
+        return CallReader(fmt, opener_id(fmt, self.rt.loaded.tokenizer), self.tools, self.tool_choice != "auto")
+
+    def calls_json(self) -> str | None:
+        """The last reply's calls as --tools prints them (one JSON line), or None."""
+        if self.last is None or not self.last.calls:
+            return None
+        return json.dumps([{"name": c.name, "arguments": c.arguments} for c in self.last.calls], ensure_ascii=False)
 
     def _constraint(self):
         """A fresh per-reply matcher for the session's grammar (None without one)."""
@@ -155,6 +221,10 @@ class ChatSession:
         left as it is: the user stopped it)."""
         turn = self.last
         if self.grammar is None or turn is None or turn.finish == "interrupted":
+            return
+        if self.tools:  # free text may end at -n; a call may not
+            if turn.finish == "length" and (turn.calls_cut or (self.tool_choice != "auto" and not turn.calls)):
+                raise IncompleteOutputError(incomplete_message(self.grammar, turn.tokens, self.conv.max_tokens))
             return
         if turn.finish == "length":
             raise IncompleteOutputError(incomplete_message(self.grammar, turn.tokens, self.conv.max_tokens))

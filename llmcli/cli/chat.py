@@ -9,10 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload,
-                      KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant, Regex, RegistryFile, RepeatLastN,
-                      RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, check_max_tokens,
-                      check_text_options, model_flags, read_grammar, report_plan, sampling_params, stderr_console)
+from .options import (ChatTemplateFile, ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile,
+                      JsonSchema, KvOffload, KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant, Regex,
+                      RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, ToolChoice,
+                      ToolsFile, TopK, TopP, check_max_tokens, check_text_options, model_flags, read_chat_template,
+                      read_grammar, read_tools, report_plan, sampling_params, stderr_console)
 
 # the default is runtime.DEFAULT_MODEL (not imported here: that would load torch for `--help`)
 ChatModel = Annotated[Optional[str], typer.Argument(
@@ -39,6 +40,7 @@ def chat(
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compile the decode step with torch.compile; default: at a terminal, in the background while you type.", show_default=False)] = None,
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
     json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
+    tools_file: ToolsFile = None, tool_choice: ToolChoice = "auto", chat_template_file: ChatTemplateFile = None,
     registry: RegistryFile = None, offline: Offline = False,
 ):
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
@@ -54,7 +56,13 @@ def chat(
     check_max_tokens(max_tokens)
     check_text_options(system, stop)
     constraint = read_grammar(json_schema, regex, grammar)  # every reply follows it
-    Strategy(context_shift=context_shift, constrained=constraint is not None, stop=tuple(stop or ())).check(params)
+    tools = read_tools(tools_file, tool_choice)  # offered with every message; calls are printed as JSON
+    template = read_chat_template(chat_template_file)
+    if tools is not None and constraint is not None:
+        raise InvalidParameterError("--tools and --json-schema, --regex or --grammar exclude each other; pass one")
+    offered = tools is not None and tool_choice != "none"
+    Strategy(context_shift=context_shift, constrained=constraint is not None or offered,
+             stop=tuple(stop or ())).check(params)
     if single and sys.stdin.isatty():  # before the model loads, to fail at once
         raise InvalidParameterError("--single reads the message from stdin; pipe it in, "
                                     "e.g. `cat notes.txt | llmcli chat --single`")
@@ -65,9 +73,10 @@ def chat(
     with download_progress(err) as progress:
         rt = open_model(model_flags(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads,
                                     ctx_size=ctx_size, quant=quant, kv_type=kv_type, kv_offload=kv_offload,
-                                    registry=registry, offline=offline), progress)
+                                    registry=registry, offline=offline, chat_template=template), progress)
     report_plan(err, rt, verbose=False)
-    session = ChatSession(rt, conv, _decode_step(rt, compile), context_shift=context_shift, grammar=constraint)
+    session = ChatSession(rt, conv, _decode_step(rt, compile), context_shift=context_shift, grammar=constraint,
+                          tools=tools, tool_choice=tool_choice)
     raise typer.Exit(repl.run(session, render=render, single=single, check_model=load is not None))
 
 

@@ -38,7 +38,10 @@ KvOffload = Annotated[str, typer.Option("--kv-offload", help="KV cache of some l
 ContextShift = Annotated[bool, typer.Option("--context-shift", help="When the context is full, drop the oldest tokens after the system prompt and go on.")]
 JsonSchema = Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON valid under this JSON Schema file.", show_default=False)]
 Regex = Annotated[Optional[str], typer.Option("--regex", help="Constrain the output to text that fully matches this regex (Rust syntax, no look-around).", show_default=False)]
-GrammarFile = Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this Lark grammar file (llguidance's dialect; start: is the top rule).", show_default=False)]
+GrammarFile = Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to this grammar file: GBNF as llama.cpp reads it (root ::= ...), or Lark in llguidance's dialect (start: ...).", show_default=False)]
+ChatTemplateFile = Annotated[Optional[Path], typer.Option("--chat-template-file", help="Use this Jinja chat template instead of the model's own (llama-server's flag), e.g. one with a tools section.", show_default=False)]
+ToolsFile = Annotated[Optional[Path], typer.Option("--tools", help='Offer the model tools: a JSON file with a list of OpenAI tool definitions ([{"type": "function", "function": {"name", "description", "parameters"}}]). Its calls are printed as JSON; their arguments parse and validate against each tool\'s parameters schema.', show_default=False)]
+ToolChoice = Annotated[str, typer.Option("--tool-choice", help="With --tools: auto (the model decides), required (calls from the first token), none, or the name of the tool to call.")]
 Beams = Annotated[int, typer.Option("--beams", help="Beam search with N beams (transformers' num_beams); 1 = off. Deterministic: the sampling flags do not apply, and the answer comes out at the end.")]
 LengthPenalty = Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished hypothesis scores sum(logprobs) / length ** F (> 0 favours longer ones).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding with this draft model (same tokenizer), e.g. a q4 copy of MODEL; greedy only (--temp 0).", show_default=False)]
@@ -62,12 +65,27 @@ def stderr_console():
 def model_flags(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
                 ctx_size: int | None = None, quant: str | None = None, kv_type: str = "auto",
                 kv_offload: str = "auto", registry: Path | None = None, offline: bool = False, rows: int = 1,
-                ctx_cap: int | None = None, allow_encoder: bool = False):
+                ctx_cap: int | None = None, allow_encoder: bool = False, chat_template: str | None = None):
     """The model flags a command was given -> runtime.ModelFlags."""
     from ..runtime.runtime import ModelFlags
 
     return ModelFlags(model, device, dtype, threads, ctx_size, quant, kv_type, kv_offload, registry, offline, rows,
-                      ctx_cap, allow_encoder)
+                      ctx_cap, allow_encoder, chat_template)
+
+
+def read_chat_template(path: Path | None) -> str | None:
+    """--chat-template-file: a text file holding a Jinja template that parses, read before the model loads."""
+    if path is None:
+        return None
+    from ..formats.chat_template import TemplateError, _compile
+    from ..text_input import read_text_file
+
+    text = read_text_file(path, "--chat-template-file", hint="pass a Jinja chat template")
+    try:
+        _compile(text)
+    except TemplateError as e:
+        raise InvalidParameterError(f"--chat-template-file {path}: {e}") from None
+    return text
 
 
 def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
@@ -102,6 +120,25 @@ def read_grammar(json_schema: Path | None, regex: str | None, grammar: Path | No
     from ..decode.constrained import from_flags
 
     return from_flags(json_schema, regex, grammar)
+
+
+def read_tools(path: Path | None, choice: str = "auto"):
+    """--tools FILE (formats.tools.Tool list, None without it) and --tool-choice, checked before
+    the model loads."""
+    if path is None:
+        if choice != "auto":
+            raise InvalidParameterError("--tool-choice needs --tools")
+        return None
+    from ..formats.tools import parse_tools
+    from ..json_input import load_json
+    from ..text_input import read_text_file
+
+    text = read_text_file(path, "--tools", hint="pass a JSON list of OpenAI tool definitions")
+    tools = parse_tools(load_json(text, f"--tools {path}"), f"--tools {path}")
+    if choice not in ("auto", "none", "required") and all(t.name != choice for t in tools):
+        raise InvalidParameterError(f"--tool-choice {choice!r} is not auto, none, required or one of the tools "
+                                    f"({', '.join(t.name for t in tools)})")
+    return tools
 
 
 def report_plan(err, rt, verbose: bool) -> None:

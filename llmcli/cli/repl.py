@@ -170,21 +170,26 @@ def _sigint_stops_reply():
 def stream_reply(session: ChatSession, ui: Ui, dropped: list[dict]) -> None:
     if dropped:
         ui.note(dropped_notice(dropped, session.ctx_size), style="yellow")
-    writer = None
+    writer, wrote = None, False
     with _sigint_stops_reply() as interrupt:
         try:
             with closing(session.reply()) as pieces:
                 writer = ui.writer()
                 for piece in pieces:
                     writer.write(piece)
+                    wrote = True
                     interrupt.streaming = True
                     if interrupt.requested:
                         break
         except KeyboardInterrupt:
             pass
         finally:
-            if writer is not None:
+            calls = session.calls_json()  # with --tools: the reply's calls, one JSON line after its text
+            if writer is not None and (wrote or calls is None or isinstance(writer, MarkdownWriter)):
                 writer.end()
+            if calls is not None:
+                sys.stdout.write(calls + "\n")
+                sys.stdout.flush()
     stats, why, always = after_reply_notes(session)
     if ui.interactive:
         ui.note(stats)
@@ -212,6 +217,12 @@ def handle(session: ChatSession, ui: Ui, kind: str, text: str, confirm) -> bool:
             stream_reply(session, ui, session.take_back_reply())
         elif outcome.send is not None:
             stream_reply(session, ui, session.add_user(outcome.send))
+        elif outcome.tool_result is not None:
+            dropped, ready = session.add_tool_result(outcome.tool_result)
+            if ready:  # every call of the last reply has its result: the model goes on
+                stream_reply(session, ui, dropped)
+            else:
+                ui.note("result taken; the last reply made more calls: answer the next with /tool")
     except LlmcliError as e:
         ui.error(str(e))
         ui.failures += 1

@@ -10,11 +10,12 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Beams, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant, DraftTokens, Dtype,
-                      FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup, LookupNgram,
-                      MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile, RepeatLastN,
-                      RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK, TopP, Verbose, check_max_tokens,
-                      check_text_options, model_flags, read_grammar, report_plan, sampling_params, stderr_console)
+from .options import (Beams, ChatTemplateFile, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant, DraftTokens,
+                      Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup,
+                      LookupNgram, MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile,
+                      RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, ToolChoice, ToolsFile, TopK, TopP,
+                      Verbose, check_max_tokens, check_text_options, model_flags, read_chat_template, read_grammar,
+                      read_tools, report_plan, sampling_params, stderr_console)
 
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when absent or '-'.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
@@ -37,6 +38,7 @@ def run(
     draft: Draft = None, draft_quant: DraftQuant = None, draft_tokens: DraftTokens = None,
     lookup: Lookup = False, lookup_ngram: LookupNgram = 3,
     json_out: JsonOut = False, json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
+    tools_file: ToolsFile = None, tool_choice: ToolChoice = "auto", chat_template_file: ChatTemplateFile = None,
     logprobs: LogprobsN = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
     """Generate one answer to PROMPT and stream it to stdout."""
@@ -49,12 +51,18 @@ def run(
     if logprobs is not None and not json_out:
         raise InvalidParameterError("--logprobs needs --json: the log-probabilities are part of the JSON object")
     grammar_of = read_grammar(json_schema, regex, grammar)
+    tools = read_tools(tools_file, tool_choice)
+    template = read_chat_template(chat_template_file)
+    if tools is not None and grammar_of is not None:
+        raise InvalidParameterError("--tools and --json-schema, --regex or --grammar exclude each other; pass one")
+    offered = tools if tool_choice != "none" else None
     strategy = Strategy(beams, length_penalty, draft is not None, draft_tokens, lookup, lookup_ngram, context_shift,
-                        grammar_of is not None, logprobs, tuple(stop or ()))
+                        grammar_of is not None or offered is not None, logprobs, tuple(stop or ()))
     strategy.check(params)
     text = read_prompt(prompt)
     flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
-                        kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline)
+                        kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline,
+                        chat_template=template)
     err = stderr_console()
     rt, draft_rt = _open(err, flags, draft, draft_quant, text)
     report_plan(err, rt, verbose)
@@ -62,7 +70,7 @@ def run(
         _report_model(err, rt)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     answer = _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw, max_tokens, compile, json_out,
-                     ignore_eos)
+                     ignore_eos, offered, tool_choice)
     _print_result(err, rt, answer, json_out, verbose)
 
 
@@ -114,6 +122,8 @@ class _Answer:
         self.pieces: list[str] = []
         self.last = None
         self.grammar = self.constraint = self.recorder = self.shift = self.max_tokens = None
+        self.reader = None  # formats.tool_reply.CallReader, with --tools
+        self.calls_whole = True  # with --tools: the reply did not end inside a call
         self.step = ""  # how decode steps ran (Runtime.describe_step)
 
     @property
@@ -122,21 +132,24 @@ class _Answer:
 
 
 def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max_tokens, compile: bool,
-            json_out: bool, ignore_eos: bool) -> _Answer:
-    """Generate, streaming the text to stdout as it comes unless it is held for the end."""
+            json_out: bool, ignore_eos: bool, tools=None, tool_choice: str = "auto") -> _Answer:
+    """Generate, streaming the text to stdout as it comes unless it is held for the end. `tools`:
+    offered to the model (the reply is held: it may be calls)."""
     from ..decode.constrained import GrammarCompiler
     from ..decode.generate import generate, output_limit
     from ..decode.picker import Logprobs
 
-    out = _Answer(held=json_out or grammar_of is not None)  # constrained text is printed once complete and valid
+    out = _Answer(held=json_out or grammar_of is not None or tools is not None)  # printed once complete and valid
     out.grammar, out.max_tokens = grammar_of, max_tokens
-    ids = rt.prompt_ids(messages, raw=raw)
+    ids = rt.prompt_ids(messages, raw=raw, tools=tools)
+    if tools:
+        out.grammar, out.reader = tool_calling(rt, tools, tool_choice)
     if strategy.beams > 1 and rt.plan is not None:  # the search's own cache: beams x (prompt + answer)
         answer_room = output_limit(len(ids), rt.ctx_size, max_tokens)
         rt.plan.check_rows(strategy.beams, len(ids), answer_room, f"--beams {strategy.beams}")
     out.shift = rt.context_shift(messages, raw) if strategy.context_shift else None
-    if grammar_of is not None:
-        out.constraint = GrammarCompiler(rt.loaded.tokenizer).constraint(grammar_of)
+    if out.grammar is not None:
+        out.constraint = GrammarCompiler(rt.loaded.tokenizer).constraint(out.grammar)
     out.recorder = Logprobs(strategy.logprobs) if strategy.logprobs is not None else None
     step = rt.decode_step(compile)
     out.step = rt.describe_step(step)
@@ -145,7 +158,11 @@ def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max
                           step=step, shift=out.shift, constraint=out.constraint,
                           logprobs=out.recorder, stream=decoding_stream(rt, draft_rt, compile, strategy),
                           ignore_eos=ignore_eos):
-        out.pieces.append(chunk.text)
+        text = out.reader.push(chunk.text, chunk.tokens)[0] if out.reader else chunk.text
+        if out.reader and chunk.finish_reason is not None:
+            rest, out.calls_whole = out.reader.finish()
+            text += rest
+        out.pieces.append(text)
         if not out.held and chunk.text:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
@@ -153,16 +170,45 @@ def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max
     return out
 
 
+def tool_calling(rt, tools, choice: str):
+    """The grammar that keeps calls valid and the reader that takes them out of the reply."""
+    from ..decode.tool_grammar import opener_id, tool_grammar
+    from ..formats.tool_reply import CallReader
+
+    support = rt.tool_support()  # ToolsUnsupportedError: a template that takes no tools
+    grammar = tool_grammar(support.format, tools, choice, rt.loaded.tokenizer)
+    return grammar, CallReader(support.format, opener_id(support.format, rt.loaded.tokenizer), tools,
+                               calls_only=choice != "auto")
+
+
+def calls_json(calls) -> list[dict]:
+    """A reply's calls as --tools prints them: [{"name", "arguments": {...}}] (arguments as objects)."""
+    return [{"name": c.name, "arguments": c.arguments} for c in calls]
+
+
 def _print_result(err, rt, answer: _Answer, json_out: bool, verbose: bool) -> None:
     """The end of the answer (or its JSON object), then with -v the figures; a grammar's output that
     is incomplete ends in an error after --json's object, which keeps the partial text."""
     last, stats = answer.last, answer.last.stats
     problem = None
-    if answer.constraint is not None:  # checked before anything is printed
+    calls = answer.reader.calls if answer.reader is not None else []
+    if answer.reader is not None:  # a reply cut inside a call (or before a required one) is no answer
+        cut = not answer.calls_whole or (answer.reader.state == "calls" and not calls)
+        if last.finish_reason == "length" and cut:
+            from ..decode.constrained import incomplete_message
+            from ..errors import IncompleteOutputError
+
+            problem = IncompleteOutputError(incomplete_message(answer.grammar, stats.completion_tokens,
+                                                               answer.max_tokens))
+    elif answer.constraint is not None:  # checked before anything is printed
         problem = check_constrained(answer.grammar, answer.constraint, answer.text, last.finish_reason, stats,
                                     answer.max_tokens)
     if json_out:
         sys.stdout.write(json.dumps(result_json(rt, answer), ensure_ascii=False) + "\n")
+    elif problem is None and calls:  # the answer is the calls; text the model wrote before them goes aside
+        if answer.text.strip():
+            err.print(answer.text.strip(), markup=False, highlight=False)
+        sys.stdout.write(json.dumps(calls_json(calls), ensure_ascii=False) + "\n")
     elif problem is None:
         sys.stdout.write(answer.text + "\n" if answer.held else "\n")
     sys.stdout.flush()
@@ -189,7 +235,10 @@ def context_filled(ctx_size: int, tokens: int, max_tokens: int | None) -> str:
 def result_json(rt, answer: _Answer) -> dict:
     """--json's object: text, finish_reason, usage, timings (and logprobs)."""
     stats = answer.last.stats
-    out = {"model": rt.loaded.name, "text": answer.text, "finish_reason": answer.last.finish_reason,
+    calls = answer.reader.calls if answer.reader is not None else []
+    finish = "tool_calls" if calls and answer.last.finish_reason == "stop" else answer.last.finish_reason
+    out = {"model": rt.loaded.name, "text": answer.text, "finish_reason": finish,
+           **({"tool_calls": calls_json(calls)} if calls else {}),
            **({"stopped_by": answer.last.stopped_by} if answer.last.stopped_by else {}),
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
                      "total_tokens": stats.prompt_tokens + stats.completion_tokens},

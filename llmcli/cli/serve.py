@@ -1,25 +1,52 @@
 """`llmcli serve MODEL`: the OpenAI-compatible server (serve/http.py) on 127.0.0.1, one line per
-request on stderr with -v, stopped by Ctrl-C or SIGTERM."""
+request on stderr with -v, stopped by Ctrl-C or SIGTERM. Sampling flags, --system, --json-schema,
+--grammar and -n set what requests that leave those out get; --api-key and --cors say who may
+use it."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (CacheRam, Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads, cache_ram_bytes,
-                      model_flags, report_plan, stderr_console)
+from .options import (CacheRam, ChatTemplateFile, Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads,
+                      cache_ram_bytes, check_max_tokens, check_text_options, model_flags, read_chat_template,
+                      read_grammar, report_plan, stderr_console)
 from .signals import Terminated
 
 DEFAULT_CTX = 4096  # per request when -c is not given: the KV cache holds rows x this many tokens
 DEFAULT_TIMEOUT = 30.0  # seconds; llama-server's --timeout is 600, which lets a slow client hold a connection long
 QUEUE_PER_ROW = 8  # serve/http.py's default (not imported here: the help text is built before the server loads)
 POOLINGS = ("mean", "cls", "last", "max")
+ORIGIN = re.compile(r"https?://[^/\s:]+(:[0-9]{1,5})?")  # a browser origin: scheme, host, port; no path
+
+
+def _default(flag: str, kind, what: str):
+    """A flag that sets a request field's default (run's spelling, OpenAI's default when absent)."""
+    return Annotated[Optional[kind], typer.Option(flag, help=f"Default {what} for requests that send none.",
+                                                  show_default=False, rich_help_panel="Request defaults")]
+
+
+Temp = _default("--temp", float, "temperature (OpenAI's: 1)")
+TopK = _default("--top-k", int, "top_k (0: off)")
+TopP = _default("--top-p", float, "top_p (OpenAI's: 1)")
+MinP = _default("--min-p", float, "min_p (0: off)")
+RepeatPenalty = _default("--repeat-penalty", float, "repeat_penalty (1: off)")
+RepeatLastN = _default("--repeat-last-n", int, "repeat_last_n (64)")
+PresencePenalty = _default("--presence-penalty", float, "presence_penalty (0)")
+FrequencyPenalty = _default("--frequency-penalty", float, "frequency_penalty (0)")
+Seed = Annotated[Optional[int], typer.Option("--seed", "-s", help="Default seed for requests that send none (choice i of n uses seed + i).", show_default=False, rich_help_panel="Request defaults")]
+MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Default max_tokens for requests that send none (else chat: until the context is full; completions: 16).", show_default=False, rich_help_panel="Request defaults")]
+System = Annotated[Optional[str], typer.Option("--system", help="A system prompt for chat requests that have no system message.", show_default=False, rich_help_panel="Request defaults")]
+ApiKey = Annotated[Optional[str], typer.Option("--api-key", envvar="LLMCLI_API_KEY", help="Require Authorization: Bearer KEY of every request but /health (the openai client sends its api_key so); 401 otherwise. The environment variable keeps the key out of the process list.", show_default=False)]
+Cors = Annotated[Optional[list[str]], typer.Option("--cors", help="Let web pages from this origin (https://example.org, repeatable, or * for any) call the server from a browser; off by default.", show_default=False)]
 
 
 def serve(
@@ -32,11 +59,19 @@ def serve(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers (also how long an idle keep-alive connection stays open) and then its body, and to take each part of an answer; a slower one gets 408 or is closed.")] = DEFAULT_TIMEOUT,
     ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help=f"Tokens per request, prompt and answer (default: the model's context, at most {DEFAULT_CTX}). The KV cache holds --rows x this many tokens.", show_default=False)] = None,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
-    registry: RegistryFile = None, offline: Offline = False, cache_ram: CacheRam = None,
+    registry: RegistryFile = None, offline: Offline = False, chat_template_file: ChatTemplateFile = None,
+    cache_ram: CacheRam = None,
     pooling: Annotated[Optional[str], typer.Option("--pooling", help="How /v1/embeddings pools: mean | cls | last | max. An embedding model uses its own unless given; a text-generation model embeds only with it (e.g. last, as llama-server's --embeddings --pooling last).", show_default=False)] = None,
+    temp: Temp = None, top_k: TopK = None, top_p: TopP = None, min_p: MinP = None,
+    repeat_penalty: RepeatPenalty = None, repeat_last_n: RepeatLastN = None,
+    presence_penalty: PresencePenalty = None, frequency_penalty: FrequencyPenalty = None, seed: Seed = None,
+    max_tokens: MaxTokens = None, system: System = None,
+    json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Requests that ask for no format (response_format, grammar, tools) get output valid under this JSON Schema file.", show_default=False, rich_help_panel="Request defaults")] = None,
+    grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Requests that ask for no format get output in this grammar (GBNF or Lark, as run's --grammar).", show_default=False, rich_help_panel="Request defaults")] = None,
+    api_key: ApiKey = None, cors: Cors = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
 ):
-    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)."""
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics)."""
     from ..runtime.runtime import open_model
     from ..serve.http import Server
     from ..serve.listener import Timeouts, bind
@@ -55,20 +90,28 @@ def serve(
     prompt_cache = cache_ram_bytes(cache_ram)
     if pooling is not None and pooling not in POOLINGS:
         raise InvalidParameterError(f"--pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    defaults = _defaults(dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                              repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty, seed=seed),
+                         max_tokens, system, read_grammar(json_schema, None, grammar))
+    if api_key is not None and not api_key.strip():
+        raise InvalidParameterError("--api-key (or LLMCLI_API_KEY) is empty; give a key, or leave it out")
+    origins = _origins(cors or [])
+    template = read_chat_template(chat_template_file)
     err = stderr_console()
-    if not _loopback(host):
-        print(f"warning: --host {host} lets other machines reach this server, which has no authentication",
-              file=sys.stderr)
+    if not _loopback(host) and not api_key:
+        print(f"warning: --host {host} lets other machines reach this server, which has no authentication "
+              "(--api-key)", file=sys.stderr)
     listener = bind(host, port)  # a busy port fails now, before the model loads
     try:
         with download_progress(err) as progress:
             rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                                         quant=quant, registry=registry, offline=offline, rows=rows,
-                                        ctx_cap=DEFAULT_CTX, allow_encoder=True), progress)
+                                        ctx_cap=DEFAULT_CTX, allow_encoder=True, chat_template=template), progress)
         report_plan(err, rt, verbose)
         server = Server(rt, listener, model_id=model, rows=rows, queue=queue,
-                        timeouts=Timeouts(head=timeout, body=timeout, write=timeout), pooling=pooling,
-                        prompt_cache=prompt_cache)
+                        timeouts=Timeouts(head=timeout, body=timeout, write=timeout), defaults=defaults,
+                        api_key=api_key, cors_origins=origins, pooling=pooling, prompt_cache=prompt_cache)
     except BaseException:
         listener.close()
         raise
@@ -108,6 +151,26 @@ def _details(rt, server) -> str:
         parts.append(f"/v1/embeddings: {server.embedder.pooling.describe()}, at most {server.embedder.max_tokens} "
                      "tokens an input")
     return "; ".join(parts)
+
+
+def _defaults(sampling: dict, max_tokens: int | None, system: str | None, grammar):
+    """openai_api.Defaults from the flags given (checked as run checks them)."""
+    from ..decode.sampling import SamplingParams
+    from ..serve.openai_api import Defaults
+
+    given = {k: v for k, v in sampling.items() if v is not None}
+    SamplingParams(**given)  # InvalidParameterError naming the flag, as for run
+    check_max_tokens(max_tokens)
+    check_text_options(system, None)
+    return Defaults(given, max_tokens, system, grammar)
+
+
+def _origins(origins: list[str]) -> tuple[str, ...]:
+    for origin in origins:
+        if origin != "*" and not ORIGIN.fullmatch(origin):
+            raise InvalidParameterError(f"--cors takes an origin such as https://example.org (scheme, host and port, "
+                                        f"no path) or *, got {origin!r}")
+    return tuple(origins)
 
 
 def _loopback(host: str) -> bool:

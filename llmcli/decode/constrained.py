@@ -1,4 +1,4 @@
-"""Constrained decoding: output that follows a JSON schema, a regex or a Lark grammar.
+"""Constrained decoding: output that follows a JSON schema, a regex or a grammar (GBNF or Lark).
 
 Three steps, each an object:
 
@@ -45,7 +45,7 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 
 @dataclass(frozen=True)
 class Grammar:
-    kind: str  # "json_schema" | "regex" | "grammar" (Lark)
+    kind: str  # "json_schema" | "regex" | "grammar" (Lark, or GBNF read as Lark) | "tools" (tool_grammar.py)
     source: str  # the schema's JSON text, the pattern, or the Lark text
     compiled: str  # llguidance's grammar (JSON text) built from `source`
     schema: dict | bool | None = None  # the parsed schema, for validating the output
@@ -53,7 +53,8 @@ class Grammar:
     @property
     def what(self) -> str:
         """The thing the output must be, for messages: 'the JSON', 'the regex match', ..."""
-        return {"json_schema": "the JSON", "regex": "the text matching --regex", "grammar": "the text of the grammar"}[self.kind]
+        return {"json_schema": "the JSON", "regex": "the text matching --regex", "grammar": "the text of the grammar",
+                "tools": "the tool call"}[self.kind]
 
     def check_output(self, text: str) -> None:
         """Raise InvalidOutputError unless `text` parses and validates (JSON Schema) or fully matches
@@ -86,7 +87,7 @@ def from_flags(json_schema: Path | None = None, regex: str | None = None, gramma
     if kind == "regex":
         return from_regex(value)
     text = _read(value, KINDS[kind])
-    return from_json_schema(text, str(value)) if kind == "json_schema" else from_lark(text, str(value))
+    return from_json_schema(text, str(value)) if kind == "json_schema" else from_grammar(text, str(value))
 
 
 def from_json_schema(text: str, name: str = "the schema") -> Grammar:
@@ -132,6 +133,38 @@ def from_regex(pattern: str) -> Grammar:
         raise GrammarError(f"--regex {pattern!r} is not a usable regex: {why}")
     _probe(compiled, f"--regex {pattern!r} is not a usable regex", "it matches no text")
     return Grammar("regex", pattern, compiled)
+
+
+# a GBNF rule definition (llama.cpp's grammars: `root ::= ...`); Lark writes `name:`
+_GBNF_RULE = re.compile(r"^[ \t]*[a-zA-Z0-9_-]+[ \t]*::=", re.MULTILINE)
+
+
+def is_gbnf(text: str) -> bool:
+    return _GBNF_RULE.search(text) is not None
+
+
+def from_grammar(text: str, name: str = "the grammar") -> Grammar:
+    """A grammar as llama.cpp users write them (GBNF: `root ::= ...`), or a Lark grammar (from_lark)."""
+    if not is_gbnf(text):
+        return from_lark(text, name)
+    from llguidance.gbnf_to_lark import GbnfToLarkError
+
+    from .gbnf import gbnf_as_lark
+
+    try:
+        lark = gbnf_as_lark(text)
+    except RecursionError:
+        raise GrammarError(f"{name} is not a usable GBNF grammar: it nests too deeply") from None
+    except Exception as e:  # the converter's parse errors, and plain Exceptions for a missing rule
+        if not isinstance(e, GbnfToLarkError) and type(e) is not Exception:
+            raise  # ours: a bug, not the grammar's
+        raise GrammarError(f"{name} is not a usable GBNF grammar: {_one_line(str(e))}") from None
+    import llguidance
+
+    compiled = llguidance.LLMatcher.grammar_from_lark(lark)
+    _check(compiled, f"{name} is not a usable GBNF grammar")
+    _probe(compiled, f"{name} is not a usable GBNF grammar", "it matches no text (does a rule only refer to itself?)")
+    return Grammar("grammar", text, compiled)
 
 
 def from_lark(text: str, name: str = "the grammar") -> Grammar:

@@ -10,6 +10,11 @@ the sentinels put back, is tokenized with special tokens as plain text (llama.cp
 `parse_special=false` for content). A conversation without special tokens in its messages (every
 ordinary one) gives exactly the ids of tokenizing the rendered text.
 
+One exception, written by llmcli itself: a message text may be a `Markup`, pieces of message text and
+of the model family's own markup (a tool call in the syntax a template leaves to the model, e.g.
+Phi-4-mini's `<|tool_call|>...<|/tool_call|>`); its markup pieces make control tokens, its text
+pieces do not.
+
     conversation_ids(tokenizer, template, [{"role": "user", "content": "Hi"}])
 """
 
@@ -18,18 +23,34 @@ from __future__ import annotations
 import re
 import secrets
 
+from dataclasses import dataclass
+
 from .chat_template import plain_prompt, render
 from .tokenizer import Tokenizer
 
 
-def conversation_ids(tok: Tokenizer, template: str | None, messages: list[dict]) -> list[int]:
+@dataclass(frozen=True)
+class Markup:
+    """Message text with pieces of the family's own markup in it: (text, is_markup) pairs."""
+
+    pieces: tuple[tuple[str, bool], ...]
+
+    def __str__(self) -> str:
+        return "".join(text for text, _ in self.pieces)
+
+
+def conversation_ids(tok: Tokenizer, template: str | None, messages: list[dict], **variables) -> list[int]:
     """The prompt for the next reply: `messages` through `template` (None: plain_prompt, all of it
-    message text), with a generation prompt."""
+    message text), with a generation prompt. `variables` go to the template as they are (`tools`:
+    the tool definitions, OpenAI's shape, as Hugging Face passes them); special tokens written in
+    them are plain text too."""
     if template is None:
-        return tok.encode(plain_prompt(messages), special=False)
+        return tok.encode(plain_prompt([{**m, "content": str(m["content"])} for m in messages]), special=False)
     sentinels = _Sentinels(tok)
     marked = [sentinels.mark(m) for m in messages]
-    text = render(template, marked, add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token)
+    variables = {k: sentinels.mark(v) for k, v in variables.items()}
+    text = render(template, marked, add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token,
+                  **variables)
     if not sentinels.literal:  # no special token in the messages: the rendered text is all there is
         return tok.encode(text, add_bos=False)  # the template writes BOS itself where the model wants one
     return template_ids(tok, text, sentinels.restore)
@@ -61,6 +82,8 @@ class _Sentinels:
         """`value` (a message, its content, any JSON-like part) with special tokens in its text swapped."""
         if isinstance(value, str):
             return self._mark_text(value)
+        if isinstance(value, Markup):
+            return "".join(text if markup else self._mark_text(text) for text, markup in value.pieces)
         if isinstance(value, dict):
             return {k: self.mark(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):

@@ -22,6 +22,8 @@ from ..errors import InvalidParameterError, UnsupportedModelError
 from ..formats import chat_template
 from ..formats.open import ModelFile, open_model_file
 from ..formats.prompt import conversation_ids
+from ..formats.tools import (Tool, ToolSupport, ToolsUnsupportedError, history, no_tools_message, template_support,
+                             unknown_format_message)
 from ..hub import fetch
 from ..models import is_encoder
 from ..models.pooling import Pooling
@@ -57,6 +59,7 @@ class ModelFlags:
     rows: int = 1  # sequences decoded together (batch, serve): the cache holds rows x context
     ctx_cap: int | None = None  # without ctx_size, at most this context (serve: per request)
     allow_encoder: bool = False  # an embedding-only model (BERT) may be opened (embed, serve)
+    chat_template: str | None = None  # replaces the model's own (--chat-template-file), and the registry's
 
     def with_(self, **changes) -> "ModelFlags":
         return replace(self, **changes)
@@ -169,14 +172,34 @@ class Runtime:
         keep = prefix_length(lambda m: self.prompt_ids(m, raw=raw), messages)
         return ContextShift(keep, self.loaded.model.inv_freq_for(self.ctx_size))
 
-    def prompt_ids(self, messages: list[dict], raw: bool = False) -> list[int]:
+    def prompt_ids(self, messages: list[dict], raw: bool = False, tools: list[Tool] | None = None) -> list[int]:
         """Token ids for a conversation: through the model's chat template, where only the
         template's structure makes control tokens (formats/prompt.py). `raw`: the messages' text as
-        it is, special tokens written in it included (the user writes the whole prompt)."""
-        tok = self.loaded.tokenizer
+        it is, special tokens written in it included (the user writes the whole prompt). `tools`:
+        offered to the model through its template (ToolsUnsupportedError if it takes none); past
+        tool calls and results (OpenAI's shape) are rendered as the template renders them."""
+        tok, template = self.loaded.tokenizer, self.loaded.chat_template
         if raw:
             return tok.encode(chat_template.plain_prompt(messages))
-        return conversation_ids(tok, self.loaded.chat_template, messages)
+        if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            return conversation_ids(tok, template, messages)
+        support = self.tool_support() if tools else template_support(template)
+        messages = history(messages)
+        if support is None:  # past calls for a template that takes no tools: as it renders them
+            return conversation_ids(tok, template, messages)
+        messages, variables = support.prepare(messages, tools)
+        return conversation_ids(tok, template, messages, **variables)
+
+    def tool_support(self) -> ToolSupport:
+        """How the model's chat template takes tools; ToolsUnsupportedError when it takes none, or
+        writes calls in a syntax llmcli does not know: tools are refused, never ignored."""
+        template = self.loaded.chat_template
+        support = template_support(template)
+        if support is None:
+            raise ToolsUnsupportedError(no_tools_message(template))
+        if support.format is None:
+            raise ToolsUnsupportedError(unknown_format_message())
+        return support
 
 
 def check_ctx_size(ctx_size: int | None, model_max: int) -> int:
@@ -243,6 +266,7 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
         loaded.chat_template = entry.chat_template or loaded.chat_template
         if entry.stop_tokens:
             loaded.tokenizer = loaded.tokenizer.with_extra_eos(entry.stop_tokens)
+    loaded.chat_template = flags.chat_template or loaded.chat_template
     loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
     heap.trim()  # what loading freed goes back to the system before the cache fills
     limit = min(model_file.max_text_tokens or memory.ctx, memory.ctx)

@@ -1,6 +1,6 @@
 """The ASGI pieces http.py's endpoints are built from, on uvicorn's event loop:
 
-    run = EngineRun(engine_loop, req, "messages", on_end)   # submitted; `async for chunk in run`; run.close() cancels
+    run = EngineRun(engine_loop, reqs, "messages", on_end)  # submitted; `async for i, chunk in run`; close() cancels
     await unless_gone(receive, work)   # work, unless the client goes away first (then ClientGone)
     EventStream(events, run, request, write_s)              # server-sent events, cut if the client stops reading
     AccessLog(optional_v1(app))        # the outer layers: one log line per request; /v1/x is /x
@@ -32,53 +32,64 @@ class ClientGone(Exception):
 
 
 class EngineRun:
-    """A request in the engine, seen from the event loop: `async for chunk in run` until the chunk
-    with a finish_reason (an ApiError if the engine fails or stops); close() cancels it unless it
-    ended. The engine thread hands each chunk over with call_soon_threadsafe."""
+    """A request's engine requests (one per choice), seen from the event loop: `async for index,
+    chunk in run` until each has had its chunk with a finish_reason (an ApiError if the engine fails
+    or stops); close() cancels those that did not end. The engine thread hands each chunk over with
+    call_soon_threadsafe; the choices' chunks interleave as the engine makes them."""
 
-    def __init__(self, engine_loop: EngineLoop, req: EngineRequest, param: str, on_end):
-        self.engine_loop, self.req, self.on_end = engine_loop, req, on_end
-        self.ended, self.first = False, None
+    def __init__(self, engine_loop: EngineLoop, reqs: list[EngineRequest], param: str, on_end):
+        self.engine_loop, self.reqs, self.on_end = engine_loop, reqs, on_end
+        self.open: set[int] = set()
+        self.first = None
         self.chunks: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
-        def deliver(item) -> None:  # on the engine thread
-            try:
-                loop.call_soon_threadsafe(self.chunks.put_nowait, item)
-            except RuntimeError:  # the event loop has stopped: nobody waits for this
-                pass
+        def deliverer(index: int):
+            def deliver(item) -> None:  # on the engine thread
+                try:
+                    loop.call_soon_threadsafe(self.chunks.put_nowait, (index, item))
+                except RuntimeError:  # the event loop has stopped: nobody waits for this
+                    pass
+            return deliver
 
-        try:
-            engine_loop.submit(req, deliver)
-        except PromptTooLongError as e:
-            raise ApiError(400, str(e), param, "context_length_exceeded") from None
+        for i, req in enumerate(reqs):
+            try:
+                engine_loop.submit(req, deliverer(i))
+            except PromptTooLongError as e:
+                self.close()
+                raise ApiError(400, str(e), param, "context_length_exceeded") from None
+            except BaseException:
+                self.close()
+                raise
+            self.open.add(i)
+
+    @property
+    def ended(self) -> bool:
+        return not self.open
 
     async def __aiter__(self):
-        while not self.ended:
-            item = await self.chunks.get()
+        while self.open:
+            index, item = await self.chunks.get()
             if isinstance(item, ApiError):
-                self.ended = True
+                self.close()
                 raise item
             self.first = self.first or time.monotonic()
             if item.finish_reason is not None:
-                self.ended = True
+                self.open.discard(index)
                 self.on_end(time.monotonic() - self.first)
-            yield item
+            yield index, item
 
     def close(self) -> None:
-        if not self.ended:
-            self.ended = True
-            self.engine_loop.cancel(self.req)
+        for i in sorted(self.open):
+            self.engine_loop.cancel(self.reqs[i])
+        self.open.clear()
 
 
-async def collect(run: EngineRun, take=None) -> tuple[str, list, object]:
-    """A whole answer: its text, what `take(chunk)` made of each chunk (logprobs), the last chunk."""
-    pieces, extra = [], []
-    async for chunk in run:
-        if take is not None:
-            extra += take(chunk)
-        pieces.append(chunk.text)
-    return "".join(pieces), extra, chunk
+async def collect(run: EngineRun, choices: list) -> list:
+    """Every choice to its end: each chunk goes to its choice's push()."""
+    async for index, chunk in run:
+        choices[index].push(chunk)
+    return choices
 
 
 async def unless_gone(receive, work):
@@ -156,11 +167,12 @@ class Silence(Response):
 
 class AccessLog:
     """The ASGI app's outer layer: one INFO line per request once it is answered (method, path,
-    status, seconds, "stream", what happened), and a 500 in OpenAI's shape for anything that
-    escaped the endpoints (logged as one line; the traceback only at DEBUG)."""
+    status, seconds, "stream", what happened), counted in `counts` (metrics.RequestCounts; 499:
+    the client went before an answer), and a 500 in OpenAI's shape for anything that escaped the
+    endpoints (logged as one line; the traceback only at DEBUG)."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, counts=None):
+        self.app, self.counts = app, counts
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -186,6 +198,8 @@ class AccessLog:
             path = scope.get("llmcli.path", scope["path"]) + (f"?{query.decode('latin-1')}" if query else "")
             log.info("%s %s %s %.2f s%s%s", scope["method"], path, seen.get("status", "-"), time.perf_counter() - t0,
                      " stream" if seen.get("stream") else "", f" ({note})" if note else "")
+            if self.counts is not None:
+                self.counts.add(scope["path"], seen.get("status", 499))
 
 
 def optional_v1(app):

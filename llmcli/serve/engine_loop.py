@@ -18,6 +18,7 @@ import threading
 from typing import Callable
 
 from ..decode.batched import BatchEngine, Request
+from .metrics import Meter
 from .openai_api import ApiError
 
 log = logging.getLogger("llmcli.server")
@@ -29,6 +30,7 @@ class EngineLoop:
         self.wake = threading.Condition()
         self.live: set[Request] = set()  # submitted and not finished (guarded by `wake`)
         self.stopping = False
+        self.meter = Meter()  # tokens per step, finished requests' tokens (GET /metrics)
         self.thread = threading.Thread(target=self._run, name="llmcli-engine", daemon=True)
         self.thread.start()
 
@@ -81,10 +83,12 @@ class EngineLoop:
                 self._fail_all(ApiError(500, f"the engine failed: {e}"))
                 continue
             finished = []
+            self.meter.step(sum(len(chunk.tokens) for _, chunk in events))
             for req, chunk in events:
                 req.tag(chunk)
                 if chunk.finish_reason is not None:
                     finished.append(req)
+                    self.meter.finished(chunk.stats)
             if finished:
                 with self.wake:
                     self.live.difference_update(finished)

@@ -1,20 +1,21 @@
 """`llmcli serve`: an OpenAI-compatible HTTP server over one model, a Starlette app on uvicorn.
 
-    GET  /v1/models, /v1/models/{id}, /health          (the /v1 prefix may be left out)
+    GET  /v1/models, /v1/models/{id}, /health, /metrics (the /v1 prefix may be left out)
     POST /v1/chat/completions, /v1/completions         (JSON, or server-sent events with "stream")
     POST /v1/embeddings                                (embeddings_api.py; an embedding model serves only this)
 
 Requests are coroutines on one event loop (listener.py runs uvicorn). Reading JSON, the chat
-template and tokenizing run in worker threads; the model runs in the one engine thread
+template and tokenizing run in worker threads (prepare.py); the model runs in the one engine thread
 (engine_loop.py), which decodes every running request together and hands each request its chunks
-through the event loop, so that no request blocks another. Embeddings run on a thread of their own,
-one request at a time, each request's inputs several at a time. Limits, each answered in OpenAI's
-error shape:
+through the event loop, so that no request blocks another. A request with `n` choices is n engine
+requests, decoded together. Embeddings run on a thread of their own, one request at a time, each
+request's inputs several at a time. Limits, each answered in OpenAI's error shape:
 - `rows` requests run, `queue` more wait for a row; one more gets 503 with Retry-After;
 - a body over MAX_BODY: 413; not JSON, nested deeper than json_input's cap, or holding a lone
   surrogate: 400; a body slower than Timeouts.body: 408;
 - a client that goes away cancels its request (its row is freed at the next step); one that stops
-  reading a stream for Timeouts.write is cut off the same way.
+  reading a stream for Timeouts.write is cut off the same way;
+- with an API key (access.py), 401 without it; CORS only for the origins given.
 
     server = Server(runtime, bind("127.0.0.1", 8080), model_id="smollm2")
     server.serve_forever()        # or start() in a thread; close() stops both
@@ -25,12 +26,10 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
-import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from functools import lru_cache
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -39,19 +38,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..decode.batched import Request as EngineRequest
-from ..decode.constrained import GrammarCompiler, from_json_schema
-from ..decode.generate import Logprobs
-from ..errors import GrammarError, PromptTooLongError
+from ..errors import PromptTooLongError
 from ..json_input import load_json
 from ..runtime.embedder import NoPoolingError
 from . import embeddings_api
 from . import openai_api as api
+from .access import cors, require_key
 from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_api_error, collect, json_response,
                    optional_v1, unless_gone)
 from .engine_loop import EngineLoop
 from .listener import HttpServer, Timeouts
+from .metrics import RequestCounts, prometheus
 from .openai_api import ApiError
+from .prepare import Preparer
 
 MAX_BODY = 8 << 20  # bytes; a larger request body is refused with 413 (json_input caps its depth too)
 QUEUE_PER_ROW = 8  # the default queue: this many waiting requests per row (64 at 8 rows)
@@ -59,15 +58,18 @@ QUEUE_PER_ROW = 8  # the default queue: this many waiting requests per row (64 a
 
 class Server:
     def __init__(self, rt, sock, *, model_id: str, rows: int = 8, max_len: int | None = None,
-                 queue: int | None = None, timeouts: Timeouts = Timeouts(), pooling: str | None = None,
+                 queue: int | None = None, timeouts: Timeouts = Timeouts(), defaults: api.Defaults = api.Defaults(),
+                 api_key: str | None = None, cors_origins: tuple[str, ...] = (), pooling: str | None = None,
                  prompt_cache: int | None = None):
         """`rt` a runtime.Runtime, `sock` from bind(); `rows` requests decoded together, each up to
         `max_len` tokens (default: rt.ctx_size), and `queue` more waiting for a row (default
-        QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens. /v1/embeddings answers with
-        the model's own pooling, or `pooling` (mean, cls, last, max): a text-generation model that
-        declares none embeds only with it. An embedding model (rt.generates False) serves only that.
-        `prompt_cache`: bytes of finished requests' KV kept for later prompts that start the same way
-        (None: Runtime.prompt_cache_budget(); 0: none)."""
+        QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens. `defaults`: what requests
+        that leave a field out get (serve's flags); `api_key`: required of every request but the
+        health check; `cors_origins`: the browser origins allowed ("*": any; none: CORS off).
+        /v1/embeddings answers with the model's own pooling, or `pooling` (mean, cls, last, max): a
+        text-generation model that declares none embeds only with it. An embedding model
+        (rt.generates False) serves only that. `prompt_cache`: bytes of finished requests' KV kept for
+        later prompts that start the same way (None: Runtime.prompt_cache_budget(); 0: none)."""
         self.rt, self.sock, self.model_id, self.timeouts = rt, sock, model_id, timeouts
         self.names = {model_id, rt.loaded.name, rt.loaded.path.name, ""}  # what a request's "model" may say
         self.created = int(time.time())
@@ -78,10 +80,11 @@ class Server:
         except NoPoolingError:  # a text-generation model: /v1/embeddings says how to start the server
             self.embedder = None
         self._embedding = ThreadPoolExecutor(1, thread_name_prefix="llmcli-embed")  # one request at a time
+        self.defaults, self.api_key, self.cors_origins = defaults, api_key, tuple(cors_origins)
+        self.prepare = Preparer(rt, defaults)
+        self.counts = RequestCounts()
         self._accepting = 0  # requests admitted and not yet in the engine (body, tokenizing); event loop only
         self._durations: deque[float] = deque(maxlen=32)  # seconds recent requests took in a row
-        self._compiler = None
-        self._compiler_lock = threading.Lock()
         self.http = HttpServer(self.app(), sock, timeouts, on_stop=self._stop)
 
     @property
@@ -112,12 +115,22 @@ class Server:
             self.loop.close()
         self._embedding.shutdown(wait=False, cancel_futures=True)
 
+    def compiler(self):
+        return self.prepare.compiler()
+
     def app(self):
         routes = [Route("/models", self.models, methods=["GET"]), Route("/models/{name:path}", self.model, methods=["GET"]),
-                  Route("/health", self.health, methods=["GET"]), Route("/chat/completions", self.chat, methods=["POST"]),
+                  Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
+                  Route("/chat/completions", self.chat, methods=["POST"]),
                   Route("/completions", self.completion, methods=["POST"]),
                   Route("/embeddings", self.embeddings, methods=["POST"])]
-        return AccessLog(optional_v1(Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})))
+        app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
+        if self.api_key:
+            app = require_key(app, self.api_key)
+        app = optional_v1(app)
+        if self.cors_origins:
+            app = cors(app, list(self.cors_origins))
+        return AccessLog(app, self.counts)
 
     # ------------------------------------------------------------------ endpoints
 
@@ -135,6 +148,10 @@ class Server:
         stats = self.loop.stats if self.loop is not None else {"embeddings_only": True}
         return json_response(200, {"status": "ok", "model": self.model_id, **stats, "max_requests": self.limit})
 
+    async def metrics(self, request: Request) -> Response:
+        return Response(prometheus(self.loop.meter if self.loop else None, self.counts, self.loop), 200,
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
     def _card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llmcli"}
 
@@ -142,18 +159,19 @@ class Server:
         try:
             self._check_generates()
             with self._admitted():
-                job, req, cursor = await run_in_threadpool(self._chat_request, await self._read_body(request))
-                run = self._submit(req, "messages")
+                job, reqs, choices = await run_in_threadpool(self._chat_request, await self._read_body(request))
+                run = self._submit(reqs, "messages")
             head = api.head("chatcmpl", self.model_id)
             if job.stream:
-                return EventStream(self._chat_events(run, job, head, cursor, request), run, request, self.timeouts.write)
+                return EventStream(self._chat_events(run, job, head, choices, request), run, request,
+                                   self.timeouts.write)
             try:
-                text, entries, last = await unless_gone(request.receive, collect(run, cursor.chat if cursor else None))
+                await unless_gone(request.receive, collect(run, choices))
             finally:
                 run.close()
-            request.state.note = _note(last)
-            return json_response(200, api.chat_response(head, text, last.finish_reason, last.stats,
-                                                        entries if cursor else None, last.stopped_by))
+            request.state.note = _note(choices)
+            return json_response(200, api.chat_response(head, [c.body() for c in choices],
+                                                        [c.last.stats for c in choices]))
         except Exception as e:
             return _failure(e, request)
 
@@ -161,22 +179,19 @@ class Server:
         try:
             self._check_generates()
             with self._admitted():
-                data = await self._read_body(request)
-                job, req, cursor, offset = await run_in_threadpool(self._completion_request, data)
-                run = self._submit(req, "prompt")
+                job, reqs, choices = await run_in_threadpool(self._completion_request, await self._read_body(request))
+                run = self._submit(reqs, "prompt")
             head = api.head("cmpl", self.model_id)
             if job.stream:
-                return EventStream(self._completion_events(run, job, head, cursor, offset, request), run, request,
-                                    self.timeouts.write)
-            legacy = _LegacyCursor(cursor, offset) if cursor else None
+                return EventStream(self._completion_events(run, job, head, choices, request), run, request,
+                                   self.timeouts.write)
             try:
-                text, parts, last = await unless_gone(request.receive, collect(run, legacy))
+                await unless_gone(request.receive, collect(run, choices))
             finally:
                 run.close()
-            request.state.note = _note(last)
-            return json_response(200, api.completion_response(head, text, last.finish_reason, last.stats,
-                                                              api.merge_legacy(parts) if cursor else None,
-                                                              last.stopped_by))
+            request.state.note = _note(choices)
+            return json_response(200, api.completion_response(head, [c.body() for c in choices],
+                                                              [c.last.stats for c in choices]))
         except Exception as e:
             return _failure(e, request)
 
@@ -222,33 +237,33 @@ class Server:
             raise ApiError(400, f"{self.model_id} is an embedding model: this server answers /v1/embeddings, not chat "
                                 "or completions", "model", "model_not_supported")
 
-    async def _chat_events(self, run, job: api.Job, head: dict, cursor, request: Request):
-        """The chat stream's objects: the role, the text as it comes (held-back text, a stop's
-        prefix, waits), the finish reason, and with include_usage a last usage-only chunk."""
+    async def _chat_events(self, run, job: api.Job, head: dict, choices: list, request: Request):
+        """The chat stream's objects: each choice's role, its text as it comes (held-back text, a
+        stop's prefix, waits) and its tool calls, its finish reason, and with include_usage a last
+        usage-only chunk."""
         usage = job.include_usage
-        yield api.chat_chunk(head, {"role": "assistant", "content": ""}, with_usage=usage)
-        entries = []
-        async for chunk in run:
-            entries += cursor.chat(chunk) if cursor else []
-            if chunk.text or (chunk.finish_reason and entries):
-                yield api.chat_chunk(head, {"content": chunk.text}, logprobs=entries if cursor else None, with_usage=usage)
-                entries = []
-        yield api.chat_chunk(head, {}, chunk.finish_reason, with_usage=usage, stopped_by=chunk.stopped_by)
+        for c in choices:
+            yield api.chat_chunk(head, {"role": "assistant", "content": ""}, with_usage=usage, index=c.index)
+        async for index, chunk in run:
+            choice = choices[index]
+            for delta, logprobs in choice.push(chunk):
+                yield api.chat_chunk(head, delta, logprobs=logprobs, with_usage=usage, index=index)
+            if chunk.finish_reason is not None:
+                yield api.chat_chunk(head, {}, choice.finish_reason, with_usage=usage, stopped_by=chunk.stopped_by,
+                                     index=index)
         if usage:
-            yield api.chat_chunk(head, None, stats=chunk.stats, with_usage=True)
-        request.state.note = _note(chunk)
+            yield api.chat_chunk(head, None, stats=[c.last.stats for c in choices], with_usage=True)
+        request.state.note = _note(choices)
 
-    async def _completion_events(self, run, job: api.Job, head: dict, cursor, offset: int, request: Request):
-        sent = 0  # characters streamed so far
-        async for chunk in run:
-            lp = cursor.legacy(chunk, offset + sent) if cursor else None
+    async def _completion_events(self, run, job: api.Job, head: dict, choices: list, request: Request):
+        async for index, chunk in run:
+            lp = choices[index].push(chunk)
             if chunk.text or chunk.finish_reason or (lp and lp["tokens"]):
                 yield api.completion_chunk(head, chunk.text, chunk.finish_reason, lp, with_usage=job.include_usage,
-                                           stopped_by=chunk.stopped_by)
-            sent += len(chunk.text)
+                                           stopped_by=chunk.stopped_by, index=index)
         if job.include_usage:
-            yield api.completion_chunk(head, None, stats=chunk.stats, with_usage=True)
-        request.state.note = _note(chunk)
+            yield api.completion_chunk(head, None, stats=[c.last.stats for c in choices], with_usage=True)
+        request.state.note = _note(choices)
 
     # ------------------------------------------------------------------ a request's way in (slow parts: worker threads)
 
@@ -296,64 +311,22 @@ class Server:
         return bytes(body)
 
     def _chat_request(self, data: bytes):
-        job = api.chat_job(_parse(data))
+        job = api.chat_job(_parse(data), self.defaults)
         self._check_model(job.model)
-        req = self._request(job, self.rt.prompt_ids(job.messages), "messages")
-        return job, req, self._cursor(req)
+        return (job, *self.prepare.chat(job))
 
     def _completion_request(self, data: bytes):
-        job = api.completion_job(_parse(data))
+        job = api.completion_job(_parse(data), self.defaults)
         self._check_model(job.model)
-        tok = self.rt.loaded.tokenizer
-        ids = tok.encode(job.prompt) if isinstance(job.prompt, str) else job.prompt
-        req = self._request(job, ids, "prompt")
-        offset = len(job.prompt if isinstance(job.prompt, str) else tok.decode(ids))  # text_offset counts from here
-        return job, req, self._cursor(req), offset
-
-    def _cursor(self, req: EngineRequest):
-        return api.LogprobCursor(req.logprobs, self.rt.loaded.tokenizer) if req.logprobs is not None else None
+        return (job, *self.prepare.completion(job))
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name not in self.names:
             raise ApiError(404, f"the model {name!r} is not served here; this server serves {self.model_id!r} "
                                 "(see GET /v1/models)", "model", "model_not_found")
 
-    def _request(self, job: api.Job, ids: list[int], param: str) -> EngineRequest:
-        if not ids:
-            raise ApiError(400, f"the {param} is empty", param)
-        vocab = self.rt.loaded.args.vocab_size
-        if max(ids) >= vocab:
-            raise ApiError(400, f"token id {max(ids)} is outside the vocabulary (0..{vocab - 1})", param)
-        constraint = None
-        if job.schema is not None:
-            try:
-                constraint = self.compiler().constraint(_grammar(job.schema))
-            except GrammarError as e:
-                raise ApiError(400, str(e), "response_format") from None
-        recorder = Logprobs(job.logprobs) if job.logprobs is not None else None
-        return EngineRequest(ids, job.params, job.max_tokens, job.stop, constraint, recorder)
-
-    def compiler(self):
-        """The grammar compiler for this model's tokenizer, built on first use (about a second)."""
-        with self._compiler_lock:
-            if self._compiler is None:
-                self._compiler = GrammarCompiler(self.rt.loaded.tokenizer)
-            return self._compiler
-
-    def _submit(self, req: EngineRequest, param: str) -> EngineRun:
-        return EngineRun(self.loop, req, param, self._durations.append)
-
-
-class _LegacyCursor:
-    """The completions endpoint's logprobs for collect: one dict per chunk, text_offset running on."""
-
-    def __init__(self, cursor, offset: int):
-        self.cursor, self.offset = cursor, offset
-
-    def __call__(self, chunk) -> list[dict]:
-        part = self.cursor.legacy(chunk, self.offset)
-        self.offset += len(chunk.text)
-        return [part]
+    def _submit(self, reqs: list, param: str) -> EngineRun:
+        return EngineRun(self.loop, reqs, param, self._durations.append)
 
 
 async def _routing_error(request: Request, exc: HTTPException) -> Response:
@@ -392,11 +365,7 @@ def _failure(e: Exception, request: Request) -> Response:
     return json_response(err.status, err.body(), headers)
 
 
-def _note(last) -> str:
-    return f"{last.stats.prompt_tokens}+{last.stats.completion_tokens} tokens, {last.finish_reason}"
-
-
-@lru_cache(maxsize=64)
-def _grammar(schema_text: str):
-    """A response_format schema, checked and compiled once per distinct schema."""
-    return from_json_schema(schema_text, "response_format's schema")
+def _note(choices: list) -> str:
+    stats = [c.last.stats for c in choices]
+    finish = ", ".join(c.finish_reason for c in choices)
+    return f"{stats[0].prompt_tokens}+{sum(s.completion_tokens for s in stats)} tokens, {finish}"

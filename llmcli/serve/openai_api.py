@@ -7,7 +7,8 @@ pieces of the answer -> the dicts OpenAI returns. No HTTP and no model here (htt
     LogprobCursor                           a request's Logprobs entries, handed out chunk by chunk
 
 Defaults are OpenAI's, not llama.cpp's: temperature 1, top_p 1, no top-k / min-p, and the legacy
-completions endpoint stops at 16 tokens unless max_tokens says otherwise.
+completions endpoint stops at 16 tokens unless max_tokens says otherwise; `serve`'s flags replace
+them (Defaults), and a request's own values win over both.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import json
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..decode.sampling import MAX_SEED, SamplingParams
 from ..errors import InvalidParameterError
+from ..formats.tools import Tool, parse_tools
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_TOP_LOGPROBS = 20
+MAX_N = 16  # choices per request (each is a row of the engine; OpenAI allows 128)
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat has none: until the context is full)
 JSON_OBJECT = '{"type": "object"}'  # response_format json_object: any JSON object
 IMPOSSIBLE = -9999.0  # what OpenAI reports for a logprob of -inf (JSON has no infinity)
@@ -43,6 +46,16 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+@dataclass(frozen=True)
+class Defaults:
+    """What `serve`'s flags set for the requests that leave it out (a request's own values win)."""
+
+    sampling: dict = field(default_factory=dict)  # request field (temperature, top_p, seed, ...) -> value
+    max_tokens: int | None = None  # both endpoints (else chat: the context; completions: 16)
+    system: str | None = None  # chat: a system message for conversations that have none
+    grammar: object = None  # constrained.Grammar (--json-schema, --grammar) for requests that ask for no format
+
+
 @dataclass
 class Job:
     """What one request asks for, checked. Exactly one of `messages` (chat) and `prompt` is set."""
@@ -53,18 +66,26 @@ class Job:
     stream: bool
     include_usage: bool
     model: str | None
-    messages: list[dict] | None = None  # [{"role", "content": str}], roles system/user/assistant
+    messages: list[dict] | None = None  # [{"role", "content": str, ...}]: system/user/assistant/tool
     prompt: str | list[int] | None = None  # raw text, or token ids
     schema: str | None = None  # JSON Schema text the output must follow (response_format)
+    grammar: str | None = None  # a GBNF or Lark grammar the output must follow (llama.cpp's `grammar`)
     logprobs: int | None = None  # alternatives per token; None: no logprobs
+    n: int = 1  # choices, each sampled on its own
+    tools: list[Tool] | None = None  # offered to the model (None: none, or tool_choice "none")
+    tool_choice: str = "auto"  # "auto" | "required" | a tool's name
+    parallel_tool_calls: bool = True
+    default_format: bool = False  # the request asked for no format: serve's --json-schema/--grammar applies
 
 
 # ------------------------------------------------------------------------------ requests
 
 
-def chat_job(body: dict) -> Job:
+def chat_job(body: dict, defaults: Defaults = Defaults()) -> Job:
     _refuse(body, _CHAT_UNSUPPORTED)
     messages = _messages(body.get("messages"))
+    if defaults.system is not None and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": defaults.system})
     logprobs = None
     if _bool(body, "logprobs"):
         logprobs = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0)
@@ -72,31 +93,69 @@ def chat_job(body: dict) -> Job:
         raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     max_tokens = _integer(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1, None, None)
-    return Job(_params(body), max_tokens, _stop(body), *_streaming(body), _model(body), messages=messages,
-               schema=_response_format(body.get("response_format")), logprobs=logprobs)
+        max_tokens = _integer(body, "max_tokens", 1, None, defaults.max_tokens)
+    job = Job(_params(body, defaults), max_tokens, _stop(body), *_streaming(body), _model(body), messages=messages,
+              schema=_response_format(body.get("response_format")), grammar=_grammar_field(body),
+              logprobs=logprobs, n=_integer(body, "n", 1, MAX_N, 1))
+    _tools(body, job)
+    if job.schema is not None and job.grammar is not None:
+        raise ApiError(400, "response_format and grammar exclude each other; send one", "grammar")
+    job.default_format = job.schema is None and job.grammar is None and job.tools is None and \
+        body.get("response_format") is None
+    return job
 
 
-def completion_job(body: dict) -> Job:
+def completion_job(body: dict, defaults: Defaults = Defaults()) -> Job:
     _refuse(body, _COMPLETION_UNSUPPORTED)
-    return Job(_params(body), _integer(body, "max_tokens", 1, None, COMPLETIONS_MAX_TOKENS), _stop(body),
-               *_streaming(body), _model(body), prompt=_prompt(body.get("prompt")),
-               logprobs=_integer(body, "logprobs", 0, MAX_TOP_LOGPROBS, None))
+    max_tokens = _integer(body, "max_tokens", 1, None, defaults.max_tokens or COMPLETIONS_MAX_TOKENS)
+    job = Job(_params(body, defaults), max_tokens, _stop(body), *_streaming(body), _model(body),
+              prompt=_prompt(body.get("prompt")), grammar=_grammar_field(body),
+              logprobs=_integer(body, "logprobs", 0, MAX_TOP_LOGPROBS, None), n=_integer(body, "n", 1, MAX_N, 1))
+    job.default_format = job.grammar is None
+    return job
+
+
+def _tools(body: dict, job: Job) -> None:
+    """`tools`, `tool_choice` and `parallel_tool_calls` into the job (tool_choice "none": no tools)."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", '
+                                '"function": {"name": ...}}', "tool_choice")
+        choice = fn["name"]
+    elif choice not in (None, "none", "auto", "required"):
+        raise ApiError(400, f'tool_choice must be "none", "auto", "required" or a function, got {choice!r}', "tool_choice")
+    job.parallel_tool_calls = body.get("parallel_tool_calls") is not False
+    if body.get("tools") is None:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, f"tool_choice {choice!r} needs tools", "tool_choice")
+        return
+    try:
+        tools = parse_tools(body["tools"])
+    except InvalidParameterError as e:
+        raise ApiError(400, str(e), "tools") from None
+    if choice not in (None, "none", "auto", "required") and all(t.name != choice for t in tools):
+        raise ApiError(400, f"tool_choice names the function {choice!r}, which is not among the tools", "tool_choice")
+    if choice == "none":
+        return
+    if job.schema is not None or job.grammar is not None:
+        raise ApiError(400, "tools do not combine with response_format or grammar; send one", "tools")
+    if job.stop:
+        raise ApiError(400, "stop does not combine with tools: a stop text could cut a call short", "stop")
+    job.tools, job.tool_choice = tools, choice or "auto"
 
 
 # field -> (is it asking for something this server does not do?, what to say)
 _CHAT_UNSUPPORTED = {
-    "n": (lambda v: v != 1, "n must be 1: this server makes one choice per request; send several requests"),
-    "tools": (lambda v: bool(v), "tool calls are not supported by this server"),
-    "functions": (lambda v: bool(v), "function calls are not supported by this server"),
+    "functions": (lambda v: bool(v), "functions (deprecated by OpenAI) are not supported; send them as tools"),
     "logit_bias": (lambda v: bool(v), "logit_bias is not supported by this server"),
     "audio": (lambda v: True, "audio output is not supported by this server"),
     "modalities": (lambda v: any(m != "text" for m in (v if isinstance(v, list) else [v])), "only the text modality is supported"),
     "prediction": (lambda v: True, "predicted outputs are not supported by this server"),
 }
 _COMPLETION_UNSUPPORTED = {
-    "n": _CHAT_UNSUPPORTED["n"],
-    "best_of": (lambda v: v != 1, "best_of must be 1: this server makes one choice per request"),
+    "best_of": (lambda v: v != 1, "best_of must be 1: this server does not rank choices (n gives several)"),
     "echo": (lambda v: bool(v), "echo is not supported by this server"),
     "suffix": (lambda v: bool(v), "suffix (insertion) is not supported by this server"),
     "logit_bias": _CHAT_UNSUPPORTED["logit_bias"],
@@ -111,20 +170,21 @@ def _refuse(body: dict, unsupported: dict) -> None:
             raise ApiError(400, why, key)
 
 
-def _params(body: dict) -> SamplingParams:
-    top_p = _number(body, "top_p", 0, 1, 1.0)
-    top_k = _integer(body, "top_k", 0, None, 0)
+def _params(body: dict, defaults: Defaults = Defaults()) -> SamplingParams:
+    d = defaults.sampling
+    top_p = _number(body, "top_p", 0, 1, d.get("top_p", 1.0))
+    top_k = _integer(body, "top_k", 0, None, d.get("top_k", 0))
     if top_p == 0:  # the smallest set of tokens reaching probability 0: the most likely one
         top_p, top_k = 1.0, 1
-    seed = _integer(body, "seed", -1, MAX_SEED, -1)
+    seed = _integer(body, "seed", -1, MAX_SEED, d.get("seed", -1))
     try:
         return SamplingParams(
-            temperature=_number(body, "temperature", 0, 2, 1.0), top_k=top_k, top_p=top_p,
-            min_p=_number(body, "min_p", 0, 0.999999, 0.0),
-            repeat_penalty=_number(body, "repeat_penalty", 1e-6, None, 1.0),
-            repeat_last_n=_integer(body, "repeat_last_n", -1, None, 64),
-            presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
-            frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0), seed=seed)
+            temperature=_number(body, "temperature", 0, 2, d.get("temperature", 1.0)), top_k=top_k, top_p=top_p,
+            min_p=_number(body, "min_p", 0, 0.999999, d.get("min_p", 0.0)),
+            repeat_penalty=_number(body, "repeat_penalty", 1e-6, None, d.get("repeat_penalty", 1.0)),
+            repeat_last_n=_integer(body, "repeat_last_n", -1, None, d.get("repeat_last_n", 64)),
+            presence_penalty=_number(body, "presence_penalty", -2, 2, d.get("presence_penalty", 0.0)),
+            frequency_penalty=_number(body, "frequency_penalty", -2, 2, d.get("frequency_penalty", 0.0)), seed=seed)
     except InvalidParameterError as e:  # the ranges above should catch everything first
         raise ApiError(400, str(e)) from None
 
@@ -156,10 +216,12 @@ def _model(body: dict) -> str | None:
     return model
 
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 def _messages(messages) -> list[dict]:
+    """[{"role", "content"}]; an assistant message may carry `tool_calls` (then its content may be
+    null), a tool message its `tool_call_id` (and `name`), kept for the template."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
     out = []
@@ -169,11 +231,20 @@ def _messages(messages) -> list[dict]:
             raise ApiError(400, f"{where} must be an object with role and content", where)
         role = m.get("role")
         if role not in _ROLES:
-            raise ApiError(400, f"{where}.role {role!r} is not supported; use system, user or assistant"
-                           + (" (tool calls are not supported)" if role in ("tool", "function") else ""), f"{where}.role")
-        if m.get("tool_calls"):
-            raise ApiError(400, "tool calls are not supported by this server", f"{where}.tool_calls")
-        out.append({"role": _ROLES[role], "content": _content(m.get("content"), f"{where}.content")})
+            raise ApiError(400, f"{where}.role {role!r} is not supported; use system, developer, user, assistant "
+                                "or tool", f"{where}.role")
+        message = {"role": _ROLES[role]}
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls:
+            if not isinstance(calls, list):
+                raise ApiError(400, f"{where}.tool_calls must be a list of calls", f"{where}.tool_calls")
+            message["tool_calls"] = calls
+        content = m.get("content")
+        message["content"] = "" if content is None and calls else _content(content, f"{where}.content")
+        for key in ("tool_call_id", "name") if role == "tool" else ():
+            if isinstance(m.get(key), str):
+                message[key] = m[key]
+        out.append(message)
     return out
 
 
@@ -203,6 +274,16 @@ def _prompt(prompt) -> str | list[int]:
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
         return prompt
     raise ApiError(400, "prompt must be a string or a list of token ids", "prompt")
+
+
+def _grammar_field(body: dict) -> str | None:
+    """llama.cpp's `grammar`: a GBNF grammar as llama.cpp users write them (or llguidance's Lark)."""
+    grammar = body.get("grammar")
+    if grammar is None or grammar == "":
+        return None
+    if not isinstance(grammar, str):
+        raise ApiError(400, "grammar must be a string: a GBNF grammar (root ::= ...) or a Lark one", "grammar")
+    return grammar
 
 
 def _response_format(fmt) -> str | None:
@@ -262,11 +343,12 @@ def head(prefix: str, model: str) -> dict:
             "system_fingerprint": None}
 
 
-def usage(stats) -> dict:
-    """OpenAI's usage; cached_tokens: prompt tokens whose KV came from the prompt cache."""
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+def usage(stats: list) -> dict:
+    """Over the choices of one request: the prompt counted once, every choice's tokens; cached_tokens:
+    prompt tokens whose KV came from the prompt cache."""
+    prompt, completion = stats[0].prompt_tokens, sum(s.completion_tokens for s in stats)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens}}
 
 
 def _stopped(stopped_by: str | None) -> dict:
@@ -274,21 +356,35 @@ def _stopped(stopped_by: str | None) -> dict:
     return {"stopped_by": stopped_by} if stopped_by else {}
 
 
-def chat_response(head: dict, text: str, finish: str, stats, logprobs: list[dict] | None,
-                  stopped_by: str | None = None) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-              "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
-              "finish_reason": finish, **_stopped(stopped_by)}
-    return {**head, "object": "chat.completion", "choices": [choice], "usage": usage(stats),
-            "timings": stats.as_dict()}  # llama.cpp's extra
+def tool_call(call, index: int | None = None) -> dict:
+    """A formats.tool_reply.Call as OpenAI writes it (with its index in a streamed delta)."""
+    where = {"index": index} if index is not None else {}
+    return {**where, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": call.name, "arguments": call.json()}}
+
+
+def chat_choice(index: int, content: str | None, finish: str, logprobs: list[dict] | None, stopped_by: str | None,
+                calls: list | None = None) -> dict:
+    message = {"role": "assistant", "content": content, "refusal": None}
+    if calls:
+        message["tool_calls"] = [tool_call(c) for c in calls]
+    return {"index": index, "message": message,
+            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+            "finish_reason": finish, **_stopped(stopped_by)}
+
+
+def chat_response(head: dict, choices: list[dict], stats: list) -> dict:
+    return {**head, "object": "chat.completion", "choices": choices, "usage": usage(stats),
+            "timings": stats[0].as_dict()}  # llama.cpp's extra (the first choice's)
 
 
 def chat_chunk(head: dict, delta: dict | None, finish: str | None = None, logprobs: list[dict] | None = None,
-               stats=None, with_usage: bool = False, stopped_by: str | None = None) -> dict:
+               stats: list | None = None, with_usage: bool = False, stopped_by: str | None = None,
+               index: int = 0) -> dict:
     """One streamed event; `delta` None: the usage-only chunk that ends an include_usage stream."""
     out = {**head, "object": "chat.completion.chunk", "choices": []}
     if delta is not None:
-        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish,
+        out["choices"] = [{"index": index, "delta": delta, "finish_reason": finish,
                            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
                            **_stopped(stopped_by)}]
     if with_usage:  # OpenAI: null on every chunk but the last, which carries it
@@ -296,20 +392,21 @@ def chat_chunk(head: dict, delta: dict | None, finish: str | None = None, logpro
     return out
 
 
-def completion_response(head: dict, text: str, finish: str, stats, logprobs: dict | None,
-                        stopped_by: str | None = None) -> dict:
-    return {**head, "object": "text_completion",
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
-                         **_stopped(stopped_by)}],
-            "usage": usage(stats), "timings": stats.as_dict()}
+def completion_choice(index: int, text: str, finish: str, logprobs: dict | None, stopped_by: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, **_stopped(stopped_by)}
+
+
+def completion_response(head: dict, choices: list[dict], stats: list) -> dict:
+    return {**head, "object": "text_completion", "choices": choices, "usage": usage(stats),
+            "timings": stats[0].as_dict()}
 
 
 def completion_chunk(head: dict, text: str | None, finish: str | None = None, logprobs: dict | None = None,
-                     stats=None, with_usage: bool = False, stopped_by: str | None = None) -> dict:
+                     stats: list | None = None, with_usage: bool = False, stopped_by: str | None = None,
+                     index: int = 0) -> dict:
     out = {**head, "object": "text_completion", "choices": []}
     if text is not None:
-        out["choices"] = [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
-                           **_stopped(stopped_by)}]
+        out["choices"] = [completion_choice(index, text, finish, logprobs, stopped_by)]
     if with_usage:
         out["usage"] = usage(stats) if stats is not None else None
     return out
