@@ -152,3 +152,20 @@ def test_without_a_compiler_one_warning_and_the_torch_path(monkeypatch, tmp_path
         assert not native.available() and native.variant() is None and not native.int8_dot()
     assert [str(w.message) for w in caught if w.category is LlmcliWarning] == [
         "no C++ compiler found (install g++ or clang++, or set CXX); the GGUF kernels take the slower torch path"]
+
+
+def test_builds_of_other_sources_are_pruned_beyond_the_newest_few(tmp_path):
+    """Two installs sharing the user cache keep their own builds; older ones beyond KEPT go."""
+    import os
+
+    from llmcli.native import library
+
+    name = "libllmcli-avx2.so"
+    paths = [tmp_path / f"{i:04x}-{name}" for i in range(6)]
+    for age, p in enumerate(reversed(paths)):
+        p.write_bytes(b"x")
+        os.utime(p, (1000 - age, 1000 - age))  # paths[5] newest
+    (tmp_path / "0000-libllmcli-neon.so").write_bytes(b"x")  # another variant: untouched
+    library._prune(paths[-1], name)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([p.name for p in paths[-library.KEPT:]] + ["0000-libllmcli-neon.so"])

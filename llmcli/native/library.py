@@ -17,6 +17,7 @@ import torch
 from . import build
 from .steps import BLOCKS, DecodeSteps, check_blocks, declare
 
+KEPT = 4  # builds of one variant kept in the cache (other versions' sources)
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 
@@ -52,10 +53,17 @@ def find(variant: str, on_build=None) -> "Kernels":
                 if on_build is not None:
                     on_build()
                 build.compile_variant(variant, cached)
-                for old in cached.parent.glob(f"*-{name}"):  # builds of other sources (a process using one keeps its copy)
-                    if old != cached:
-                        old.unlink(missing_ok=True)
+                _prune(cached, name)
     return Kernels(cached)
+
+
+def _prune(newest: Path, name: str) -> None:
+    """Drop builds of other sources beyond the KEPT most recent: two installs of llmcli (a checkout and
+    a release, two virtual environments) each keep theirs rather than rebuilding every time the other
+    ran. A process using a dropped one keeps its copy."""
+    builds = sorted(newest.parent.glob(f"*-{name}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in [b for b in builds if b != newest][KEPT - 1:]:
+        old.unlink(missing_ok=True)
 
 
 def _fn(lib, name: str, restype, *argtypes):
