@@ -22,6 +22,7 @@ rows to the activation dtype and run a dense GEMM. Nothing is rounded a second t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .. import native
@@ -129,7 +130,12 @@ class GGUFBlockWeight:
         first = weights[0]
         if any(w.type_name != first.type_name or w.shape[1] != first.shape[1] for w in weights):
             return None
-        return cls(torch.cat([w.blocks for w in weights]), first.type_name, first.shape[1], first.device)
+        if first.device.type == "cpu":  # numpy's one-thread memcpy: torch.cat spread the copy over the intra-op
+            # threads, and on a busy CPU each call waited ~10-30 ms for them (SmolLM2's fuse: 0.6 s of 0.02)
+            blocks = torch.from_numpy(np.concatenate([w.blocks.numpy() for w in weights]))
+        else:
+            blocks = torch.cat([w.blocks for w in weights])
+        return cls(blocks, first.type_name, first.shape[1], first.device)
 
     def state(self) -> dict[str, torch.Tensor]:
         return {"blocks": self.blocks.cpu()}
