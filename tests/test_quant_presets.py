@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmcli.quant.convert import Source, plan
-from llmcli.quant.presets import KEEP, PresetError, QuantSpec, load_preset, parse_preset, shipped_names
+from llmcli.quant.presets import KEEP, Preset, PresetError, QuantSpec, Rule, load_preset, parse_preset, shipped_names
 
 SHIPPED = ["bf16", "f16", "f32", "llm_int8", "nf4", "q4", "q4_g128", "q4_mixed", "q8"]
 
@@ -92,3 +92,17 @@ def test_unknown_preset_lists_the_shipped_ones():
     assert "'q3'" in str(e.value) and ", ".join(SHIPPED) in str(e.value)
     with pytest.raises(PresetError, match="does not exist"):
         load_preset("/nowhere/p.toml")
+
+
+def test_the_first_matching_rule_wins_whether_it_names_a_tensor_or_a_pattern():
+    """spec_for's index of exactly named tensors finds what a scan of the rules in order finds."""
+    a, b, c = QuantSpec(4, 32), QuantSpec(8, 32), QuantSpec(4, 64)
+    rules = [Rule(("x.1",), (), a), Rule(("*.mlp.*",), (), b), Rule(("model.layers.3.mlp.up",), (), c),
+             Rule(("*.up",), (0,), a), Rule(("lm_head.weight",), (), c), Rule(("lm_head.weight", "y"), (), a)]
+    preset = Preset("t", rules)
+    for name in ["x.1", "model.layers.3.mlp.up", "model.layers.0.attn.up", "model.layers.5.attn.up",
+                 "lm_head.weight", "y", "nothing", "model.layers.0.mlp.up"]:
+        assert preset._first_rule(name, 8) is next((r for r in rules if r.matches(name, 8)), None), name
+    assert preset._first_rule("model.layers.3.mlp.up", 8).spec == b  # the pattern before the exact name
+    assert preset._first_rule("model.layers.0.attn.up", 8).spec == a  # a layer rule
+    assert preset._first_rule("nothing", 8) is None

@@ -70,7 +70,9 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
 
     Callers check `direct_spec` first."""
     if spec.kind == type_name:
-        return {"blocks": torch.from_numpy(np.array(raw, dtype=np.uint8).reshape(N, -1))}
+        # a view of the file's (copy-on-write) memory map, as llama.cpp's mmap: no copy to make at load,
+        # and pages the OS can drop and read back under memory pressure
+        return {"blocks": torch.from_numpy(np.asarray(raw, dtype=np.uint8).reshape(N, -1))}
     if type_name == "Q4_K":
         return _q4_k(raw, N, K)
     if type_name == "Q4_0":

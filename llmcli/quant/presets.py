@@ -24,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -125,12 +126,34 @@ class Preset:
     def quantizes(self) -> bool:
         return any(r.spec.quantized for r in self.rules)
 
+    @cached_property
+    def _by_name(self) -> tuple[dict[str, int], list[tuple[int, Rule]]]:
+        """{tensor name: index of the first rule naming it exactly}, and the other rules with their
+        index. A GGUF's as-stored preset has a rule per tensor: scanning them all for each of its
+        tensors took 0.15 s of SmolLM2's load. (Rules are not changed after a preset is made.)"""
+        exact: dict[str, int] = {}
+        others = []
+        for i, r in enumerate(self.rules):
+            if r.layers or any(c in p for p in r.patterns for c in "*?["):
+                others.append((i, r))
+            else:
+                for p in r.patterns:
+                    exact.setdefault(p, i)
+        return exact, others
+
+    def _first_rule(self, name: str, n_layers: int) -> Rule | None:
+        """The first rule that matches `name`, as a scan of self.rules in order finds it."""
+        exact, others = self._by_name
+        first = exact.get(name, len(self.rules))
+        found = next((i for i, r in others if i < first and r.matches(name, n_layers)), first)
+        return self.rules[found] if found < len(self.rules) else None
+
     def spec_for(self, name: str, shape: tuple[int, ...], n_layers: int) -> QuantSpec:
         """The format of tensor `name` (a weight of `shape`): the first matching rule's, adjusted
         when its group size does not divide the row length (or an error, as the preset says)."""
         if len(shape) != 2:
             return KEEP
-        rule = next((r for r in self.rules if r.matches(name, n_layers)), None)
+        rule = self._first_rule(name, n_layers)
         if rule is None or not rule.spec.quantized:
             return KEEP
         spec, K = rule.spec, shape[1]
