@@ -59,15 +59,21 @@ def reference(rt, ids, params=GREEDY, max_tokens=None, stop=(), logprobs=None):
     return "".join(c.text for c in chunks), chunks[-1]
 
 
-def raw(srv, method, path, body=b"", headers=None):
-    """(status, parsed JSON) from a plain http.client request."""
+def exchange(srv, method, path, body=b"", headers=None):
+    """(status, headers, body bytes) from a plain http.client request."""
     host, port = srv.address
     conn = http.client.HTTPConnection(host, port, timeout=30)
     conn.request(method, path, body=body, headers=headers or {})
     resp = conn.getresponse()
     data = resp.read()
     conn.close()
-    return resp.status, json.loads(data)
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+
+def raw(srv, method, path, body=b"", headers=None):
+    """(status, parsed JSON) from a plain http.client request."""
+    status, _, data = exchange(srv, method, path, body, headers)
+    return status, json.loads(data)
 
 
 def wait_idle(srv, seconds=5.0):

@@ -4,7 +4,6 @@ defaults serve's flags set (a request's own values win), n choices, the grammar 
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -19,6 +18,7 @@ import pytest
 import torch
 from conftest import REPO
 from test_serve import ASK, GREEDY, reference
+from test_serve import exchange as raw  # (status, headers, body bytes)
 
 from llmcli.decode.constrained import from_json_schema
 from llmcli.decode.sampling import SamplingParams
@@ -52,17 +52,6 @@ def served(rt):
     yield start
     for srv in servers:
         srv.close()
-
-
-def raw(srv, method, path, body=b"", headers=None):
-    """(status, headers, body bytes) from a plain http.client request."""
-    host, port = srv.address
-    conn = http.client.HTTPConnection(host, port, timeout=30)
-    conn.request(method, path, body=body, headers=headers or {})
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
 
 
 # ------------------------------------------------------------------------------ defaults

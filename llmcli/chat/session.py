@@ -88,7 +88,12 @@ class ChatSession:
             raise InvalidParameterError("the message is empty; type some text")
         check_text(text, "the message")
         self._check_stop()
-        self.conv.messages.append({"role": "user", "content": text})
+        return self._add({"role": "user", "content": text})
+
+    def _add(self, message: dict) -> list[dict]:
+        """Append `message` and fit the conversation to the context (the messages dropped), or leave
+        the conversation as it was if it cannot fit."""
+        self.conv.messages.append(message)
         try:
             fitted = fit(self.conv, self.encode, self.ctx_size)
         except BaseException:
@@ -104,14 +109,8 @@ class ChatSession:
         calls = self._open_calls()
         if not calls:
             raise InvalidParameterError("there is no tool call to answer; /tool answers the calls of the last reply")
-        self.conv.messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": text})
-        try:
-            fitted = fit(self.conv, self.encode, self.ctx_size)
-        except BaseException:
-            self.conv.messages.pop()
-            raise
-        self._prompt = fitted.ids
-        return fitted.dropped, len(calls) == 1
+        dropped = self._add({"role": "tool", "tool_call_id": calls[0]["id"], "content": text})
+        return dropped, len(calls) == 1
 
     def _open_calls(self) -> list[dict]:
         """The last reply's calls that no tool message answers yet."""

@@ -156,42 +156,30 @@ class Server:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llmcli"}
 
     async def chat(self, request: Request) -> Response:
-        try:
-            self._check_generates()
-            with self._admitted():
-                job, reqs, choices = await run_in_threadpool(self._chat_request, await self._read_body(request))
-                run = self._submit(reqs, "messages")
-            head = api.head("chatcmpl", self.model_id)
-            if job.stream:
-                return EventStream(self._chat_events(run, job, head, choices, request), run, request,
-                                   self.timeouts.write)
-            try:
-                await unless_gone(request.receive, collect(run, choices))
-            finally:
-                run.close()
-            request.state.note = _note(choices)
-            return json_response(200, api.chat_response(head, [c.body() for c in choices],
-                                                        [c.last.stats for c in choices]))
-        except Exception as e:
-            return _failure(e, request)
+        return await self._generate(request, self._chat_request, "messages", "chatcmpl", self._chat_events,
+                                    api.chat_response)
 
     async def completion(self, request: Request) -> Response:
+        return await self._generate(request, self._completion_request, "prompt", "cmpl", self._completion_events,
+                                    api.completion_response)
+
+    async def _generate(self, request: Request, prepare, param: str, id_prefix: str, events, response) -> Response:
+        """A chat or completion request: prepared in a worker thread, decoded in the engine, answered
+        whole or as a stream of `events`."""
         try:
             self._check_generates()
             with self._admitted():
-                job, reqs, choices = await run_in_threadpool(self._completion_request, await self._read_body(request))
-                run = self._submit(reqs, "prompt")
-            head = api.head("cmpl", self.model_id)
+                job, reqs, choices = await run_in_threadpool(prepare, await self._read_body(request))
+                run = self._submit(reqs, param)
+            head = api.head(id_prefix, self.model_id)
             if job.stream:
-                return EventStream(self._completion_events(run, job, head, choices, request), run, request,
-                                   self.timeouts.write)
+                return EventStream(events(run, job, head, choices, request), run, request, self.timeouts.write)
             try:
                 await unless_gone(request.receive, collect(run, choices))
             finally:
                 run.close()
             request.state.note = _note(choices)
-            return json_response(200, api.completion_response(head, [c.body() for c in choices],
-                                                              [c.last.stats for c in choices]))
+            return json_response(200, response(head, [c.body() for c in choices], [c.last.stats for c in choices]))
         except Exception as e:
             return _failure(e, request)
 
