@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import shaped_gguf
 
 # Qwen2.5-0.5B-Instruct config.json
 SHAPES = dict(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab=151936, ctx=32768,
@@ -39,19 +40,8 @@ def write_f16(out: Path, tokenizer_gguf: Path, seed: int = 0) -> None:
     pad = s["vocab"] - len(tokens)
     tokens = list(tokens) + [f"<|unused_{i}|>" for i in range(pad)]
     types = list(types) + [5] * pad  # UNUSED: never produced by the tokenizer
-    head_dim = s["hidden"] // s["heads"]
-    kv = s["kv_heads"] * head_dim
     tmp = out.with_suffix(".partial")
-    w = gguf.GGUFWriter(str(tmp), "qwen2")
-    w.add_name("qwen2-0.5b-shapes-random")
-    w.add_block_count(s["layers"])
-    w.add_context_length(s["ctx"])
-    w.add_embedding_length(s["hidden"])
-    w.add_feed_forward_length(s["intermediate"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_layer_norm_rms_eps(s["eps"])
-    w.add_rope_freq_base(s["rope_theta"])
+    w = shaped_gguf.start(tmp, "qwen2", "qwen2-0.5b-shapes-random", s)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -69,25 +59,8 @@ def write_f16(out: Path, tokenizer_gguf: Path, seed: int = 0) -> None:
         return (rng.standard_normal(n, dtype=np.float32) * scale).astype(np.float32)
 
     w.add_tensor("token_embd.weight", matrix(s["vocab"], s["hidden"]))  # tied: also the output head
-    for i in range(s["layers"]):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(s["hidden"], dtype=np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", matrix(s["hidden"], s["hidden"]))
-        w.add_tensor(f"blk.{i}.attn_q.bias", vector(s["hidden"]))
-        w.add_tensor(f"blk.{i}.attn_k.weight", matrix(kv, s["hidden"]))
-        w.add_tensor(f"blk.{i}.attn_k.bias", vector(kv))
-        w.add_tensor(f"blk.{i}.attn_v.weight", matrix(kv, s["hidden"]))
-        w.add_tensor(f"blk.{i}.attn_v.bias", vector(kv))
-        w.add_tensor(f"blk.{i}.attn_output.weight", matrix(s["hidden"], s["hidden"]))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(s["hidden"], dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", matrix(s["intermediate"], s["hidden"]))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", matrix(s["intermediate"], s["hidden"]))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", matrix(s["hidden"], s["intermediate"]))
-    w.add_tensor("output_norm.weight", np.ones(s["hidden"], dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(out)
+    shaped_gguf.add_layers(w, s, matrix, vector)
+    shaped_gguf.finish(w, tmp, out)
 
 
 def main() -> None:

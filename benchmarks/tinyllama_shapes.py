@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import shaped_gguf
 
 # TinyLlama-1.1B-Chat-v1.0 config.json
 SHAPES = dict(hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=4, vocab=32000, ctx=2048,
@@ -47,19 +48,8 @@ def write(out: Path, tokenizer: Path, seed: int = 0) -> None:
     n = sp.GetPieceSize()
     assert n == SHAPES["vocab"], f"the tokenizer has {n} pieces; TinyLlama's shapes need {SHAPES['vocab']}"
     s = SHAPES
-    head_dim = s["hidden"] // s["heads"]
     tmp = out.with_suffix(".partial")
-    w = gguf.GGUFWriter(str(tmp), "llama")
-    w.add_name("tinyllama-shapes-random")
-    w.add_block_count(s["layers"])
-    w.add_context_length(s["ctx"])
-    w.add_embedding_length(s["hidden"])
-    w.add_feed_forward_length(s["intermediate"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_rope_dimension_count(head_dim)
-    w.add_layer_norm_rms_eps(s["eps"])
-    w.add_rope_freq_base(s["rope_theta"])
+    w = shaped_gguf.start(tmp, "llama", "tinyllama-shapes-random", s, rope_dims=True)
     w.add_vocab_size(n)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
     w.add_tokenizer_model("llama")
@@ -74,25 +64,10 @@ def write(out: Path, tokenizer: Path, seed: int = 0) -> None:
     def matrix(rows, cols):
         return quantize((rng.standard_normal((rows, cols), dtype=np.float32) * 0.02), q4)
 
-    kv = s["kv_heads"] * head_dim
     w.add_tensor("token_embd.weight", matrix(n, s["hidden"]), raw_dtype=q4)
-    for i in range(s["layers"]):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(s["hidden"], dtype=np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", matrix(s["hidden"], s["hidden"]), raw_dtype=q4)
-        w.add_tensor(f"blk.{i}.attn_k.weight", matrix(kv, s["hidden"]), raw_dtype=q4)
-        w.add_tensor(f"blk.{i}.attn_v.weight", matrix(kv, s["hidden"]), raw_dtype=q4)
-        w.add_tensor(f"blk.{i}.attn_output.weight", matrix(s["hidden"], s["hidden"]), raw_dtype=q4)
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(s["hidden"], dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", matrix(s["intermediate"], s["hidden"]), raw_dtype=q4)
-        w.add_tensor(f"blk.{i}.ffn_up.weight", matrix(s["intermediate"], s["hidden"]), raw_dtype=q4)
-        w.add_tensor(f"blk.{i}.ffn_down.weight", matrix(s["hidden"], s["intermediate"]), raw_dtype=q4)
-    w.add_tensor("output_norm.weight", np.ones(s["hidden"], dtype=np.float32))
+    shaped_gguf.add_layers(w, s, matrix, raw_dtype=q4)
     w.add_tensor("output.weight", matrix(n, s["hidden"]), raw_dtype=q4)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(out)
+    shaped_gguf.finish(w, tmp, out)
 
 
 def main() -> None:
