@@ -71,15 +71,17 @@ class _Sequence:
 
 class BatchEngine:
     def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, rows: int, max_len: int,
-                 kv_type: str | None = None):
+                 kv_type: str | None = None, step=None):
         """`rows` sequences at most at once, each up to `max_len` tokens (prompt + output); the cache
         stores keys and values as `kv_type` says (None: the compute `dtype`; "bf16" or "f16": that
-        storage type; the rows need a static cache)."""
+        storage type; the rows need a static cache). `step` runs the decode steps, called as the
+        model with `slots` (Runtime.decode_step's native step; default: the model); prefill runs the model."""
         if rows < 1:
             raise ValueError("rows must be at least 1")
         if kv_type not in (None, "bf16", "f16"):
             raise ValueError("a batch of rows needs a float KV cache: kv_type None, bf16 or f16")
         self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.step_fn = step or model
         self.rows, self.max_len = rows, max_len
         self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
         self.waiting: deque[Request] = deque()
@@ -155,7 +157,7 @@ class BatchEngine:
         tokens = torch.tensor([[s.last] for s in self.running], dtype=torch.long, device=self.device)
         self.cache.length = max(s.length for s in self.running) + 1
         self._clean_up_to(self.cache.length)
-        logits, h = self.model(tokens, self.cache, slots=slots, last_only=True, hidden=True)
+        logits, h = self.step_fn(tokens, self.cache, slots=slots, last_only=True, hidden=True)
         self.steps += 1
         self.row_steps += n
         done = []

@@ -67,7 +67,9 @@ class DraftModel:
 
     def propose(self, context: list[int], k: int) -> list[int]:
         keep = reuse_prefix(self.cache, context)
-        logits = prefill(self.model, context[keep:], self.cache, self.device)
+        # the few tokens a pass accepted through the native step, which takes several; else the model
+        catch_up = self.step if getattr(self.step, "native", False) else self.model
+        logits = prefill(catch_up, context[keep:], self.cache, self.device)
         self.cache.token_ids = list(context)
         guesses = []
         for i in range(k):
@@ -147,6 +149,7 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
     if shift is not None:
         raise InvalidParameterError("--context-shift does not work with --draft or --lookup")
     step = step or model
+    checks = step if getattr(step, "native", False) else model  # runs a pass's 1+K tokens
     t0 = time.perf_counter()
     picker = Picker(params, prompt, device, head=getattr(model, "lm_head", None), stats=stats)
     reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
@@ -163,7 +166,7 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
         t_pass = time.perf_counter()
         k = min(draft_tokens, max_new - stats.completion_tokens - 1)  # never past max_new (nor the context)
         guesses = proposer.propose(context + [token], k) if k and pacer.guess() else []
-        run = step if not guesses else model
+        run = step if not guesses else checks
         logits, h = run(torch.tensor([[token] + guesses], device=device), cache, hidden=True)  # (1, 1+G, V)
         context.append(token)
         new = []

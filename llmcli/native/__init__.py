@@ -5,7 +5,8 @@ The C++ (plain C++17 with a C interface, api.h; no torch headers):
   activations are quantized to int8 per block of 32, as llama.cpp does, and every type but Q5_K
   multiplies with integer dot products, scaled once per block (dot_*.h: one file per instruction set).
 - attention.cpp: decoding's one-query attention over a float32 KV cache (attend_one).
-- decode.cpp: a whole one-token step of a Llama-family model (DecodeSteps, used by native_step.py).
+- decode.cpp: a whole decode step of a Llama-family model or Gemma 3, for n tokens at once (DecodeSteps,
+  used by native_step.py).
 - team.h: their threads (sized from torch.get_num_threads()), whose waits spin briefly, then sleep.
 
 Variants (build.py): avx512vnni, avxvnni, avx2 (x86-64), neon (aarch64 with dot products) and

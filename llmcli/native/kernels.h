@@ -31,10 +31,12 @@ struct Q8Rows {
     void quantize(const float* x, int64_t m0, int64_t m1);
 };
 
-// y[m * ldy + n] = (row n of W: GGUF blocks of `type`, K wide) . (activation row m), for n in
+// y[m * ldy + n] = (row n of W: GGUF blocks of `type`, K wide) . (activation row m0 + m), for n in
 // [n0, n1) and m in [0, M). xq: the rows quantized; xf: the rows as floats (Q5_K's float route).
-void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t M,
-             float* y, int64_t ldy, int64_t n0, int64_t n1);
+// `alone`: each value exactly as with its activation row alone (M = 1), for any M and any [n0, n1)
+// of whole groups of 4 rows (the decode step's promise that a batch does not change a row's numbers).
+void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
+             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone);
 
 // One head's attention for one query: scores against S keys (rows `ks` floats apart), softmax,
 // weighted sum of S values (rows `vs` apart) into out[0..D). p: S floats of scratch; keys where

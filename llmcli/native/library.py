@@ -140,8 +140,8 @@ class Kernels:
         return out
 
     def DecodeSteps(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
-                    threads: int) -> DecodeSteps:
-        return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, threads)
+                    act: str, threads: int) -> DecodeSteps:
+        return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)
 
 
 # type id -> K -> the bytes of a row of K weights (None where K is not whole blocks)

@@ -32,7 +32,8 @@ static inline void prefetch(const uint8_t* p, int64_t bytes) {
 constexpr int64_t kAhead = 4;
 
 template <int T>
-static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
+                     int64_t n0, int64_t n1, bool alone) {
     const int64_t nb = K / 32, rb = K / Block<T>::size * Block<T>::bytes;
     int64_t n = n0;
 #ifdef LLMCLI_ROW_GROUPS
@@ -41,7 +42,7 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t M, f
         prefetch(row + kAhead * rb, 4 * rb);
         for (int64_t m = 0; m < M; ++m) {
             float o[4];
-            dot_4rows<T>(row, rb, xq.row(m), nb, o);
+            dot_4rows<T>(row, rb, xq.row(m0 + m), nb, o);
             for (int t = 0; t < 4; ++t) y[m * ldy + n + t] = o[t];
         }
     }
@@ -51,14 +52,14 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t M, f
         prefetch(row + kAhead * rb, rb);
         int64_t m = 0;
 #ifdef LLMCLI_ROWS4
-        for (; m + 4 <= M; m += 4) {
-            const Q8 x[4] = {xq.row(m), xq.row(m + 1), xq.row(m + 2), xq.row(m + 3)};
+        for (; !alone && m + 4 <= M; m += 4) {  // sums in another order than dot_row's
+            const Q8 x[4] = {xq.row(m0 + m), xq.row(m0 + m + 1), xq.row(m0 + m + 2), xq.row(m0 + m + 3)};
             float o[4];
             dot_rows4<T>(row, x, nb, o);
             for (int t = 0; t < 4; ++t) y[(m + t) * ldy + n] = o[t];
         }
 #endif
-        for (; m < M; ++m) y[m * ldy + n] = dot_row<T>(row, xq.row(m), nb);
+        for (; m < M; ++m) y[m * ldy + n] = dot_row<T>(row, xq.row(m0 + m), nb);
     }
 }
 
@@ -78,12 +79,12 @@ static void float_rows(const uint8_t* W, int64_t K, const float* X, int64_t M, f
     }
 }
 
-void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t M,
-             float* y, int64_t ldy, int64_t n0, int64_t n1) {
+void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
+             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone) {
     with_type(type, [&](auto t) {
         constexpr int T = decltype(t)::value;
-        if constexpr (T == kQ5_K) float_rows<T>(W, K, xf, M, y, ldy, n0, n1);
-        else dot_rows<T>(W, K, xq, M, y, ldy, n0, n1);
+        if constexpr (T == kQ5_K) float_rows<T>(W, K, xf + m0 * K, M, y, ldy, n0, n1);
+        else dot_rows<T>(W, K, xq, m0, M, y, ldy, n0, n1, alone);
     });
 }
 
@@ -108,7 +109,7 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
         if (M * K <= 8192) xq.quantize(x, 0, M);  // a few microseconds: not worth a stage
         else stages.push_back({M, 1, [&](int, int64_t lo, int64_t hi) { xq.quantize(x, lo, hi); }, {}});
     }
-    stages.push_back({N, 16, [&](int, int64_t lo, int64_t hi) { project(type, w, K, xq, x, M, y, N, lo, hi); }, {}});
+    stages.push_back({N, 16, [&](int, int64_t lo, int64_t hi) { project(type, w, K, xq, x, 0, M, y, N, lo, hi, false); }, {}});
     shared_team(threads)->run(stages);
     return 0;
 }

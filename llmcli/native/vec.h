@@ -1,6 +1,6 @@
 // Float vectors as wide as the variant's registers (16 floats with AVX-512, 8 with AVX2, 4 with
 // NEON and in the portable build), a handful of primitives per instruction set, and the
-// element-wise work written once over them: dot products, e^x, SiLU, RMSNorm, RoPE.
+// element-wise work written once over them: dot products, e^x, SiLU, GELU, RMSNorm, RoPE.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -138,6 +138,23 @@ static inline void silu_mul(float* g, const float* u, int64_t n) {
         vstore(g + i, x / (vset1(1.f) + vexp(vset1(0.f) - x)) * vload(u + i));
     }
     for (; i < n; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
+// g[i] = gelu(g[i]) * u[i], GELU's tanh approximation (torch's approximate="tanh"):
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), with tanh(z) = 1 - 2 / (e^(2z) + 1)
+static inline void gelu_tanh_mul(float* g, const float* u, int64_t n) {
+    const float c = 0.7978845608028654f, k = 0.044715f;
+    int64_t i = 0;
+    for (; i + kVW <= n; i += kVW) {
+        const vf x = vload(g + i);
+        const vf z = vset1(c) * vfma(vset1(k) * x, x * x, x);
+        const vf t = vset1(1.f) - vset1(2.f) / (vexp(vset1(2.f) * z) + vset1(1.f));
+        vstore(g + i, vset1(0.5f) * x * (vset1(1.f) + t) * vload(u + i));
+    }
+    for (; i < n; ++i) {
+        const float x = g[i], t = std::tanh(c * (x + k * x * x * x));
+        g[i] = 0.5f * x * (1.f + t) * u[i];
+    }
 }
 
 // y = x * rsqrt(mean(x^2) + eps) * w, in float32 as models/llama.py's RMSNorm (squares summed in double)
