@@ -127,5 +127,5 @@ if __name__ == "__main__":
     start = time.perf_counter()
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else FOLDER / "lib"
     for name, result in compile_all(out).items():
-        print(f"{name}: {result}")
-    print(f"{time.perf_counter() - start:.1f} s")
+        sys.stdout.write(f"{name}: {result}\n")
+    sys.stdout.write(f"{time.perf_counter() - start:.1f} s\n")

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from . import build
+from .checks import ROW_BYTES, check_blocks
 from .steps import DecodeSteps, declare
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-BLOCKS = {0: (32, 22), 1: (32, 24), 2: (256, 176), 3: (256, 210), 4: (32, 18), 5: (32, 20), 6: (32, 34), 7: (256, 144)}
 
 
 def cache_dir() -> Path:
@@ -92,9 +92,9 @@ class Kernels:
             blocks = blocks.contiguous()
         M, k = x.shape
         N, row = blocks.shape
-        row_bytes = _ROW_BYTES.get(type_id)
+        row_bytes = ROW_BYTES.get(type_id)
         if k != K or blocks.dtype is not torch.uint8 or not blocks.is_cpu or row_bytes is None or row != row_bytes(K):
-            _check_blocks(blocks, type_id, K)
+            check_blocks(blocks, type_id, K)
             raise ValueError(f"x has {k} columns, the weight {K}")
         y = torch.empty(M, N)
         self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads())
@@ -103,7 +103,7 @@ class Kernels:
     def dequantize(self, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
         """(N, row bytes) uint8 -> (N, K) float32."""
         blocks = blocks.contiguous()
-        _check_blocks(blocks, type_id, K)
+        check_blocks(blocks, type_id, K)
         y = torch.empty(blocks.shape[0], K)
         self._dequantize(blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(), torch.get_num_threads())
         return y
@@ -142,17 +142,3 @@ class Kernels:
     def DecodeSteps(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
                     act: str, threads: int) -> DecodeSteps:
         return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)
-
-
-# type id -> K -> the bytes of a row of K weights (None where K is not whole blocks)
-_ROW_BYTES = {t: (lambda K, size=size, nbytes=nbytes: K // size * nbytes if K % size == 0 else None)
-              for t, (size, nbytes) in BLOCKS.items()}
-
-
-def _check_blocks(blocks: torch.Tensor, type_id: int, K: int) -> None:
-    """A wrong row length would have the kernel read past the tensor: refused here."""
-    if type_id not in BLOCKS or blocks.dtype != torch.uint8 or blocks.device.type != "cpu" or blocks.dim() != 2:
-        raise ValueError("blocks must be (N, row bytes) uint8 on the CPU, of a known type")
-    size, nbytes = BLOCKS[type_id]
-    if K % size or blocks.shape[1] != K // size * nbytes:
-        raise ValueError(f"rows of {blocks.shape[1]} bytes do not hold {K} weights of type {type_id}")

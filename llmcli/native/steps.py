@@ -8,6 +8,8 @@ import ctypes
 
 import torch
 
+from .checks import check_blocks
+
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -68,14 +70,12 @@ class DecodeSteps:
 
     def _group(self, specs) -> tuple[ctypes.Array, int, int]:
         """[(blocks, GGUF type id, K, bias or an empty tensor)] -> (array of projections, rows, K)"""
-        from .library import _check_blocks
-
         if not specs:
             raise ValueError("a projection group is empty")
         arr = (Projection * len(specs))()
         for p, (blocks, type_id, K, bias) in zip(arr, specs):
             blocks = blocks.contiguous()
-            _check_blocks(blocks, type_id, K)
+            check_blocks(blocks, type_id, K)
             if K % 32 or K != specs[0][2]:
                 raise ValueError("a group's projections read inputs of one size, a multiple of 32")
             if bias.numel() and bias.numel() != blocks.shape[0]:
