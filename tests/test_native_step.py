@@ -1,7 +1,8 @@
 """The C++ decode step (native_step.py, native/decode.cpp) against the model's own forward pass, on
 tiny GGUF files of the types and layouts real ones have: Q4_1/Q8_0 llama (SmolLM2's), a qwen2
 Q4_K_M and Q5_K_M mix (q/k/v biases, unfused q/k/v of different types, 32-block fallbacks, Q5_K
-on the float route), qwen3 (q/k norm); and a sliding window, a context shift's positions, hidden states."""
+on the float route), qwen3 (q/k norm), gemma3 (four norms of 1 + w, GELU, local layers with their
+own RoPE table and window); and a sliding window, a context shift's positions, hidden states."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ CASES = {  # name: (architecture, GGUF type of every 2-D weight, or a llama.cpp 
     "qwen2-q4_k_m": ("qwen2", "Q4_K"),
     "qwen2-q5_k_m": ("qwen2", "Q5_K"),
     "qwen3-q8_0": ("qwen3", "Q8_0"),
+    "gemma3-q4_k_m": ("gemma3_text", "Q4_K"),
 }
 
 
@@ -98,14 +100,20 @@ def _relative(got, want) -> float:
 def norms_summed_in_float64(monkeypatch):
     """The model's RMSNorm summing squares in float64 as the C++ step does: with the sums in another
     order, nearly every step had a flip (_compare) somewhere."""
-    from llmcli.models import llama
+    from llmcli.models import gemma3, llama
 
     def forward(self, x):
         xf = x.float()
         r = 1.0 / torch.sqrt((xf.double() ** 2).mean(-1, keepdim=True).float() + self.eps)
         return self.weight * (xf * r).to(x.dtype)
 
+    def gemma_forward(self, x):
+        xf = x.float()
+        r = 1.0 / torch.sqrt((xf.double() ** 2).mean(-1, keepdim=True).float() + self.eps)
+        return ((1.0 + self.weight.float()) * (xf * r)).to(x.dtype)
+
     monkeypatch.setattr(llama.RMSNorm, "forward", forward)
+    monkeypatch.setattr(gemma3.RMSNorm, "forward", gemma_forward)
 
 
 def test_native_steps_give_the_model_s_logits_and_cache(loaded, variant):

@@ -11,8 +11,10 @@ slots), and a waiting request is admitted into row n as soon as one is free, bet
     step() -> events     admit what fits, run one decode step, return (request, Chunk) pairs
 
 A new sequence's prompt is prefilled alone through a batch-1 view of its row, exactly as
-generate() prefills, so what a sequence produces does not depend on its neighbours beyond the
-rounding of batched matrix products. Sampling, stop strings, end tokens, constraints and
+generate() prefills. Through the native step (Runtime.batch_engine's), a step's rows are one C++ call
+that reads each weight once for all of them, and each row's numbers are those it gets alone: a
+sequence produces exactly what generate() produces for it. Through the model, batched matrix
+products may round differently. Sampling, stop strings, end tokens, constraints and
 logprobs are generate()'s own (token by token per row): the chunks and finish reasons are the same.
 """
 
@@ -26,7 +28,7 @@ from typing import Iterator
 import torch
 
 from ..cache import new_cache
-from .generate import Chunk, limit_reason, output_limit, prefill, text_stream
+from .generate import Chunk, limit_reason, output_limit, prefill, prefill_runner, text_stream
 from .picker import Logprobs, Picker
 from .sampling import SamplingParams
 
@@ -82,6 +84,7 @@ class BatchEngine:
             raise ValueError("a batch of rows needs a float KV cache: kv_type None, bf16 or f16")
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.step_fn = step or model
+        self.prefill_fn = prefill_runner(model, step)
         self.rows, self.max_len = rows, max_len
         self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
         self.waiting: deque[Request] = deque()
@@ -144,7 +147,7 @@ class BatchEngine:
         view = self.cache.row(row)
         view.length = 0
         hidden = seq.picker.wants_hidden
-        out = prefill(self.model, req.prompt, view, self.device, hidden=hidden)
+        out = prefill(self.prefill_fn, req.prompt, view, self.device, hidden=hidden)
         logits, h = out if hidden else (out, None)
         seq.length = len(req.prompt)
         self.running.append(seq)

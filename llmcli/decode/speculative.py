@@ -153,7 +153,7 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
     t0 = time.perf_counter()
     picker = Picker(params, prompt, device, head=getattr(model, "lm_head", None), stats=stats)
     reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
-    logits, h = prefill(model, prompt[reuse:], cache, device, hidden=True)
+    logits, h = prefill(checks, prompt[reuse:], cache, device, hidden=True)
     cache.token_ids.extend(prompt[reuse:])
     context = list(prompt)  # the ids in the cache, then `token`, pending
     token = picker.pick(logits, h)

@@ -9,12 +9,14 @@ soft-capping. The cache is the model's own StaticKVCache (float32), written in p
 rollback and context shift work on it as before. A cache other than the last one seen (a new
 conversation) rebuilds the C++ side's list of tensors, about a millisecond.
 
-One call takes several tokens as well: the rows of a batch (`slots`, batched.py), or a few tokens of
-one row at consecutive slots (a speculative pass checking its guesses). Each weight is read once
-for all of them, and each token's numbers are those it gets alone.
+One call takes several tokens as well: the rows of a batch (`slots`, batched.py), or the tokens of
+one row at consecutive slots (a prompt's prefill, a speculative pass checking its guesses; a row
+may be a batch-1 view of a row of the cache, StaticKVCache.row). Each weight is read once for all
+of them, and each token's numbers are those it gets alone. Prefill this way is faster than the
+model's on the CPU, whose blocks it would dequantize for a float32 GEMM first.
 
-Runtime.decode_step uses it where `supports` and `fits` say so; a call it does not cover (a long
-prompt, another kind of cache) runs the model eagerly.
+Runtime.decode_step uses it where `supports` and `fits` say so; a call it does not cover (another
+kind of cache, several rows of several tokens) runs the model eagerly.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..models import gemma3, llama
 from ..quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF general.architecture the step runs
-MAX_TOKENS = 64  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
+MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh")}
 
@@ -81,20 +83,19 @@ class NativeStep:
 
     def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False, slots=None):
         B, T = tokens.shape
-        rows = self._rows(B, T, cache, slots)
+        rows, target = self._rows(B, T, cache, slots)
         if rows is None:
             return self.model(tokens, cache, positions, last_only, hidden, slots=slots)
-        if cache is not self._cache:
-            self._steps, self._cache = self._build(cache), cache
+        if target is not self._cache:
+            self._steps, self._cache = self._build(target), target
         if slots is None:  # one row, T tokens at the next slots
             at = torch.arange(cache.length, cache.length + T)
             positions = at if positions is None else positions.reshape(T)
         else:  # a batch: row b's one token at slots[b], which is its position too
             at = positions = slots.reshape(B)
         x = self.model.embed(tokens).reshape(B * T, -1)
-        tables = self._rope(positions, cache)
         first = B * T - 1 if last_only and slots is None else 0
-        logits, h = self._steps.run(x, rows, at, *tables, logits_from=first)
+        logits, h = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first)
         if slots is None:
             cache.length += T
         cap = getattr(self.model.args, "final_logit_softcapping", None)
@@ -104,15 +105,18 @@ class NativeStep:
         logits, h = logits.view(*shape, -1), h[first:].view(*shape, -1)
         return (logits, h) if hidden else logits
 
-    def _rows(self, B: int, T: int, cache, slots) -> torch.Tensor | None:
-        """The cache row of each of the B * T tokens, or None where this call is not the step's."""
-        if not self.fits(cache):
-            return None
+    def _rows(self, B: int, T: int, cache, slots):
+        """(the cache row of each of the B * T tokens, the cache the C++ side writes: `cache`, or the
+        cache whose row `cache` is a view of), or (None, None) where this call is not the step's."""
+        target = cache.parent if getattr(cache, "parent", None) is not None else cache
+        if not self.fits(target):
+            return None, None
         if slots is not None:
-            return torch.arange(B) if T == 1 and B <= cache.k[0].shape[0] else None
+            ok = T == 1 and target is cache and B <= cache.k[0].shape[0]
+            return (torch.arange(B), target) if ok else (None, None)
         if B != 1 or T > MAX_TOKENS or cache.length + T > cache.max_len or cache.k[0].shape[0] != 1:
-            return None
-        return torch.zeros(T, dtype=torch.int64)
+            return None, None
+        return torch.full((T,), getattr(cache, "index", 0), dtype=torch.int64), target
 
     def _rope(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
         """cos, sin (n, rotary_dim) for the positions, and Gemma's local layers' pair."""
