@@ -73,6 +73,19 @@ static inline void reduce_rows(const __m512* acc, float* out) {
     }
 }
 
+// out[r] += the sum of off[r]'s odd lanes (the m * s products), for R = 1 or 4 rows (4: reduced together)
+template <int R>
+static inline void add_odd_lanes(const __m256* off, float* out) {
+    __m256 t[R];
+    for (int r = 0; r < R; ++r) t[r] = _mm256_blend_ps(_mm256_setzero_ps(), off[r], 0xAA);
+    if constexpr (R == 1) {
+        out[0] += hsum8(t[0]);
+    } else {
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(t[0], t[1]), _mm256_hadd_ps(t[2], t[3]));  // per 128 bits: rows 0-3
+        _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1))));
+    }
+}
+
 // Q4_0, Q4_1, Q5_0, Q5_1: blocks p[0..3] against their activations (y0, y1: codes 0-15 of each block,
 // then 16-31; st: the zero point's start). Their 4 x 16 code bytes in one vector give the low
 // nibbles (codes 0-15 of each) and the high ones (16-31): two vpdpbusd into 16 lanes, 4 a block;
@@ -130,8 +143,7 @@ static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t
         }
     }
     reduce_rows<R>(acc, out);
-    if constexpr (T == kQ4_1 || T == kQ5_1)
-        for (int r = 0; r < R; ++r) out[r] += hsum8(_mm256_blend_ps(_mm256_setzero_ps(), off[r], 0xAA));  // the m * s lanes
+    if constexpr (T == kQ4_1 || T == kQ5_1) add_odd_lanes<R>(off, out);  // the m * s lanes
 }
 
 // Q8_0, R weight rows against one activation row, four blocks a step: two vectors of two blocks
@@ -287,8 +299,7 @@ static void nibble_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
     }
     for (int c = 0; c < C; ++c) {
         reduce_rows<4>(accs[c], out + 4 * c);
-        if constexpr (has_m)
-            for (int r = 0; r < 4; ++r) out[4 * c + r] += hsum8(_mm256_blend_ps(_mm256_setzero_ps(), offs[c][r], 0xAA));
+        if constexpr (has_m) add_odd_lanes<4>(offs[c], out + 4 * c);
     }
 }
 

@@ -95,19 +95,50 @@ static inline float dot_f32(const float* a, const float* b, int64_t n) {
     return s;
 }
 
-// o[0..D) = sum over s of w[s] * V[s * stride + 0..D): 64 columns at a time held in registers
+// out[j] = a . b_j for four rows b_j = b + j * stride (n floats each): one chain a row, the four
+// reduced together (AVX-512: a transpose's adds, as the block kernels reduce four rows)
+static inline void dot4_f32(const float* a, const float* b, int64_t stride, int64_t n, float out[4]) {
+    vf acc[4] = {vset1(0.f), vset1(0.f), vset1(0.f), vset1(0.f)};
+    int64_t i = 0;
+    for (; i + kVW <= n; i += kVW) {
+        const vf x = vload(a + i);
+        for (int j = 0; j < 4; ++j) acc[j] = vfma(x, vload(b + j * stride + i), acc[j]);
+    }
+#if defined(LLMCLI_AVX512VNNI)
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+#else
+    for (int j = 0; j < 4; ++j) out[j] = vsum(acc[j]);
+#endif
+    for (; i < n; ++i)
+        for (int j = 0; j < 4; ++j) out[j] += a[i] * b[j * stride + i];
+}
+
+// o[0..D) = sum over s of w[s] * V[s * stride + 0..D): 64 columns at a time held in registers, even
+// and odd slots in two sets of accumulators (one set waited on each multiply-add's latency)
 static inline void weighted_rows(const float* w, const float* V, int64_t stride, int64_t S, int64_t D, float* o) {
     constexpr int R = 64 / kVW;
     int64_t c = 0;
     for (; c + 64 <= D; c += 64) {
-        vf acc[R];
-        for (int j = 0; j < R; ++j) acc[j] = vset1(0.f);
-        for (int64_t s = 0; s < S; ++s) {
-            const vf ws = vset1(w[s]);
-            const float* vr = V + s * stride + c;
-            for (int j = 0; j < R; ++j) acc[j] = vfma(ws, vload(vr + kVW * j), acc[j]);
+        vf acc[R], acc2[R];
+        for (int j = 0; j < R; ++j) acc[j] = acc2[j] = vset1(0.f);
+        int64_t s = 0;
+        for (; s + 2 <= S; s += 2) {
+            const vf w0 = vset1(w[s]), w1 = vset1(w[s + 1]);
+            const float* v0 = V + s * stride + c;
+            for (int j = 0; j < R; ++j) {
+                acc[j] = vfma(w0, vload(v0 + kVW * j), acc[j]);
+                acc2[j] = vfma(w1, vload(v0 + stride + kVW * j), acc2[j]);
+            }
         }
-        for (int j = 0; j < R; ++j) vstore(o + c + kVW * j, acc[j]);
+        if (s < S) {
+            const vf ws = vset1(w[s]);
+            for (int j = 0; j < R; ++j) acc[j] = vfma(ws, vload(V + s * stride + c + kVW * j), acc[j]);
+        }
+        for (int j = 0; j < R; ++j) vstore(o + c + kVW * j, acc[j] + acc2[j]);
     }
     for (; c < D; ++c) {
         float acc = 0.f;
