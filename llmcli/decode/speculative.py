@@ -27,7 +27,7 @@ from ..cache import reuse_prefix
 from ..errors import InvalidParameterError
 from .generate import prefill
 from .picker import Picker, Stats
-from .sampling import SamplingParams
+from .sampling import SamplingParams, argmax
 
 DRAFT_TOKENS = 8  # guesses per pass with a draft model (SmolLM2 bf16 + its q4 copy: see the README)
 LOOKUP_TOKENS = 10  # with prompt lookup: guesses cost nothing to make (transformers' prompt_lookup_num_tokens)
@@ -73,7 +73,7 @@ class DraftModel:
         self.cache.token_ids = list(context)
         guesses = []
         for i in range(k):
-            guesses.append(int(logits.argmax()))
+            guesses.append(argmax(logits))
             if i + 1 < k:
                 out = self.step(torch.tensor([[guesses[-1]]], device=self.device), self.cache, last_only=True)
                 logits = out[0, -1]

@@ -24,6 +24,10 @@ LLMCLI_API int llmcli_attend_one(const float* q, int64_t B, int64_t H, int64_t D
                                  const float* v, const int64_t* v_strides, int64_t KV, int64_t S, const uint8_t* mask,
                                  int64_t mask_rows, float scale, float* out, int threads);
 
+// values, indices (k,) = the k largest of x (n,), largest first, equal values in index order; NaN
+// counts as largest, as in torch.topk (select.cpp)
+LLMCLI_API int llmcli_top_k(const float* x, int64_t n, int64_t k, float* values, int64_t* indices);
+
 // A decode step (decode.cpp): its weights and cache stay owned by the caller, who keeps them alive
 struct LlmcliProjection {  // y = W x (+ b)
     const uint8_t* blocks;  // (N, row bytes)

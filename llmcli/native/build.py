@@ -38,7 +38,7 @@ VARIANTS = {
 # -ffp-contract=off: no multiply-add fused behind the code's back, so that dequantized weights equal
 # gguf-py's bit for bit; the kernels fuse where they mean to, with intrinsics
 COMMON = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-ffp-contract=off", "-pthread"]
-UNITS = ("matmul.cpp", "attention.cpp", "decode.cpp", "variant.cpp")
+UNITS = ("matmul.cpp", "attention.cpp", "decode.cpp", "select.cpp", "variant.cpp")
 
 
 class BuildError(Exception):

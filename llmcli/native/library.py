@@ -66,7 +66,7 @@ def _fn(lib, name: str, restype, *argtypes):
 
 
 class Kernels:
-    """A loaded library: mm, dequantize, attend_one and quantize_rows on tensors, and DecodeSteps."""
+    """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on tensors, and DecodeSteps."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -76,6 +76,7 @@ class Kernels:
         self._mm = _fn(lib, "llmcli_mm", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
         self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
+        self._top_k = _fn(lib, "llmcli_top_k", _I32, _P, _I64, _I64, _P, _P)
         self._attend = _fn(lib, "llmcli_attend_one", _I32, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P,
                            _I64, _F32, _P, _I32)
         declare(lib)
@@ -117,6 +118,15 @@ class Kernels:
         q, d, s = torch.empty(M, K, dtype=torch.int8), torch.empty(M, K // 32), torch.empty(M, K // 32)
         self._quantize(x.data_ptr(), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr())
         return q, d, s
+
+    def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (n,) float32 on the CPU -> (values, indices) of its k largest, largest first (torch.topk's)."""
+        x = x.detach().contiguous()
+        if x.dtype != torch.float32 or x.dim() != 1 or not x.is_cpu or not 1 <= k <= x.numel():
+            raise ValueError("top_k takes a float32 CPU vector and 1 <= k <= its length")
+        values, indices = torch.empty(k), torch.empty(k, dtype=torch.int64)
+        self._top_k(x.data_ptr(), x.numel(), k, values.data_ptr(), indices.data_ptr())
+        return values, indices
 
     def attend_one(self, q, k, v, mask, scale: float) -> torch.Tensor:
         """q (B, H, 1, D), k and v (B, KV, S, D) float32 with rows of D contiguous, mask bool (1 or B, S)

@@ -20,6 +20,7 @@ static inline vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+static inline bool vany_above(vf v, float t) { return _mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_NLE_UQ) != 0; }
 #elif defined(LLMCLI_X86)
 using vf = __m256;
 static inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
@@ -37,6 +38,7 @@ static inline float vsum(vf v) {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
 }
+static inline bool vany_above(vf v, float t) { return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(t), _CMP_NLE_UQ)) != 0; }
 #elif defined(LLMCLI_NEON)
 using vf = float32x4_t;
 static inline vf vload(const float* p) { return vld1q_f32(p); }
@@ -50,6 +52,7 @@ static inline vf vpow2i(vf n) {
     return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23));
 }
 static inline float vsum(vf v) { return vaddvq_f32(v); }
+static inline bool vany_above(vf v, float t) { return vmaxvq_u32(vmvnq_u32(vcleq_f32(v, vdupq_n_f32(t)))) != 0; }
 #else  // GCC/Clang vector extensions: the compiler's baseline SIMD (SSE2 on x86-64), or scalar code
 typedef float vf __attribute__((vector_size(16)));
 typedef int32_t vi __attribute__((vector_size(16)));
@@ -63,9 +66,15 @@ static inline vf vmin(vf a, vf b) { return vselect(a < b, a, b); }
 static inline vf vround(vf a) { return (a + vset1(12582912.f)) - vset1(12582912.f); }  // |a| < 2^22, ties to even
 static inline vf vpow2i(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
 static inline float vsum(vf v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+static inline bool vany_above(vf v, float t) {
+    const vi le = (vi)(v <= vset1(t));  // -1 where v <= t; NaN compares false
+    return (le[0] & le[1] & le[2] & le[3]) == 0;
+}
 #endif
 
 constexpr int kVW = sizeof(vf) / sizeof(float);
+
+// vany_above(v, t): some lane of v is above t, or NaN
 
 // e^x lane by lane (Cephes' polynomial, as in avx_mathfun): relative error ~1e-7; below -87, ~1e-38
 static inline vf vexp(vf x) {
