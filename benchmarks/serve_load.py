@@ -123,9 +123,9 @@ def loopback_only(url: str) -> None:
         sys.exit(f"error: {url} is not on this machine; this benchmark loads loopback servers only")
 
 
-def start_server(a) -> tuple[subprocess.Popen, str]:
+def start_server(a, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "llmcli", "serve", a.model, "--port", "0", "--rows", str(a.rows), "-c", str(a.ctx)]
-    cmd += ["-t", str(a.threads)] if a.threads else []
+    cmd += (["-t", str(a.threads)] if a.threads else []) + list(extra)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "NO_COLOR": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     killer = threading.Timer(600, proc.kill)  # a server that never says it serves ends the benchmark

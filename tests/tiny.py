@@ -89,6 +89,64 @@ def save_hf(model, folder: Path, template: str | None = CHAT_TEMPLATE) -> Path:
     return folder
 
 
+# ------------------------------------------------------------------------------------- BERT
+
+BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@lru_cache(maxsize=1)
+def wordpiece_json() -> str:
+    """A BERT-style WordPiece tokenizer (lower-cased, [CLS] text [SEP]) trained on a fixed text."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator([TRAINING_TEXT], trainers.WordPieceTrainer(vocab_size=200, special_tokens=BERT_SPECIAL,
+                                                                       show_progress=False))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok.to_str()
+
+
+def save_bert(folder: Path, pooling: str = "mean", normalize: bool = True, seed: int = 0, **overrides) -> Path:
+    """A random transformers BertModel (float32) with sentence-transformers' modules.json, 1_Pooling
+    (`pooling`: mean, cls, max or lasttoken) and, with `normalize`, a Normalize module."""
+    from transformers import BertConfig, BertModel
+
+    vocab = json.loads(wordpiece_json())["model"]["vocab"]
+    config = BertConfig(**{"vocab_size": len(vocab), "hidden_size": 64, "num_hidden_layers": 2,
+                           "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 64,
+                           "initializer_range": 0.2, **overrides})
+    torch.manual_seed(seed)
+    model = BertModel(config, add_pooling_layer=True).eval()
+    with torch.no_grad():  # LayerNorms away from (1, 0) so that a wrong one shows
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name:
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "tokenizer.json").write_text(wordpiece_json())
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 64, "unk_token": "[UNK]",
+        "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    modes = {"cls": "cls_token", "mean": "mean_tokens", "max": "max_tokens", "sqrt": "mean_sqrt_len_tokens",
+             "lasttoken": "lasttoken"}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": config.hidden_size,
+         **{f"pooling_mode_{m}": key == pooling for key, m in modes.items()}}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48, "do_lower_case": False}))
+    return folder
+
+
 # ------------------------------------------------------------------------------------- GGUF
 
 _GGUF_NAMES = {

@@ -4,8 +4,10 @@ Kinds (new_cache picks one; nothing else builds a cache):
     StaticKVCache      preallocated, in the compute dtype or a 16-bit storage dtype (kv-type bf16/f16)
     QuantizedKVCache   int8 / int4 codes with scales (quantized.py)
     OffloadedKVCache   the first N layers on the device, the rest in host memory (offload.py)
+    PassThroughCache   keeps nothing: one forward over whole sequences (embeddings; passthrough.py)
 
-static.py lists the interface they share; context_shift.py drops the oldest tokens of a full cache.
+static.py lists the interface they share; context_shift.py drops the oldest tokens of a full cache;
+prompt_cache.py keeps finished requests' KV for later requests that start the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from ..errors import InvalidParameterError
 from .offload import OffloadedKVCache
+from .passthrough import PassThroughCache
 from .quantized import QuantizedKVCache
 from .static import StaticKVCache
 
@@ -35,7 +38,10 @@ def new_cache(args, max_len: int, device: torch.device, dtype: torch.dtype, kv_t
               device_layers: int | None = None, batch: int = 1):
     """A cache of `kv_type` (None: static in the compute `dtype`) for `batch` rows of `max_len` tokens.
 
-    `device_layers` below the layer count offloads the other layers to host memory (float kinds only)."""
+    `device_layers` below the layer count offloads the other layers to host memory (float kinds only).
+    kv_type "none" keeps nothing (PassThroughCache): a forward pass over whole sequences, no next token."""
+    if kv_type == "none":
+        return PassThroughCache(max_len)
     bits = KV_BITS.get(kv_type)
     store = KV_DTYPES.get(kv_type, dtype)
     if device_layers is not None and device_layers < args.num_hidden_layers:

@@ -18,7 +18,7 @@ import typer
 
 from .. import notices
 from ..errors import LlmcliError, LlmcliWarning
-from . import batch, bench, chat, models, quant, run, serve
+from . import batch, bench, chat, embed, models, quant, run, serve
 from .signals import Terminated, install_signal_handlers, stopped
 
 app = typer.Typer(
@@ -36,7 +36,7 @@ def _root():
     """Run large language models locally, quantized, on CUDA, MPS or CPU."""
 
 
-for command, name in ((run.run, "run"), (batch.batch, "batch"), (bench.bench, "bench"), (chat.chat, "chat"),
+for command, name in ((run.run, "run"), (batch.batch, "batch"), (bench.bench, "bench"), (chat.chat, "chat"), (embed.embed, "embed"),
                       (models.pull, "pull"), (models.list_models, "list"), (models.show, "show"), (models.rm, "rm"),
                       (quant.quantize, "quantize"), (quant.perplexity, "perplexity"), (serve.serve, "serve")):
     app.command(name)(command)

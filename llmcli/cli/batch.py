@@ -16,9 +16,10 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP, Offline, PresencePenalty,
+from .options import (CacheRam, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP, Offline, PresencePenalty,
                       Quant, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK,
-                      TopP, Verbose, check_text_options, model_flags, read_grammar, sampling_params, stderr_console)
+                      TopP, Verbose, cache_ram_bytes, check_text_options, model_flags, read_grammar, sampling_params,
+                      stderr_console)
 
 
 def batch(
@@ -37,6 +38,7 @@ def batch(
     json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     quant: Quant = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
+    cache_ram: CacheRam = None,
 ):
     """Answer every request in INPUT (JSONL) into --output (JSONL), several sequences at a time."""
     from ..decode.strategy import Strategy
@@ -45,6 +47,7 @@ def batch(
     params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
     _check_numbers(rows, retries, max_tokens)
+    prompt_cache = cache_ram_bytes(cache_ram)
     fallback_value = _fallback(fallback)
     check_text_options(system, stop)
     command_grammar = read_grammar(json_schema, regex, grammar)
@@ -63,7 +66,7 @@ def batch(
         if jobs:
             flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
                                 registry=registry, offline=offline, rows=min(rows, len(jobs)))
-            bad += _run(err, flags, jobs, output, verbose,
+            bad += _run(err, flags, jobs, output, verbose, prompt_cache,
                         dict(params=params, max_tokens=max_tokens, stop=tuple(stop or ()), raw=raw,
                              grammar=command_grammar, retries=retries, fallback=fallback_value))
         if bad:
@@ -88,7 +91,7 @@ def _fallback(text: str):
         raise InvalidParameterError(f"--fallback must be JSON (null, \"text\", {{...}}), got {text!r} ({e.msg})") from None
 
 
-def _run(err, flags, jobs, output: Path, verbose: bool, settings: dict) -> list:
+def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, settings: dict) -> list:
     """Load the model, answer the jobs into `output`; returns the lines that could not start."""
     from ..runtime.runtime import open_model
     from ..serve.batch_jobs import ResultWriter
@@ -97,7 +100,7 @@ def _run(err, flags, jobs, output: Path, verbose: bool, settings: dict) -> list:
 
     with download_progress(err) as progress:
         rt = open_model(flags, progress)
-    engine = rt.batch_engine(flags.rows)
+    engine = rt.batch_engine(flags.rows, prompt_cache=prompt_cache)  # retries and shared system prompts reuse KV
     runner = BatchRunner(rt, engine, settings.pop("params"), **settings)
     t0, bad = time.perf_counter(), []
     with ResultWriter(output) as writer, _progress(err, len(jobs)) as bar:
@@ -113,7 +116,9 @@ def _run(err, flags, jobs, output: Path, verbose: bool, settings: dict) -> list:
               f"{runner.tokens} tokens, {runner.tokens / max(seconds, 1e-9):.1f} tokens/s; "
               f"{engine.rows} rows, {mean_batch:.1f} decoded together on average", markup=False, highlight=False)
     if verbose:
-        err.print(f"[dim]{rt.placement.reason}; context {rt.ctx_size}; {engine.steps} batched steps[/dim]")
+        cache = engine.prompt_cache
+        reused = f"; {cache.reused_tokens} prompt tokens taken from the prompt cache" if cache is not None else ""
+        err.print(f"[dim]{rt.placement.reason}; context {rt.ctx_size}; {engine.steps} batched steps{reused}[/dim]")
     return bad
 
 

@@ -46,6 +46,7 @@ DraftQuant = Annotated[Optional[str], typer.Option("--draft-quant", help="Quanti
 DraftTokens = Annotated[Optional[int], typer.Option("--draft-tokens", help="Tokens guessed per pass (llama.cpp's --draft-max); default 8 with --draft, 10 with --lookup.", show_default=False)]
 Lookup = Annotated[bool, typer.Option("--lookup", help="Speculative decoding by prompt lookup: guesses copied from earlier in the context; greedy only (--temp 0).")]
 LookupNgram = Annotated[int, typer.Option("--lookup-ngram", help="Longest n-gram --lookup matches (transformers' max_matching_ngram_size).")]
+CacheRam = Annotated[Optional[int], typer.Option("--cache-ram", help="MiB of finished requests' KV kept for later prompts that start the same way (a shared system prompt, a growing conversation), least recently used dropped first; 0 keeps none (default: a quarter of the memory the plan leaves free, at most 1024).", show_default=False)]
 Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16, f32) or a preset .toml file.", show_default=False)]
 
 
@@ -61,12 +62,12 @@ def stderr_console():
 def model_flags(model: str, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
                 ctx_size: int | None = None, quant: str | None = None, kv_type: str = "auto",
                 kv_offload: str = "auto", registry: Path | None = None, offline: bool = False, rows: int = 1,
-                ctx_cap: int | None = None):
+                ctx_cap: int | None = None, allow_encoder: bool = False):
     """The model flags a command was given -> runtime.ModelFlags."""
     from ..runtime.runtime import ModelFlags
 
     return ModelFlags(model, device, dtype, threads, ctx_size, quant, kv_type, kv_offload, registry, offline, rows,
-                      ctx_cap)
+                      ctx_cap, allow_encoder)
 
 
 def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
@@ -114,3 +115,12 @@ def report_plan(err, rt, verbose: bool) -> None:
     else:
         for note in plan.notes:
             err.print(f"note: {note}", markup=False, highlight=False)
+
+
+def cache_ram_bytes(mib: int | None) -> int | None:
+    """--cache-ram MIB -> bytes (None: the runtime's default)."""
+    if mib is None:
+        return None
+    if not 0 <= mib <= 1 << 30:
+        raise InvalidParameterError(f"--cache-ram must be from 0 to {1 << 30} MiB, got {mib}")
+    return mib << 20

@@ -12,13 +12,14 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads, model_flags, report_plan,
-                      stderr_console)
+from .options import (CacheRam, Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads, cache_ram_bytes,
+                      model_flags, report_plan, stderr_console)
 from .signals import Terminated
 
 DEFAULT_CTX = 4096  # per request when -c is not given: the KV cache holds rows x this many tokens
 DEFAULT_TIMEOUT = 30.0  # seconds; llama-server's --timeout is 600, which lets a slow client hold a connection long
 QUEUE_PER_ROW = 8  # serve/http.py's default (not imported here: the help text is built before the server loads)
+POOLINGS = ("mean", "cls", "last", "max")
 
 
 def serve(
@@ -31,10 +32,11 @@ def serve(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers (also how long an idle keep-alive connection stays open) and then its body, and to take each part of an answer; a slower one gets 408 or is closed.")] = DEFAULT_TIMEOUT,
     ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help=f"Tokens per request, prompt and answer (default: the model's context, at most {DEFAULT_CTX}). The KV cache holds --rows x this many tokens.", show_default=False)] = None,
     device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None, quant: Quant = None,
-    registry: RegistryFile = None, offline: Offline = False,
+    registry: RegistryFile = None, offline: Offline = False, cache_ram: CacheRam = None,
+    pooling: Annotated[Optional[str], typer.Option("--pooling", help="How /v1/embeddings pools: mean | cls | last | max. An embedding model uses its own unless given; a text-generation model embeds only with it (e.g. last, as llama-server's --embeddings --pooling last).", show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
 ):
-    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models)."""
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)."""
     from ..runtime.runtime import open_model
     from ..serve.http import Server
     from ..serve.listener import Timeouts, bind
@@ -50,6 +52,9 @@ def serve(
         raise InvalidParameterError(f"--port must be from 0 to 65535, got {port}")
     if ctx_size is not None and ctx_size < 2:
         raise InvalidParameterError(f"--ctx-size must be at least 2, got {ctx_size}")
+    prompt_cache = cache_ram_bytes(cache_ram)
+    if pooling is not None and pooling not in POOLINGS:
+        raise InvalidParameterError(f"--pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     err = stderr_console()
     if not _loopback(host):
         print(f"warning: --host {host} lets other machines reach this server, which has no authentication",
@@ -59,26 +64,50 @@ def serve(
         with download_progress(err) as progress:
             rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                                         quant=quant, registry=registry, offline=offline, rows=rows,
-                                        ctx_cap=DEFAULT_CTX), progress)
+                                        ctx_cap=DEFAULT_CTX, allow_encoder=True), progress)
         report_plan(err, rt, verbose)
         server = Server(rt, listener, model_id=model, rows=rows, queue=queue,
-                        timeouts=Timeouts(head=timeout, body=timeout, write=timeout))
+                        timeouts=Timeouts(head=timeout, body=timeout, write=timeout), pooling=pooling,
+                        prompt_cache=prompt_cache)
     except BaseException:
         listener.close()
         raise
     _log_to_stderr(verbose)
-    engine = server.loop.engine
     if verbose:
-        err.print(f"{rt.placement.reason}; KV cache {rows} rows x {engine.max_len} tokens, "
-                  f"{engine.cache.nbytes / 2**20:.0f} MiB; up to {server.limit - rows} more requests wait for a row",
-                  markup=False, style="dim")
+        err.print(_details(rt, server), markup=False, style="dim")
     try:  # a signal as the banner is written stops the server as cleanly as one later
-        err.print(f"serving {model} on {server.url} ({rows} rows of {engine.max_len} tokens)", markup=False)
+        err.print(f"serving {model} on {server.url} ({_capacity(server)})", markup=False)
         server.serve_forever()
     except (KeyboardInterrupt, Terminated) as e:  # the usual way to stop a server: exit 0
         why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
         server.close()
         err.print(f"stopped ({why})", markup=False)
+
+
+def _capacity(server) -> str:
+    """What the banner says the server does: rows of tokens, and embeddings if it makes them."""
+    e = server.embedder
+    embeds = f"embeddings: {e.dimensions} dimensions, {e.pooling.mode} pooling" if e is not None else ""
+    if server.loop is None:
+        return embeds
+    engine = server.loop.engine
+    return f"{engine.rows} rows of {engine.max_len} tokens" + (f"; {embeds}" if embeds else "")
+
+
+def _details(rt, server) -> str:
+    """The -v line under the banner: placement, cache and queue, pooling."""
+    parts = [rt.placement.reason]
+    if server.loop is not None:
+        engine = server.loop.engine
+        parts.append(f"KV cache {engine.rows} rows x {engine.max_len} tokens, {engine.cache.nbytes / 2**20:.0f} MiB")
+        kept = engine.prompt_cache.max_bytes if engine.prompt_cache is not None else 0
+        parts.append(f"prompt cache up to {kept / 2**20:.0f} MiB" if kept else "no prompt cache")
+    parts.append(f"up to {server.limit - (server.loop.engine.rows if server.loop else 0)} more requests wait"
+                 + (" for a row" if server.loop else ""))
+    if server.embedder is not None:
+        parts.append(f"/v1/embeddings: {server.embedder.pooling.describe()}, at most {server.embedder.max_tokens} "
+                     "tokens an input")
+    return "; ".join(parts)
 
 
 def _loopback(host: str) -> bool:

@@ -14,7 +14,10 @@ A new sequence's prompt is prefilled alone through a batch-1 view of its row, ex
 generate() prefills. Through the native step (Runtime.batch_engine's), a step's rows are one C++ call
 that reads each weight once for all of them, and each row's numbers are those it gets alone: a
 sequence produces exactly what generate() produces for it. Through the model, batched matrix
-products may round differently. Sampling, stop strings, end tokens, constraints and
+products may round differently. With a `prompt_cache` (cache/prompt_cache.py), the longest
+prefix of the prompt that an earlier sequence computed is copied into the row first and only the
+rest is prefilled (as a chat reuses its own cache across turns); every sequence's row is offered to
+it when the sequence ends. Sampling, stop strings, end tokens, constraints and
 logprobs are generate()'s own (token by token per row): the chunks and finish reasons are the same.
 """
 
@@ -28,6 +31,7 @@ from typing import Iterator
 import torch
 
 from ..cache import new_cache
+from ..cache.prompt_cache import PromptCache
 from .generate import Chunk, limit_reason, output_limit, prefill, prefill_runner, text_stream
 from .picker import Logprobs, Picker
 from .sampling import SamplingParams
@@ -73,11 +77,13 @@ class _Sequence:
 
 class BatchEngine:
     def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, rows: int, max_len: int,
-                 kv_type: str | None = None, step=None):
+                 kv_type: str | None = None, prompt_cache: PromptCache | None = None, step=None):
         """`rows` sequences at most at once, each up to `max_len` tokens (prompt + output); the cache
         stores keys and values as `kv_type` says (None: the compute `dtype`; "bf16" or "f16": that
-        storage type; the rows need a static cache). `step` runs the decode steps, called as the
-        model with `slots` (Runtime.decode_step's native step; default: the model); prefill runs the model."""
+        storage type; the rows need a static cache). `prompt_cache`: finished sequences' KV, reused
+        by later prompts that start the same way (None: every prompt is prefilled whole). `step` runs
+        the decode steps, called as the model with `slots` (Runtime.decode_step's native step;
+        default: the model); prefill runs the model."""
         if rows < 1:
             raise ValueError("rows must be at least 1")
         if kv_type not in (None, "bf16", "f16"):
@@ -87,6 +93,7 @@ class BatchEngine:
         self.prefill_fn = prefill_runner(model, step)
         self.rows, self.max_len = rows, max_len
         self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
+        self.prompt_cache = prompt_cache
         self.waiting: deque[Request] = deque()
         self.running: list[_Sequence] = []  # running[i] holds cache row i
         self.cancelled: set[Request] = set()  # requests to drop (held, not id()s: a freed id can be reused)
@@ -145,9 +152,11 @@ class BatchEngine:
                         self.model, self.tokenizer)
         row = len(self.running)
         view = self.cache.row(row)
-        view.length = 0
+        # what an earlier sequence computed of this prompt (one token is left to run for the logits)
+        reuse = self.prompt_cache.restore(req.prompt, self.cache, row, len(req.prompt) - 1) if self.prompt_cache else 0
+        view.length = seq.stats.cached_tokens = reuse
         hidden = seq.picker.wants_hidden
-        out = prefill(self.prefill_fn, req.prompt, view, self.device, hidden=hidden)
+        out = prefill(self.prefill_fn, req.prompt[reuse:], view, self.device, hidden=hidden)
         logits, h = out if hidden else (out, None)
         seq.length = len(req.prompt)
         self.running.append(seq)
@@ -205,7 +214,10 @@ class BatchEngine:
         return chunk.finish_reason is None
 
     def _free(self, row: int) -> None:
-        """Drop row's sequence; the last live row moves into its place."""
+        """Drop row's sequence (its KV offered to the prompt cache); the last live row moves into its place."""
+        if self.prompt_cache is not None:
+            seq = self.running[row]
+            self.prompt_cache.store(seq.picker.history[:seq.length], self.cache, row)  # its slots hold these
         last = len(self.running) - 1
         if row != last:
             moved = self.running[last]

@@ -19,8 +19,9 @@ from functools import cached_property
 from pathlib import Path
 
 from ..errors import ModelNotFoundError, UnsupportedModelError
-from ..models import args_from_hf_config
+from ..models import args_from_hf_config, is_encoder
 from . import chat_template as templates
+from . import embedding
 from . import gguf as gguf_file
 from . import hf_folder
 from .tensors import Source, folder_sources, gguf_sources
@@ -88,6 +89,28 @@ class ModelFile:
         if self.is_gguf:
             return gguf_file.model_args(self.metadata, {t.name for t in self.reader.tensors}, self.reader)
         return args_from_hf_config(self.metadata)
+
+    @property
+    def is_encoder(self) -> bool:
+        """An embedding model (BERT): it makes vectors, never text."""
+        return is_encoder(self.args)
+
+    @cached_property
+    def pooling(self):
+        """models.pooling.Pooling as the files say (formats/embedding.py); None for a causal model
+        that declares none."""
+        if self.is_gguf:
+            return embedding.gguf_pooling(self.metadata, self.architecture, self.is_encoder)
+        return embedding.folder_pooling(self.path, self.args)
+
+    @property
+    def max_text_tokens(self) -> int | None:
+        """The longest text an embedding model takes, in tokens (sentence-transformers' max_seq_length,
+        else its positions); None: its context."""
+        limit = None if self.is_gguf else embedding.max_text_tokens(self.path)
+        if self.is_encoder:
+            limit = min(limit or self.args.max_position_embeddings, self.args.max_position_embeddings)
+        return limit
 
     @property
     def quantization(self) -> dict | None:

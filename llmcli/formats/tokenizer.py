@@ -58,6 +58,7 @@ class Tokenizer:
     bos_token: str | None = None
     eos_token: str | None = None
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    add_eos: bool = False  # GGUF's tokenizer.ggml.add_eos_token: a text on its own ends with EOS (frame())
     # the backend's `encode_special_tokens` switch is shared state: one encode at a time flips it
     # (a second backend would cost a copy, 3 s for Gemma's 262k vocabulary)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -101,7 +102,29 @@ class Tokenizer:
         """A copy that also ends generation on these token texts (those in the vocabulary)."""
         extra = {self.backend.token_to_id(t) for t in texts} - {None}
         return Tokenizer(self.backend, self.bos_id, self.eos_ids | extra, self.add_bos,
-                         self.bos_token, self.eos_token, self.special_ids, self.lock)
+                         self.bos_token, self.eos_token, self.special_ids, self.add_eos, self.lock)
+
+    def frame(self, ids: list[int]) -> list[int]:
+        """The ids of one text with the special tokens the model's tokenizer puts around a text on
+        its own, as an embedding model sees it: a tokenizer.json's post-processor (BERT's [CLS] ...
+        [SEP], the EOS a Qwen3-Embedding tokenizer appends), else BOS where add_bos says and EOS
+        where add_eos says (GGUF)."""
+        prefix, suffix = self._framing()
+        return prefix + list(ids) + suffix
+
+    def _framing(self) -> tuple[list[int], list[int]]:
+        with self.lock:
+            framed = self.backend.encode("a", add_special_tokens=True).ids
+            plain = self.backend.encode("a", add_special_tokens=False).ids
+        n = len(plain)
+        at = next((i for i in range(len(framed) - n + 1) if framed[i:i + n] == plain), None)
+        prefix, suffix = ([], []) if at is None else (framed[:at], framed[at + n:])
+        if not prefix and self.add_bos and self.bos_id is not None:
+            prefix = [self.bos_id]
+        eos = self.backend.token_to_id(self.eos_token) if self.eos_token else None
+        if not suffix and self.add_eos and eos is not None:
+            suffix = [eos]
+        return prefix, suffix
 
 
 class StreamDecoder:
@@ -255,7 +278,7 @@ def _from_gguf_metadata(meta: dict) -> Tokenizer:
         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
         bos_token=pieces[bos] if bos is not None and bos < len(pieces) else None,
         eos_token=pieces[eos] if eos is not None and eos < len(pieces) else None,
-        special_ids=_special_ids(backend))
+        special_ids=_special_ids(backend), add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
 
 
 def _token_content(value) -> str | None:
@@ -284,6 +307,10 @@ def from_hf_folder(folder: Path, config: dict) -> Tokenizer:
             backend = Backend.from_file(str(folder / "tokenizer.json"))
         except Exception as e:  # the library raises a bare Exception on malformed files
             raise CorruptModelError(f"{folder / 'tokenizer.json'} cannot be read ({e}); re-download the model") from None
+        # a tokenizer.json may carry padding and truncation settings (all-MiniLM-L6-v2's pads and cuts
+        # every text to 128 tokens): llmcli never pads a prompt, and never cuts one silently
+        backend.no_padding()
+        backend.no_truncation()
         # whether the fast tokenizer's post-processor adds BOS by itself
         probe = backend.encode("a", add_special_tokens=True).ids
         plain = backend.encode("a", add_special_tokens=False).ids

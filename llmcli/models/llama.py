@@ -420,6 +420,15 @@ class Transformer(nn.Module):
         logits = self.output(h)
         return (logits, h) if hidden else logits
 
+    def hidden_states(self, tokens: torch.Tensor, cache) -> torch.Tensor:
+        """tokens (B, T) -> the final normed hidden states (B, T, hidden), without the head: what an
+        embedding pools (runtime/embedder.py)."""
+        T = tokens.shape[1]
+        start, positions, mask = forward_layout(T, cache, None, None, tokens.device)
+        x = self.run_layers(self.embed(tokens), positions, cache, start, mask, None)
+        cache.length = start + T
+        return self.model.norm(x)
+
     # the three steps a family may change (gemma3 scales the embedding, has two RoPE tables, caps logits)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

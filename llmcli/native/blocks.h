@@ -26,6 +26,13 @@ static inline void k_scales(const uint8_t* p, uint8_t sc[8], uint8_t mn[8]) {
     std::memcpy(mn, &m_lo, 4); std::memcpy(mn + 4, &m_hi, 4);
 }
 
+// A K-quant super-block's header: d, dmin (float16) and its 8 sub-blocks' 6-bit scales and mins.
+struct KHead {
+    float d, dmin;
+    uint8_t sc[8], mn[8];
+    explicit KHead(const uint8_t* b) : d(h2f(b)), dmin(h2f(b + 2)) { k_scales(b + 4, sc, mn); }
+};
+
 template <int T> struct Block;
 
 template <> struct Block<kQ5_0> {  // d f16, qh u32 (5th bits), qs[16]: w = d * (q - 16)
@@ -53,9 +60,9 @@ template <> struct Block<kQ5_1> {  // d, m f16, qh u32, qs[16]: w = d * q + m
 template <> struct Block<kQ5_K> {  // d, dmin f16, scales[12], qh[32], qs[128]: w = d*sc * q - dmin*m per 32
     static constexpr int size = 256, bytes = 176;
     static void deq(const uint8_t* b, float* y) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        uint8_t sc[8], mn[8];
-        k_scales(b + 4, sc, mn);
+        const KHead h(b);
+        const float d = h.d, dmin = h.dmin;
+        const uint8_t *sc = h.sc, *mn = h.mn;
         const uint8_t* qh = b + 16; const uint8_t* ql = b + 48;
         for (int c = 0; c < 4; ++c) {
             const float d1 = d * sc[2 * c], o1 = dmin * mn[2 * c], d2 = d * sc[2 * c + 1], o2 = dmin * mn[2 * c + 1];
@@ -113,9 +120,9 @@ template <> struct Block<kQ8_0> {  // d f16, qs[32] int8: w = d * q
 template <> struct Block<kQ4_K> {  // d, dmin f16, scales[12], qs[128]: w = d*sc * q - dmin*m per 32
     static constexpr int size = 256, bytes = 144;
     static void deq(const uint8_t* b, float* y) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        uint8_t sc[8], mn[8];
-        k_scales(b + 4, sc, mn);
+        const KHead h(b);
+        const float d = h.d, dmin = h.dmin;
+        const uint8_t *sc = h.sc, *mn = h.mn;
         const uint8_t* qs = b + 16;
         for (int c = 0; c < 4; ++c) {  // 64 elements: the low nibbles of 32 bytes, then the high ones
             for (int l = 0; l < 32; ++l) {

@@ -12,3 +12,13 @@
 #else
 #include "dot_portable.h"
 #endif
+
+#if !defined(LLMCLI_X86)
+// NEON and portable name their kernels alike: one dispatcher by block type
+template <int T>
+static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
+    if constexpr (T == kQ4_K) return q4k_row(row, x, nb);
+    else if constexpr (T == kQ6_K) return q6k_row(row, x, nb);
+    else return dot32_row<T>(row, x, nb);
+}
+#endif

@@ -168,9 +168,9 @@ static void dot_rows4(const uint8_t* row, const Q8* x, int64_t nb, float out[4])
         const __m256i low4 = _mm256_set1_epi8(0x0F);
         for (int64_t k = 0; k < nb / 8; ++k) {
             const uint8_t* b = row + k * 144;
-            const float d = h2f(b), dmin = h2f(b + 2);
-            uint8_t sc[8], mn[8];
-            k_scales(b + 4, sc, mn);
+            const KHead h(b);
+            const float d = h.d, dmin = h.dmin;
+            const uint8_t *sc = h.sc, *mn = h.mn;
             for (int c = 0; c < 4; ++c) {
                 const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
                 const __m256i w1 = _mm256_and_si256(raw, low4), w2 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);

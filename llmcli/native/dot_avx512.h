@@ -383,17 +383,16 @@ static void q4k_tile_row(const uint8_t* row, const Q8* x, int64_t nb, float* out
         const uint8_t* b = row + k * 144;
         fetch_ahead(ahead, k * 144);
         fetch_ahead(ahead, k * 144 + 128);
-        uint8_t sc[8], mn[8];
-        k_scales(b + 4, sc, mn);
+        const KHead h(b);
         __m256i w[8];
         for (int j = 0; j < 4; ++j) {
             const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
             w[2 * j] = _mm256_and_si256(raw, low4);
             w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
         }
-        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
-        const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn))));
-        const __m256 scd = _mm256_mul_ps(scf, _mm256_set1_ps(h2f(b))), mnd = _mm256_mul_ps(mnf, _mm256_set1_ps(h2f(b + 2)));
+        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.sc))));
+        const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.mn))));
+        const __m256 scd = _mm256_mul_ps(scf, _mm256_set1_ps(h.d)), mnd = _mm256_mul_ps(mnf, _mm256_set1_ps(h.dmin));
         for (int c = 0; c < C; ++c) {
             const int8_t* y = x[c].q + k * 256;
             __m256i m[8];

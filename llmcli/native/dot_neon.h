@@ -81,9 +81,9 @@ static float q4k_row(const uint8_t* row, const Q8& x, int64_t nb) {
     float off = 0.f;
     for (int64_t k = 0; k < nb / 8; ++k) {
         const uint8_t* b = row + k * 144;
-        const float d = h2f(b), dmin = h2f(b + 2);
-        uint8_t sc[8], mn[8];
-        k_scales(b + 4, sc, mn);
+        const KHead h(b);
+        const float d = h.d, dmin = h.dmin;
+        const uint8_t *sc = h.sc, *mn = h.mn;
         for (int c = 0; c < 4; ++c) {
             const uint8x16_t r0 = vld1q_u8(b + 16 + 32 * c), r1 = vld1q_u8(b + 32 + 32 * c);
             const int64_t i = 8 * k + 2 * c;
@@ -128,9 +128,3 @@ static float q6k_row(const uint8_t* row, const Q8& x, int64_t nb) {
     return acc;
 }
 
-template <int T>
-static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
-    if constexpr (T == kQ4_K) return q4k_row(row, x, nb);
-    else if constexpr (T == kQ6_K) return q6k_row(row, x, nb);
-    else return dot32_row<T>(row, x, nb);
-}

@@ -72,6 +72,9 @@ def hf_config(args) -> dict:
 def open_source(model: ModelFile | Path) -> SourceModel:
     """A model on disk (a ModelFile, or a path to open) as lazily read source tensors."""
     mf = model if isinstance(model, ModelFile) else open_model_file(model)
+    if mf.is_encoder:  # its checkpoint would lose the sentence-transformers files, and its loader is another
+        raise UnsupportedModelError(f"{mf.path} is an embedding model ({mf.architecture}); llmcli quantizes "
+                                    "text-generation models only: embed with it as it is")
     if not mf.is_gguf:
         if mf.quantization is not None:
             raise AlreadyQuantizedError(f"{mf.path} is already quantized (preset {mf.quantization.get('preset')!r}); "

@@ -63,7 +63,8 @@ class EngineLoop:
     def stats(self) -> dict:
         e = self.engine
         return {"rows": e.rows, "ctx_size": e.max_len, "running": len(e.running), "waiting": len(e.waiting),
-                "steps": e.steps, "mean_batch": round(e.row_steps / e.steps, 3) if e.steps else 0.0}
+                "steps": e.steps, "mean_batch": round(e.row_steps / e.steps, 3) if e.steps else 0.0,
+                "prompt_cache": e.prompt_cache.stats if e.prompt_cache is not None else None}
 
     def _run(self) -> None:
         while True:

@@ -2,11 +2,13 @@
 
     GET  /v1/models, /v1/models/{id}, /health          (the /v1 prefix may be left out)
     POST /v1/chat/completions, /v1/completions         (JSON, or server-sent events with "stream")
+    POST /v1/embeddings                                (embeddings_api.py; an embedding model serves only this)
 
 Requests are coroutines on one event loop (listener.py runs uvicorn). Reading JSON, the chat
 template and tokenizing run in worker threads; the model runs in the one engine thread
 (engine_loop.py), which decodes every running request together and hands each request its chunks
-through the event loop, so that no request blocks another. Limits, each answered in OpenAI's
+through the event loop, so that no request blocks another. Embeddings run on a thread of their own,
+one request at a time, each request's inputs several at a time. Limits, each answered in OpenAI's
 error shape:
 - `rows` requests run, `queue` more wait for a row; one more gets 503 with Retry-After;
 - a body over MAX_BODY: 413; not JSON, nested deeper than json_input's cap, or holding a lone
@@ -26,6 +28,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
 
@@ -39,8 +42,10 @@ from starlette.routing import Route
 from ..decode.batched import Request as EngineRequest
 from ..decode.constrained import GrammarCompiler, from_json_schema
 from ..decode.generate import Logprobs
-from ..errors import GrammarError
+from ..errors import GrammarError, PromptTooLongError
 from ..json_input import load_json
+from ..runtime.embedder import NoPoolingError
+from . import embeddings_api
 from . import openai_api as api
 from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_api_error, collect, json_response,
                    optional_v1, unless_gone)
@@ -54,20 +59,30 @@ QUEUE_PER_ROW = 8  # the default queue: this many waiting requests per row (64 a
 
 class Server:
     def __init__(self, rt, sock, *, model_id: str, rows: int = 8, max_len: int | None = None,
-                 queue: int | None = None, timeouts: Timeouts = Timeouts()):
+                 queue: int | None = None, timeouts: Timeouts = Timeouts(), pooling: str | None = None,
+                 prompt_cache: int | None = None):
         """`rt` a runtime.Runtime, `sock` from bind(); `rows` requests decoded together, each up to
         `max_len` tokens (default: rt.ctx_size), and `queue` more waiting for a row (default
-        QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens."""
+        QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens. /v1/embeddings answers with
+        the model's own pooling, or `pooling` (mean, cls, last, max): a text-generation model that
+        declares none embeds only with it. An embedding model (rt.generates False) serves only that.
+        `prompt_cache`: bytes of finished requests' KV kept for later prompts that start the same way
+        (None: Runtime.prompt_cache_budget(); 0: none)."""
         self.rt, self.sock, self.model_id, self.timeouts = rt, sock, model_id, timeouts
         self.names = {model_id, rt.loaded.name, rt.loaded.path.name, ""}  # what a request's "model" may say
         self.created = int(time.time())
         self.limit = rows + (QUEUE_PER_ROW * rows if queue is None else queue)  # running + waiting
-        self.loop = EngineLoop(rt.batch_engine(rows, max_len))
+        self.loop = EngineLoop(rt.batch_engine(rows, max_len, prompt_cache)) if rt.generates else None
+        try:
+            self.embedder = rt.embedder(pooling)
+        except NoPoolingError:  # a text-generation model: /v1/embeddings says how to start the server
+            self.embedder = None
+        self._embedding = ThreadPoolExecutor(1, thread_name_prefix="llmcli-embed")  # one request at a time
         self._accepting = 0  # requests admitted and not yet in the engine (body, tokenizing); event loop only
         self._durations: deque[float] = deque(maxlen=32)  # seconds recent requests took in a row
         self._compiler = None
         self._compiler_lock = threading.Lock()
-        self.http = HttpServer(self.app(), sock, timeouts, on_stop=self.loop.close)
+        self.http = HttpServer(self.app(), sock, timeouts, on_stop=self._stop)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -89,13 +104,19 @@ class Server:
 
     def close(self) -> None:
         self.http.stop()
-        self.loop.close()  # again, if the server never ran: every unfinished request gets a 503
+        self._stop()  # again, if the server never ran: every unfinished request gets a 503
         self.sock.close()
+
+    def _stop(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
+        self._embedding.shutdown(wait=False, cancel_futures=True)
 
     def app(self):
         routes = [Route("/models", self.models, methods=["GET"]), Route("/models/{name:path}", self.model, methods=["GET"]),
                   Route("/health", self.health, methods=["GET"]), Route("/chat/completions", self.chat, methods=["POST"]),
-                  Route("/completions", self.completion, methods=["POST"])]
+                  Route("/completions", self.completion, methods=["POST"]),
+                  Route("/embeddings", self.embeddings, methods=["POST"])]
         return AccessLog(optional_v1(Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})))
 
     # ------------------------------------------------------------------ endpoints
@@ -111,13 +132,15 @@ class Server:
         return json_response(200, self._card())
 
     async def health(self, request: Request) -> Response:
-        return json_response(200, {"status": "ok", "model": self.model_id, **self.loop.stats, "max_requests": self.limit})
+        stats = self.loop.stats if self.loop is not None else {"embeddings_only": True}
+        return json_response(200, {"status": "ok", "model": self.model_id, **stats, "max_requests": self.limit})
 
     def _card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llmcli"}
 
     async def chat(self, request: Request) -> Response:
         try:
+            self._check_generates()
             with self._admitted():
                 job, req, cursor = await run_in_threadpool(self._chat_request, await self._read_body(request))
                 run = self._submit(req, "messages")
@@ -136,6 +159,7 @@ class Server:
 
     async def completion(self, request: Request) -> Response:
         try:
+            self._check_generates()
             with self._admitted():
                 data = await self._read_body(request)
                 job, req, cursor, offset = await run_in_threadpool(self._completion_request, data)
@@ -155,6 +179,48 @@ class Server:
                                                               last.stopped_by))
         except Exception as e:
             return _failure(e, request)
+
+    async def embeddings(self, request: Request) -> Response:
+        try:
+            if self.embedder is None:
+                raise ApiError(400, f"{self.model_id} is a text-generation model whose files declare no pooling, so this "
+                                    "server does not embed; start it with --pooling last (or mean) to embed with the "
+                                    "model's last hidden states", code="model_not_supported")
+            with self._admitted():
+                job, ids = await run_in_threadpool(self._embedding_request, await self._read_body(request))
+                work = asyncio.wrap_future(self._embedding.submit(self.embedder.embed, ids))
+                vectors = await unless_gone(request.receive, work)
+            tokens = sum(map(len, ids))
+            request.state.note = f"{len(ids)} inputs, {tokens} tokens"
+            return json_response(200, embeddings_api.embeddings_response(self.model_id, vectors, tokens, job.base64))
+        except Exception as e:
+            return _failure(e, request)
+
+    def _embedding_request(self, data: bytes):
+        job = embeddings_api.embedding_job(_parse(data))
+        self._check_model(job.model)
+        e = self.embedder
+        if job.dimensions is not None and job.dimensions != e.dimensions:
+            raise ApiError(400, f"this model makes {e.dimensions}-dimensional vectors and was not trained to be cut "
+                                f"shorter; leave dimensions out or set it to {e.dimensions}", "dimensions")
+        vocab, ids = self.rt.loaded.args.vocab_size, []
+        for i, item in enumerate(job.inputs):
+            what = f"input[{i}]"
+            try:
+                if isinstance(item, str):
+                    ids.append(e.ids(item, job.truncate, what))
+                elif max(item) >= vocab:
+                    raise ApiError(400, f"{what} has token id {max(item)}, outside the vocabulary (0..{vocab - 1})", what)
+                else:
+                    ids.append(e.frame(item, job.truncate, what))
+            except PromptTooLongError as err:
+                raise ApiError(400, str(err), what, "context_length_exceeded") from None
+        return job, ids
+
+    def _check_generates(self) -> None:
+        if self.loop is None:
+            raise ApiError(400, f"{self.model_id} is an embedding model: this server answers /v1/embeddings, not chat "
+                                "or completions", "model", "model_not_supported")
 
     async def _chat_events(self, run, job: api.Job, head: dict, cursor, request: Request):
         """The chat stream's objects: the role, the text as it comes (held-back text, a stop's
@@ -189,7 +255,7 @@ class Server:
     @contextmanager
     def _admitted(self):
         """Room for one more request, or 503 (before its body is read: the connection then closes)."""
-        busy = self._accepting + self.loop.in_flight
+        busy = self._accepting + (self.loop.in_flight if self.loop is not None else 0)
         if busy >= self.limit:
             raise ApiError(503, f"the server is busy: {busy} requests are running or waiting for a row, as many "
                                 "as it takes (--rows + --queue); retry later", code="server_busy",
@@ -203,7 +269,7 @@ class Server:
     def _retry_after(self) -> int:
         """Seconds until a place is likely free: with every row busy, one frees every
         (a request's time in its row) / rows seconds."""
-        if not self._durations:
+        if not self._durations or self.loop is None:
             return 1
         return max(1, min(60, math.ceil(statistics.median(self._durations) / self.loop.engine.rows)))
 

