@@ -155,3 +155,44 @@ def test_no_native_step_without_a_float32_cache_or_the_kernels(loaded, monkeypat
     monkeypatch.setenv("LLMCLI_NO_KERNEL", "1")
     monkeypatch.setattr(native, "_module", None)
     assert not isinstance(loaded.decode_step(compile=False), NativeStep)
+
+
+def test_several_tokens_a_call_give_what_one_at_a_time_gives(loaded):
+    """A prefill's or a speculative pass's tokens in one call: each token's logits, hidden state and
+    cache rows are exactly those of one-token calls (its activations quantize alone, its products
+    take the one-row kernels' order)."""
+    step = loaded.decode_step(compile=False)
+    ids = [5, 17, 80, 3, 200, 41, 9, 150, 7, 99, 250, 31, 2]
+    one, many = loaded.new_cache(), loaded.new_cache()
+    with torch.inference_mode():
+        alone = [step(torch.tensor([[t]]), one, hidden=True) for t in ids]
+        logits, hidden = step(torch.tensor([ids]), many, hidden=True)
+    assert many.length == one.length == len(ids)
+    assert torch.equal(logits[0], torch.cat([a[0][0] for a in alone]))
+    assert torch.equal(hidden[0], torch.cat([a[1][0] for a in alone]))
+    assert all(torch.equal(a[..., :len(ids), :], b[..., :len(ids), :]) for a, b in zip(one.k + one.v, many.k + many.v))
+
+
+def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded):
+    """`batch` and `serve` rows share each weight read (one C++ call a step), and every greedy
+    sequence is token for token what `run` (generate() through the same step) makes of it alone."""
+    from llmcli.decode.batched import Request
+    from llmcli.decode.generate import generate
+    from llmcli.decode.sampling import SamplingParams
+    from llmcli.runtime.native_step import NativeStep
+
+    g = torch.Generator().manual_seed(2)
+    reqs = [Request(torch.randint(3, 250, (int(n),), generator=g).tolist(), SamplingParams(temperature=0), int(m), tag=i)
+            for i, (n, m) in enumerate([(3, 20), (11, 9), (6, 25), (20, 14), (2, 30), (9, 17)])]
+    engine = loaded.batch_engine(4, 64, prompt_cache=0)
+    assert isinstance(engine.step_fn, NativeStep)
+    got: dict = {}
+    for req, chunk in engine.run(reqs):
+        got.setdefault(req.tag, []).extend(chunk.tokens)
+    assert engine.row_steps / engine.steps > 2  # rows were decoded together
+    step = loaded.decode_step(compile=False)
+    for r in reqs:
+        alone = generate(loaded.loaded.model, loaded.loaded.tokenizer, r.prompt, r.params, loaded.new_cache(),
+                         max_tokens=r.max_tokens, step=step, ignore_eos=True)
+        assert got[r.tag] == [t for c in alone for t in c.tokens][:len(got[r.tag])], f"request {r.tag}"
+        assert len(got[r.tag]) == r.max_tokens or got[r.tag][-1] in loaded.loaded.tokenizer.eos_ids
