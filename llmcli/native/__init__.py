@@ -6,6 +6,7 @@ The C++ (plain C++17 with a C interface, api.h; no torch headers):
   multiplies with integer dot products, scaled once per block (dot_*.h: one file per instruction set).
 - attention.cpp: decoding's one-query attention over a float32 KV cache (attend_one).
 - select.cpp: the k largest of a vector of logits (top_k), for sampling.
+- dot_avx512_tiles.h: the AVX-512 products for up to 8 activation rows at once, each weight block unpacked once.
 - decode.cpp: a whole decode step of a Llama-family model or Gemma 3, for n tokens at once (DecodeSteps,
   used by native_step.py).
 - team.h: their threads (sized from torch.get_num_threads()), whose waits spin briefly, then sleep.
