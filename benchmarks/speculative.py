@@ -1,7 +1,7 @@
 """Speculative decoding and beam search against plain greedy decoding, interleaved.
 
-    python benchmarks/speculative.py MODEL [--draft MODEL] [--quant bf16] [--draft-quant PRESET]
-        [-n 128] [-r 3] [--threads 2] [--ks 4,8] [--beams 0]
+    python benchmarks/speculative.py MODEL [--draft MODEL] [--quant bf16] [--dtype auto] [--draft-quant PRESET]
+        [-n 128] [-r 3] [--threads 2] [--ks 4,8] [--lookup-ks 10] [--prompts story,code] [--beams 0]
 
 Loads MODEL (with --quant) as the target and --draft (default: MODEL as stored, e.g. its q4
 blocks) as the draft, then for each prompt runs, in turn and -r times: plain greedy, the draft with
@@ -62,13 +62,16 @@ def main() -> None:
     ap.add_argument("--draft")
     ap.add_argument("--quant", default=None, help="the target's preset (default: as stored, as `run` loads it)")
     ap.add_argument("--draft-quant")
+    ap.add_argument("--dtype", default="auto", help="the target's compute dtype (float32: the same tokens as greedy)")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ks", default="4,8")
+    ap.add_argument("--lookup-ks", default=str(speculative.LOOKUP_TOKENS), help="guesses a lookup pass, e.g. 3,10")
+    ap.add_argument("--prompts", default=",".join(PROMPTS))
     ap.add_argument("--beams", type=int, default=0, help="also time beam search with this many beams")
     a = ap.parse_args()
-    rt = open_model(a.model, device="cpu", threads=a.threads, ctx_size=1024, quant=a.quant)
+    rt = open_model(a.model, device="cpu", threads=a.threads, ctx_size=1024, quant=a.quant, dtype=a.dtype)
     draft = open_model(a.draft or a.model, device="cpu", threads=a.threads, ctx_size=1024, quant=a.draft_quant)
     step, draft_step = rt.decode_step(False), draft.decode_step(False)  # the steps `run` takes
     torch.set_num_threads(a.threads)
@@ -77,15 +80,17 @@ def main() -> None:
           f"steps: {rt.describe_step(step)}, draft {draft.describe_step(draft_step)}\n")
     print("| prompt | decoding | tokens | t/s (median) | speedup | acceptance | = greedy |")
     print("|---|---|---:|---:|---:|---:|---|")
-    for name, text in PROMPTS.items():
+    for name in a.prompts.split(","):
+        text = PROMPTS[name]
         ids = rt.prompt_ids([{"role": "user", "content": text}])
         ways = {"greedy": lambda: None}
         for k in map(int, a.ks.split(",")):
             ways[f"--draft, K={k}"] = partial(lambda k: partial(
                 speculative.speculative_stream, draft_tokens=k, proposer=speculative.DraftModel(
                     draft.loaded.model, draft.new_cache(1024), draft.placement.device, draft_step)), k)
-        ways["--lookup (K=10, n-gram 3)"] = lambda: partial(
-            speculative.speculative_stream, proposer=speculative.PromptLookup(3), draft_tokens=10)
+        for k in map(int, a.lookup_ks.split(",")):
+            ways[f"--lookup, K={k}"] = partial(lambda k: partial(
+                speculative.speculative_stream, proposer=speculative.PromptLookup(), draft_tokens=k), k)
         if a.beams:
             ways[f"--beams {a.beams}"] = lambda: partial(beam_stream, beams=a.beams, eos_ids=rt.loaded.tokenizer.eos_ids)
         speeds = {w: [] for w in ways}

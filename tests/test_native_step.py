@@ -1,7 +1,8 @@
 """The C++ decode step (native_step.py, native/decode.cpp) against the model's own forward pass, on
 tiny GGUF files of the types and layouts real ones have: Q4_1/Q8_0 llama (SmolLM2's), a qwen2
 Q4_K_M and Q5_K_M mix (q/k/v biases, unfused q/k/v of different types, 32-block fallbacks, Q5_K
-on the float route), qwen3 (q/k norm); and a sliding window, a context shift's positions, hidden states."""
+on the float route), qwen3 (q/k norm), gemma3 (four norms of 1 + w, GELU, local layers with their
+own RoPE table and window); and a sliding window, a context shift's positions, hidden states."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ CASES = {  # name: (architecture, GGUF type of every 2-D weight, or a llama.cpp 
     "qwen2-q4_k_m": ("qwen2", "Q4_K"),
     "qwen2-q5_k_m": ("qwen2", "Q5_K"),
     "qwen3-q8_0": ("qwen3", "Q8_0"),
+    "gemma3-q4_k_m": ("gemma3_text", "Q4_K"),
 }
 
 
@@ -98,14 +100,20 @@ def _relative(got, want) -> float:
 def norms_summed_in_float64(monkeypatch):
     """The model's RMSNorm summing squares in float64 as the C++ step does: with the sums in another
     order, nearly every step had a flip (_compare) somewhere."""
-    from llmcli.models import llama
+    from llmcli.models import gemma3, llama
 
     def forward(self, x):
         xf = x.float()
         r = 1.0 / torch.sqrt((xf.double() ** 2).mean(-1, keepdim=True).float() + self.eps)
         return self.weight * (xf * r).to(x.dtype)
 
+    def gemma_forward(self, x):
+        xf = x.float()
+        r = 1.0 / torch.sqrt((xf.double() ** 2).mean(-1, keepdim=True).float() + self.eps)
+        return ((1.0 + self.weight.float()) * (xf * r)).to(x.dtype)
+
     monkeypatch.setattr(llama.RMSNorm, "forward", forward)
+    monkeypatch.setattr(gemma3.RMSNorm, "forward", gemma_forward)
 
 
 def test_native_steps_give_the_model_s_logits_and_cache(loaded, variant):
@@ -147,3 +155,44 @@ def test_no_native_step_without_a_float32_cache_or_the_kernels(loaded, monkeypat
     monkeypatch.setenv("LLMCLI_NO_KERNEL", "1")
     monkeypatch.setattr(native, "_module", None)
     assert not isinstance(loaded.decode_step(compile=False), NativeStep)
+
+
+def test_several_tokens_a_call_give_what_one_at_a_time_gives(loaded):
+    """A prefill's or a speculative pass's tokens in one call: each token's logits, hidden state and
+    cache rows are exactly those of one-token calls (its activations quantize alone, its products
+    take the one-row kernels' order)."""
+    step = loaded.decode_step(compile=False)
+    ids = [5, 17, 80, 3, 200, 41, 9, 150, 7, 99, 250, 31, 2]
+    one, many = loaded.new_cache(), loaded.new_cache()
+    with torch.inference_mode():
+        alone = [step(torch.tensor([[t]]), one, hidden=True) for t in ids]
+        logits, hidden = step(torch.tensor([ids]), many, hidden=True)
+    assert many.length == one.length == len(ids)
+    assert torch.equal(logits[0], torch.cat([a[0][0] for a in alone]))
+    assert torch.equal(hidden[0], torch.cat([a[1][0] for a in alone]))
+    assert all(torch.equal(a[..., :len(ids), :], b[..., :len(ids), :]) for a, b in zip(one.k + one.v, many.k + many.v))
+
+
+def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded):
+    """`batch` and `serve` rows share each weight read (one C++ call a step), and every greedy
+    sequence is token for token what `run` (generate() through the same step) makes of it alone."""
+    from llmcli.decode.batched import Request
+    from llmcli.decode.generate import generate
+    from llmcli.decode.sampling import SamplingParams
+    from llmcli.runtime.native_step import NativeStep
+
+    g = torch.Generator().manual_seed(2)
+    reqs = [Request(torch.randint(3, 250, (int(n),), generator=g).tolist(), SamplingParams(temperature=0), int(m), tag=i)
+            for i, (n, m) in enumerate([(3, 20), (11, 9), (6, 25), (20, 14), (2, 30), (9, 17)])]
+    engine = loaded.batch_engine(4, 64, prompt_cache=0)
+    assert isinstance(engine.step_fn, NativeStep)
+    got: dict = {}
+    for req, chunk in engine.run(reqs):
+        got.setdefault(req.tag, []).extend(chunk.tokens)
+    assert engine.row_steps / engine.steps > 2  # rows were decoded together
+    step = loaded.decode_step(compile=False)
+    for r in reqs:
+        alone = generate(loaded.loaded.model, loaded.loaded.tokenizer, r.prompt, r.params, loaded.new_cache(),
+                         max_tokens=r.max_tokens, step=step, ignore_eos=True)
+        assert got[r.tag] == [t for c in alone for t in c.tokens][:len(got[r.tag])], f"request {r.tag}"
+        assert len(got[r.tag]) == r.max_tokens or got[r.tag][-1] in loaded.loaded.tokenizer.eos_ids

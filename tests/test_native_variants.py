@@ -169,3 +169,26 @@ def test_builds_of_other_sources_are_pruned_beyond_the_newest_few(tmp_path):
     library._prune(paths[-1], name)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted([p.name for p in paths[-library.KEPT:]] + ["0000-libllmcli-neon.so"])
+
+
+def test_top_k_equals_torch_s(kernels):
+    """Sampling's top-k: the k largest, largest first; equal values in index order; NaN as largest."""
+    g = torch.Generator().manual_seed(5)
+    for n in (3, 17, 49152):
+        x = torch.randn(n, generator=g)
+        for k in {1, 2, min(8, n), min(40, n), n}:
+            values, indices = kernels.top_k(x, k)
+            want = x.topk(k)
+            assert torch.equal(values, want.values) and torch.equal(x[indices], values)
+            # equal values in index order; torch.topk leaves ties unordered (49152 normals hold a few)
+            ties = values[1:] == values[:-1]
+            assert bool((indices[1:][ties] > indices[:-1][ties]).all())
+            assert torch.equal(indices.sort().values, want.indices.sort().values)
+    x = torch.tensor([1.0, 3.0, 3.0, float("nan"), 2.0, 3.0, float("-inf")])
+    values, indices = kernels.top_k(x, 4)
+    assert indices.tolist() == [3, 1, 2, 5] and values[1:].tolist() == [3.0, 3.0, 3.0]
+    x = torch.full((100,), float("-inf"))
+    x[70] = 1.0
+    assert kernels.top_k(x, 3)[1].tolist() == [70, 0, 1]  # the masked ones in index order
+    with pytest.raises(ValueError):
+        kernels.top_k(x, 101)

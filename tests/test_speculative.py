@@ -158,3 +158,15 @@ def test_pacer_guesses_only_while_guessing_pays():
             break
     pacer.record(True, 100, 0.01)  # ... and it paid: back to guessing every pass
     assert all(pacer.guess() for _ in range(3))
+
+
+def test_reach_grows_on_a_copy_streak_and_falls_back_after_a_miss():
+    from llmcli.decode.speculative import Reach
+
+    reach = Reach(8)
+    ks = [reach.k]
+    for guessed_all in (True, True, True, True, False, True):
+        reach.record(reach.k, reach.k if guessed_all else 0)
+        ks.append(reach.k)
+    assert ks == [Reach.START, 4, 8, 8, 8, Reach.START, 4]
+    assert Reach(1).k == 1  # never above the most asked for

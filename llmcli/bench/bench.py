@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from .. import heap
-from ..decode.generate import generate, prefill
+from ..decode.generate import generate, prefill, prefill_runner
 from ..decode.sampling import SamplingParams
 from ..errors import InvalidParameterError
 from ..runtime.device import synchronize
@@ -201,7 +201,7 @@ def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], d
 
         def once():  # (seconds, first-token seconds, tokens)
             if kind == "pp":
-                return (*time_prefill(model, new_cache, n, depth, vocab, device), n)
+                return (*time_prefill(prefill_runner(model, step), new_cache, n, depth, vocab, device), n)
             return time_decode(rt, step, n, depth, device, ignore_eos)
 
         once()  # warm-up: not counted

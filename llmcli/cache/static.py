@@ -101,12 +101,16 @@ class StaticKVCache(CacheSlots):
         for t in self.k + self.v:
             t[:, :, :n] = t[:, :, :n].index_select(0, rows)
 
+    parent: "StaticKVCache | None" = None  # a row view's cache, and which row of it (row())
+    index = 0
+
     def row(self, i: int) -> "StaticKVCache":
         """A batch-1 view of row i sharing this cache's storage (writes land in that row)."""
         view = object.__new__(StaticKVCache)
         view.k, view.v = [t[i:i + 1] for t in self.k], [t[i:i + 1] for t in self.v]
         view.out = None if self.out is None else tuple(t[i:i + 1] for t in self.out)
         view.max_len, view.length = self.max_len, self.length
+        view.parent, view.index = self, i
         return view
 
     @property

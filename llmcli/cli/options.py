@@ -46,7 +46,7 @@ Beams = Annotated[int, typer.Option("--beams", help="Beam search with N beams (t
 LengthPenalty = Annotated[float, typer.Option("--length-penalty", help="Beam search: a finished hypothesis scores sum(logprobs) / length ** F (> 0 favours longer ones).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding with this draft model (same tokenizer), e.g. a q4 copy of MODEL; greedy only (--temp 0).", show_default=False)]
 DraftQuant = Annotated[Optional[str], typer.Option("--draft-quant", help="Quantize the draft model at load with this preset (like --quant).", show_default=False)]
-DraftTokens = Annotated[Optional[int], typer.Option("--draft-tokens", help="Tokens guessed per pass (llama.cpp's --draft-max); default 8 with --draft, 10 with --lookup.", show_default=False)]
+DraftTokens = Annotated[Optional[int], typer.Option("--draft-tokens", help="Most tokens guessed per pass (llama.cpp's --draft-max): 2 after a miss, doubling while every guess is accepted; default 8 with --draft, 3 with --lookup.", show_default=False)]
 Lookup = Annotated[bool, typer.Option("--lookup", help="Speculative decoding by prompt lookup: guesses copied from earlier in the context; greedy only (--temp 0).")]
 LookupNgram = Annotated[int, typer.Option("--lookup-ngram", help="Longest n-gram --lookup matches (transformers' max_matching_ngram_size).")]
 CacheRam = Annotated[Optional[int], typer.Option("--cache-ram", help="MiB of finished requests' KV kept for later prompts that start the same way (a shared system prompt, a growing conversation), least recently used dropped first; 0 keeps none (default: a quarter of the memory the plan leaves free, at most 1024).", show_default=False)]

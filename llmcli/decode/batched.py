@@ -11,8 +11,10 @@ slots), and a waiting request is admitted into row n as soon as one is free, bet
     step() -> events     admit what fits, run one decode step, return (request, Chunk) pairs
 
 A new sequence's prompt is prefilled alone through a batch-1 view of its row, exactly as
-generate() prefills, so what a sequence produces does not depend on its neighbours beyond the
-rounding of batched matrix products. With a `prompt_cache` (cache/prompt_cache.py), the longest
+generate() prefills. Through the native step (Runtime.batch_engine's), a step's rows are one C++ call
+that reads each weight once for all of them, and each row's numbers are those it gets alone: a
+sequence produces exactly what generate() produces for it. Through the model, batched matrix
+products may round differently. With a `prompt_cache` (cache/prompt_cache.py), the longest
 prefix of the prompt that an earlier sequence computed is copied into the row first and only the
 rest is prefilled (as a chat reuses its own cache across turns); every sequence's row is offered to
 it when the sequence ends. Sampling, stop strings, end tokens, constraints and
@@ -30,7 +32,7 @@ import torch
 
 from ..cache import new_cache
 from ..cache.prompt_cache import PromptCache
-from .generate import Chunk, limit_reason, output_limit, prefill, text_stream
+from .generate import Chunk, limit_reason, output_limit, prefill, prefill_runner, text_stream
 from .picker import Logprobs, Picker
 from .sampling import SamplingParams
 
@@ -75,16 +77,20 @@ class _Sequence:
 
 class BatchEngine:
     def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, rows: int, max_len: int,
-                 kv_type: str | None = None, prompt_cache: PromptCache | None = None):
+                 kv_type: str | None = None, prompt_cache: PromptCache | None = None, step=None):
         """`rows` sequences at most at once, each up to `max_len` tokens (prompt + output); the cache
         stores keys and values as `kv_type` says (None: the compute `dtype`; "bf16" or "f16": that
         storage type; the rows need a static cache). `prompt_cache`: finished sequences' KV, reused
-        by later prompts that start the same way (None: every prompt is prefilled whole)."""
+        by later prompts that start the same way (None: every prompt is prefilled whole). `step` runs
+        the decode steps, called as the model with `slots` (Runtime.decode_step's native step;
+        default: the model); prefill runs the model."""
         if rows < 1:
             raise ValueError("rows must be at least 1")
         if kv_type not in (None, "bf16", "f16"):
             raise ValueError("a batch of rows needs a float KV cache: kv_type None, bf16 or f16")
         self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.step_fn = step or model
+        self.prefill_fn = prefill_runner(model, step)
         self.rows, self.max_len = rows, max_len
         self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
         self.prompt_cache = prompt_cache
@@ -150,7 +156,7 @@ class BatchEngine:
         reuse = self.prompt_cache.restore(req.prompt, self.cache, row, len(req.prompt) - 1) if self.prompt_cache else 0
         view.length = seq.stats.cached_tokens = reuse
         hidden = seq.picker.wants_hidden
-        out = prefill(self.model, req.prompt[reuse:], view, self.device, hidden=hidden)
+        out = prefill(self.prefill_fn, req.prompt[reuse:], view, self.device, hidden=hidden)
         logits, h = out if hidden else (out, None)
         seq.length = len(req.prompt)
         self.running.append(seq)
@@ -163,7 +169,7 @@ class BatchEngine:
         tokens = torch.tensor([[s.last] for s in self.running], dtype=torch.long, device=self.device)
         self.cache.length = max(s.length for s in self.running) + 1
         self._clean_up_to(self.cache.length)
-        logits, h = self.model(tokens, self.cache, slots=slots, last_only=True, hidden=True)
+        logits, h = self.step_fn(tokens, self.cache, slots=slots, last_only=True, hidden=True)
         self.steps += 1
         self.row_steps += n
         done = []

@@ -40,6 +40,14 @@ class Chunk:
     stopped_by: str | None = None  # with finish_reason "length": "max_tokens" or "context"
 
 
+def prefill_runner(model, step):
+    """What prefills a prompt: the native decode step where `step` is one (several hundred tokens a
+    call, each weight read once for all of them: faster than the model's own prefill on the CPU), else
+    the model. generate(), batched.py and speculative.py all prefill through it, so a prompt's first
+    logits do not depend on which of them decodes it."""
+    return step if getattr(step, "native", False) else model
+
+
 @torch.inference_mode()
 def prefill(model, ids: list[int], cache, device: torch.device, chunk: int | None = None, hidden: bool = False):
     """Run `ids` into the cache (after what it holds); logits (V,) of the last one (and with
@@ -58,7 +66,7 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
                  logprobs: Logprobs | None = None) -> Iterator[int]:
     """Yield up to `max_new` token ids. `cache.token_ids` lists the ids in the cache slots; the
     longest prefix shared with `prompt` is reused and only the rest is prefilled. `step` runs the
-    one-token decode steps (e.g. a compiled model); prefill always runs `model`. `shift`
+    one-token decode steps (e.g. a compiled model); prefill runs prefill_runner(model, step). `shift`
     (context_shift.ContextShift) makes room when the cache is full. `constraint` masks each step's
     logits; once it is complete, its end token is yielded without another step (the grammar allows
     nothing else) and not counted as generated. `logprobs` records each sampled token."""
@@ -67,7 +75,7 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
                     logprobs=logprobs, stats=stats)
     reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
     hidden = picker.wants_hidden
-    out = prefill(model, prompt[reuse:], cache, device, hidden=hidden)
+    out = prefill(prefill_runner(model, step), prompt[reuse:], cache, device, hidden=hidden)
     logits, h = out if hidden else (out, None)
     cache.token_ids.extend(prompt[reuse:])
     for i in range(max_new):

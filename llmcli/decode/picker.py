@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import SamplingParams, make_generator, penalty_history, sample, token_logprobs
+from .sampling import SamplingParams, make_generator, penalty_history, sample, token_logprobs, top_k
 
 
 @dataclass
@@ -78,13 +78,14 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tens
     exact = h.dtype == torch.float32 and getattr(getattr(head, "weight", None), "dtype", None) == torch.float32
     if exact or logits.shape[-1] < 2 or getattr(head, "bias", None) is not None or not hasattr(head, "weight_rows"):
         return logits
-    top = logits.topk(min(RESCORED, logits.shape[-1]))
-    if float(top.values[0] - top.values[1]) > NEAR_TIE * abs(float(top.values[0])):
+    best = top_k(logits, 2)[0].tolist()
+    if best[0] - best[1] > NEAR_TIE * abs(best[0]):
         return logits
-    rows = head.weight_rows(top.indices, torch.float32)
+    indices = top_k(logits, min(RESCORED, logits.shape[-1]))[1]
+    rows = head.weight_rows(indices, torch.float32)
     if rows is None:
         return logits
-    return logits.index_put((top.indices,), rows @ h.float())
+    return logits.index_put((indices,), rows @ h.float())
 
 
 class Picker:

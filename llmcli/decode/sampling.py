@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from .. import native
 from ..errors import InvalidParameterError
 
 MAX_SEED = 2 ** 64 - 1
@@ -136,8 +137,22 @@ def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep exactly the k largest logits (0 or >= vocab: keep all)."""
     if k <= 0 or k >= logits.shape[-1]:
         return logits
-    idx = logits.topk(k, dim=-1).indices
+    idx = top_k(logits, k)[1]
     return torch.full_like(logits, float("-inf")).scatter(-1, idx, logits.gather(-1, idx))
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest logits, largest first; for logits (V,) on the CPU through the
+    native kernel (torch.topk took 0.2 ms of SmolLM2's ~7 ms step, 1.1 ms of Gemma 3's)."""
+    return native.top_k(logits, k) if logits.dim() == 1 else logits.topk(k, dim=-1)
+
+
+def argmax(logits: torch.Tensor) -> int:
+    """The index of the largest of logits (V,), the first of equals (torch.argmax's; numpy's, 4 us
+    where torch's took 190 us on the CPU)."""
+    if logits.dtype == torch.float32 and logits.is_cpu and logits.dim() == 1 and not torch.compiler.is_compiling():
+        return int(logits.detach().numpy().argmax())
+    return int(logits.argmax(dim=-1))
 
 
 def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -176,11 +191,11 @@ def sample(logits: torch.Tensor, history: torch.Tensor, params: SamplingParams,
     """The next token id for logits (V,), given the history of ids for the penalties."""
     logits = apply_penalties(logits, history, params)
     if params.greedy:
-        return int(logits.argmax(dim=-1))
+        return argmax(logits)
     idx = None
     if 0 < params.top_k < logits.shape[-1]:
         # the same result as apply_top_k on the full vocab, but the rest only touches k values
-        logits, idx = logits.topk(params.top_k, dim=-1)
+        logits, idx = top_k(logits, params.top_k)
     logits = apply_min_p(apply_top_p(logits, params.top_p), params.min_p)
     choice = draw(apply_temperature(logits, params.temperature), generator)
     return int(idx[choice] if idx is not None else choice)

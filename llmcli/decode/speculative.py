@@ -27,10 +27,10 @@ from ..cache import reuse_prefix
 from ..errors import InvalidParameterError
 from .generate import prefill
 from .picker import Picker, Stats
-from .sampling import SamplingParams
+from .sampling import SamplingParams, argmax
 
 DRAFT_TOKENS = 8  # guesses per pass with a draft model (SmolLM2 bf16 + its q4 copy: see the README)
-LOOKUP_TOKENS = 10  # with prompt lookup: guesses cost nothing to make (transformers' prompt_lookup_num_tokens)
+LOOKUP_TOKENS = 3  # at most, with prompt lookup (Reach: 2, and 3 after a pass whose guesses were all accepted): see Reach
 LOOKUP_NGRAM = 3  # longest n-gram matched (transformers' max_matching_ngram_size is 2; llama.cpp's lookup 4)
 
 
@@ -67,16 +67,34 @@ class DraftModel:
 
     def propose(self, context: list[int], k: int) -> list[int]:
         keep = reuse_prefix(self.cache, context)
-        logits = prefill(self.model, context[keep:], self.cache, self.device)
+        # the few tokens a pass accepted through the native step, which takes several; else the model
+        catch_up = self.step if getattr(self.step, "native", False) else self.model
+        logits = prefill(catch_up, context[keep:], self.cache, self.device)
         self.cache.token_ids = list(context)
         guesses = []
         for i in range(k):
-            guesses.append(int(logits.argmax()))
+            guesses.append(argmax(logits))
             if i + 1 < k:
                 out = self.step(torch.tensor([[guesses[-1]]], device=self.device), self.cache, last_only=True)
                 logits = out[0, -1]
                 self.cache.token_ids.append(guesses[-1])
         return guesses
+
+
+class Reach:
+    """How many guesses the next pass makes: few after a miss, twice as many after a pass whose
+    guesses were all accepted, up to `most`. A pass checks its tokens in one call of the native step,
+    which costs about one step for 2-3 tokens but ~3x for 8 and ~4x for 11 (SmolLM2 Q4_1, 2 threads):
+    guesses that copy a long stretch pay in long passes, doubtful ones only in short ones."""
+
+    START = 2
+
+    def __init__(self, most: int):
+        self.most = most
+        self.k = min(self.START, most)
+
+    def record(self, guessed: int, accepted: int) -> None:
+        self.k = min(2 * guessed, self.most) if accepted == guessed else min(self.START, self.most)
 
 
 class Pacer:
@@ -147,23 +165,24 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
     if shift is not None:
         raise InvalidParameterError("--context-shift does not work with --draft or --lookup")
     step = step or model
+    checks = step if getattr(step, "native", False) else model  # runs a pass's 1+K tokens
     t0 = time.perf_counter()
     picker = Picker(params, prompt, device, head=getattr(model, "lm_head", None), stats=stats)
     reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
-    logits, h = prefill(model, prompt[reuse:], cache, device, hidden=True)
+    logits, h = prefill(checks, prompt[reuse:], cache, device, hidden=True)
     cache.token_ids.extend(prompt[reuse:])
     context = list(prompt)  # the ids in the cache, then `token`, pending
     token = picker.pick(logits, h)
     proposer.propose(context, 0)  # the draft reads the prompt now, as part of prefill
     stats.ttft_s = stats.prefill_s = time.perf_counter() - t0
     drafted = accepted = 0
-    pacer = Pacer()
+    pacer, reach = Pacer(), Reach(draft_tokens)
     yield token
     while stats.completion_tokens < max_new:
         t_pass = time.perf_counter()
-        k = min(draft_tokens, max_new - stats.completion_tokens - 1)  # never past max_new (nor the context)
+        k = min(reach.k, max_new - stats.completion_tokens - 1)  # never past max_new (nor the context)
         guesses = proposer.propose(context + [token], k) if k and pacer.guess() else []
-        run = step if not guesses else model
+        run = step if not guesses else checks
         logits, h = run(torch.tensor([[token] + guesses], device=device), cache, hidden=True)  # (1, 1+G, V)
         context.append(token)
         new = []
@@ -175,6 +194,8 @@ def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, 
         cache.truncate(len(context) + ok)
         cache.token_ids.extend([context[-1]] + guesses[:ok])
         pacer.record(bool(guesses), len(new), time.perf_counter() - t_pass)
+        if guesses:
+            reach.record(len(guesses), ok)
         drafted, accepted = drafted + len(guesses), accepted + ok
         if drafted:
             stats.extra.update({"draft_tokens": drafted, "accepted_tokens": accepted,

@@ -24,6 +24,10 @@ LLMCLI_API int llmcli_attend_one(const float* q, int64_t B, int64_t H, int64_t D
                                  const float* v, const int64_t* v_strides, int64_t KV, int64_t S, const uint8_t* mask,
                                  int64_t mask_rows, float scale, float* out, int threads);
 
+// values, indices (k,) = the k largest of x (n,), largest first, equal values in index order; NaN
+// counts as largest, as in torch.topk (select.cpp)
+LLMCLI_API int llmcli_top_k(const float* x, int64_t n, int64_t k, float* values, int64_t* indices);
+
 // A decode step (decode.cpp): its weights and cache stay owned by the caller, who keeps them alive
 struct LlmcliProjection {  // y = W x (+ b)
     const uint8_t* blocks;  // (N, row bytes)
@@ -32,21 +36,30 @@ struct LlmcliProjection {  // y = W x (+ b)
 };
 
 struct LlmcliLayer {
-    const float *in_norm, *post_norm, *q_norm, *k_norm;  // (hidden,), (hidden,), (head_dim,) or null
-    const LlmcliProjection *qkv, *o, *gate_up, *down;    // groups: projections of one input, outputs side by side
+    const float *in_norm, *post_norm, *q_norm, *k_norm;  // (hidden,), (hidden,), (head_dim,) or null; post_norm: the MLP's input
+    const float *attn_out_norm, *mlp_out_norm;  // (hidden,) or null: gemma3's norms of attention's and the MLP's outputs
+    const LlmcliProjection *qkv, *o, *gate_up, *down;  // groups: projections of one input, outputs side by side
     int64_t n_qkv, n_o, n_gate_up, n_down;
-    float *k_cache, *v_cache;  // (1, KV, max_len, D), rows of D contiguous
-    int64_t k_strides[2], v_strides[2];  // {head, slot}
-    int64_t max_len, window;  // window: attend to this many most recent slots (0: all)
+    float *k_cache, *v_cache;  // (rows, KV, max_len, D), rows of D contiguous
+    int64_t k_strides[3], v_strides[3];  // {row, head, slot}
+    int64_t rows, max_len, window;  // window: attend to this many most recent slots (0: all)
+    int64_t local_rope;  // 1: q and k turn by the second RoPE table (gemma3's local layers), 0: the first
 };
 
+// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
 LLMCLI_API void* llmcli_steps_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
-                                  float scale, int threads);
+                                  float scale, int64_t act, int threads);
 LLMCLI_API int llmcli_steps_add_layer(void* steps, const LlmcliLayer* layer);
 LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const LlmcliProjection* head, int64_t n_head);
-// x (hidden,) -> logits (vocab,), hidden (hidden,): the final normed state; keys and values to `slot`
-LLMCLI_API int llmcli_steps_run(void* steps, const float* x, int64_t slot, const float* cos, const float* sin,
-                                float* logits, float* hidden);
+// n tokens at once, x (n, hidden) their embeddings: token i's keys and values go to cache row
+// rows[i], slot slots[i], and it attends to that row's slots up to its own (tokens of one row at
+// consecutive slots see each other causally; rows never see each other). cos, sin (n, rotary_dim):
+// the RoPE tables of each token's position; cos_local, sin_local the same for local_rope layers (or
+// null without them). -> logits (n - logits_from, vocab) of tokens logits_from.., hidden (n, hidden)
+// the final normed states. Each token's numbers are those of a call with that token alone.
+LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
+                                const float* cos, const float* sin, const float* cos_local, const float* sin_local,
+                                int64_t logits_from, float* logits, float* hidden);
 LLMCLI_API void llmcli_steps_free(void* steps);
 
 }  // extern "C"

@@ -170,6 +170,10 @@ struct Q8 {
     const int8_t* qi;   // codes as A0-15 B0-15 C0-15 D0-15 A16-31 B16-31 C16-31 D16-31
     const int32_t* ni;  // 16 a group: lane l's -(sum of the 8 codes it multiplies)
     const float* ds;    // (d, s) of each block side by side
+    const float* d16;   // 16 a group: block j's d in lanes 4j..4j+3, as the weights' d meet it (no permute per row)
+    // and for Q8_0, per pair of blocks:
+    const float* d8;    // block j's d in 8 lanes (K/4,)
+    const int32_t* z8;  // n4 * 128: the accumulators' start for codes q + 128 (K/4,)
 };
 
 // Rounds v (|v| < 2^22) to the nearest integer, ties to even, as nearbyint does in the default mode:

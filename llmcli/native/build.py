@@ -38,7 +38,7 @@ VARIANTS = {
 # -ffp-contract=off: no multiply-add fused behind the code's back, so that dequantized weights equal
 # gguf-py's bit for bit; the kernels fuse where they mean to, with intrinsics
 COMMON = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-ffp-contract=off", "-pthread"]
-UNITS = ("matmul.cpp", "attention.cpp", "decode.cpp", "variant.cpp")
+UNITS = ("matmul.cpp", "attention.cpp", "decode.cpp", "select.cpp", "variant.cpp")
 
 
 class BuildError(Exception):
@@ -127,5 +127,5 @@ if __name__ == "__main__":
     start = time.perf_counter()
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else FOLDER / "lib"
     for name, result in compile_all(out).items():
-        print(f"{name}: {result}")
-    print(f"{time.perf_counter() - start:.1f} s")
+        sys.stdout.write(f"{name}: {result}\n")
+    sys.stdout.write(f"{time.perf_counter() - start:.1f} s\n")

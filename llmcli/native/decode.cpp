@@ -1,9 +1,16 @@
-// A whole decode step of a Llama-family model whose projections are GGUF blocks, for one token, in
-// one call: no dispatcher, graph or Python between its ~300 small operations (native_step.py).
-// Per layer: RMSNorm -> q, k, v -> (q/k norm) -> RoPE -> cache write -> attention -> o -> residual
-// -> RMSNorm -> gate, up -> SiLU(gate) * up -> down -> residual; then the final norm and the output
-// projection. Five stages a layer share their rows or heads among the team's threads (team.h); the
-// element-wise work between them (a few thousand floats) is the `then` of the stage before.
+// Decode steps of a Llama-family model (or Gemma 3) whose projections are GGUF blocks, for n tokens
+// in one call: no dispatcher, graph or Python between their ~300 small operations (native_step.py).
+// The n tokens are the rows of a batch (one token each, at its own slot) or the tokens a speculative
+// pass checks (one row, consecutive slots), or both.
+// Per layer: RMSNorm -> q, k, v -> (q/k norm) -> RoPE -> cache write -> attention -> o -> (norm) ->
+// residual -> RMSNorm -> gate, up -> act(gate) * up -> down -> (norm) -> residual; then the final
+// norm and the output projection. Five stages a layer share their rows or heads among the team's
+// threads (team.h); each projection reads a weight row once for all n tokens. The per-token work
+// between them (norms, RoPE, quantization: a few thousand floats a token) is the `then` of the stage
+// before for one token, a stage of its own over the tokens for several.
+//
+// Every token's numbers are those of a call with that token alone: its activations quantize per row,
+// and project(..., alone) takes the one-row kernels, so a batch never changes what a row decodes.
 #include <memory>
 #include <string>
 
@@ -19,26 +26,31 @@ static int64_t rows_of(const Group& g) {
     return n;
 }
 
-// out[lo, hi) of the group's outputs (plus biases), from activation x (as floats and quantized)
-static void project_rows(const Group& g, const Q8Rows& xq, const float* xf, float* out, int64_t lo, int64_t hi) {
+// Outputs [lo, hi) of the group (plus biases) for activation rows [m0, m0 + M) (as floats xf and
+// quantized xq), into out (M rows, ldo apart)
+static void project_rows(const Group& g, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M, float* out,
+                         int64_t ldo, int64_t lo, int64_t hi) {
     int64_t base = 0;
     for (const auto& p : g) {
         const int64_t b = std::max(lo, base) - base, e = std::min(hi, base + p.N) - base;
         if (b < e) {
-            project((int)p.type, p.blocks, p.K, xq, xf, 1, out + base, p.N, b, e);
+            project((int)p.type, p.blocks, p.K, xq, xf, m0, M, out + base, ldo, b, e, true);
             if (p.bias)
-                for (int64_t n = b; n < e; ++n) out[base + n] += p.bias[n];
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t n = b; n < e; ++n) out[m * ldo + base + n] += p.bias[n];
         }
         base += p.N;
     }
 }
 
-// An activation vector: its floats, and quantized for the block kernels
+// Activation rows: their floats, and quantized for the block kernels
 struct Activation {
     std::vector<float> x;
     Q8Rows q;
-    void resize(int64_t n) { x.resize(n); q.resize(1, n); }
-    void quantize() { q.quantize(x.data(), 0, 1); }
+    int64_t width = 0;
+    void resize(int64_t rows, int64_t n) { width = n; x.resize(rows * n); q.resize(rows, n); }
+    float* row(int64_t m) { return x.data() + m * width; }
+    void quantize(int64_t m) { q.quantize(x.data(), m, m + 1); }
 };
 
 struct Layer {
@@ -48,8 +60,10 @@ struct Layer {
 
 class DecodeSteps {
   public:
-    DecodeSteps(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale, int threads)
-        : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), eps(eps), scale(scale), team(threads) {}
+    DecodeSteps(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale,
+                int64_t act, int threads)
+        : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), QKV((heads + 2 * kv_heads) * head_dim), act(act),
+          eps(eps), scale(scale), team(threads) {}
 
     bool add_layer(const LlmcliLayer& s) {
         Layer l{s, Group(s.qkv, s.qkv + s.n_qkv), Group(s.o, s.o + s.n_o), Group(s.gate_up, s.gate_up + s.n_gate_up),
@@ -58,100 +72,149 @@ class DecodeSteps {
         hidden = rows_of(l.down);
         inter = rows_of(l.gate_up) / 2;
         max_len = layers.empty() ? s.max_len : std::min(max_len, s.max_len);
+        cache_rows = layers.empty() ? s.rows : std::min(cache_rows, s.rows);
+        local |= s.local_rope != 0;
         layers.push_back(std::move(l));
         return true;
     }
 
     void set_head(const float* norm, Group h) { final_norm = norm; head = std::move(h); }
 
-    // x (hidden,) the token's embedding -> logits (vocab,), the final normed hidden state (hidden,).
-    // Its keys and values go to cache slot `slot`; cos, sin (R,) are the RoPE tables for its position.
-    bool run(const float* x_in, int64_t slot, const float* cos, const float* sin, float* logits, float* normed) {
-        if (layers.empty() || head.empty() || slot < 0 || slot >= max_len) return false;
-        x.assign(x_in, x_in + hidden);
-        a.resize(hidden); a_attn.resize(H * D); a_mlp.resize(inter);
-        qkv.resize((H + 2 * KV) * D); gu.resize(2 * inter); y.resize(hidden);
+    // See llmcli_steps_run (api.h)
+    bool run(int64_t n, const float* x_in, const int64_t* rows, const int64_t* slots, const float* cos,
+             const float* sin, const float* cos_l, const float* sin_l, int64_t from, float* logits, float* normed) {
+        if (layers.empty() || head.empty() || n < 1 || from < 0 || from > n || (local && (!cos_l || !sin_l)))
+            return false;
+        int64_t longest = 0;
+        for (int64_t m = 0; m < n; ++m) {
+            if (rows[m] < 0 || rows[m] >= cache_rows || slots[m] < 0 || slots[m] >= max_len) return false;
+            longest = std::max(longest, slots[m] + 1);
+        }
+        N = n; rows_ = rows; slots_ = slots; cs = cos; sn = sin; cs_l = cos_l; sn_l = sin_l;
+        x.assign(x_in, x_in + n * hidden);
+        a.resize(n, hidden); a_attn.resize(n, H * D); a_mlp.resize(n, inter);
+        qkv.resize(n * QKV); gu.resize(n * 2 * inter); y.resize(n * hidden);
         scores.resize(team.size());
-        for (auto& p : scores) p.resize(slot + 1);
-        slot_ = slot; cs = cos; sn = sin;
+        for (auto& p : scores) p.resize(longest);
 
         std::vector<Stage> stages;
-        stages.reserve(5 * layers.size() + 1);
+        stages.reserve(10 * layers.size() + 2);
+        if (n > 1) per_token(stages, [this](int64_t m) { norm_in(m, layers[0].spec.in_norm); });
         for (size_t i = 0; i < layers.size(); ++i) {
             const Layer& l = layers[i];
             const float* next_norm = i + 1 < layers.size() ? layers[i + 1].spec.in_norm : final_norm;
             stages.push_back({rows_of(l.qkv), 16, [this, &l](int, int64_t lo, int64_t hi) {
-                project_rows(l.qkv, a.q, a.x.data(), qkv.data(), lo, hi);
-            }, [this, &l] { place_heads(l); }});
-            stages.push_back({H, 1, [this, &l](int t, int64_t lo, int64_t hi) { attend(l, t, lo, hi); },
-                              [this] { a_attn.quantize(); }});
-            stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {  // x += o(attn), each row by one thread
-                project_rows(l.o, a_attn.q, a_attn.x.data(), y.data(), lo, hi);
-                for (int64_t n = lo; n < hi; ++n) x[n] += y[n];
-            }, [this, &l] { rms_norm(x.data(), l.spec.post_norm, hidden, eps, a.x.data()); a.quantize(); }});
+                project_rows(l.qkv, a.q, a.x.data(), 0, N, qkv.data(), QKV, lo, hi);
+            }, {}});
+            per_token(stages, [this, &l](int64_t m) { place_heads(l, m); });
+            stages.push_back({N * H, 1, [this, &l](int t, int64_t lo, int64_t hi) { attend(l, t, lo, hi); }, {}});
+            per_token(stages, [this](int64_t m) { a_attn.quantize(m); });
+            stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
+                project_rows(l.o, a_attn.q, a_attn.x.data(), 0, N, y.data(), hidden, lo, hi);
+            }, {}});
+            per_token(stages, [this, &l](int64_t m) { add_residual(m, l.spec.attn_out_norm); norm_in(m, l.spec.post_norm); });
             stages.push_back({2 * inter, 16, [this, &l](int, int64_t lo, int64_t hi) {
-                project_rows(l.gate_up, a.q, a.x.data(), gu.data(), lo, hi);
-            }, [this] {
-                std::copy(gu.begin(), gu.begin() + inter, a_mlp.x.begin());
-                silu_mul(a_mlp.x.data(), gu.data() + inter, inter);
-                a_mlp.quantize();
-            }});
-            stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {  // x += down(silu(gate) * up)
-                project_rows(l.down, a_mlp.q, a_mlp.x.data(), y.data(), lo, hi);
-                for (int64_t n = lo; n < hi; ++n) x[n] += y[n];
-            }, [this, next_norm] { rms_norm(x.data(), next_norm, hidden, eps, a.x.data()); a.quantize(); }});
+                project_rows(l.gate_up, a.q, a.x.data(), 0, N, gu.data(), 2 * inter, lo, hi);
+            }, {}});
+            per_token(stages, [this](int64_t m) { gate(m); });
+            stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
+                project_rows(l.down, a_mlp.q, a_mlp.x.data(), 0, N, y.data(), hidden, lo, hi);
+            }, {}});
+            per_token(stages, [this, &l, next_norm](int64_t m) { add_residual(m, l.spec.mlp_out_norm); norm_in(m, next_norm); });
         }
-        stages.push_back({rows_of(head), 64, [this, logits](int, int64_t lo, int64_t hi) {
-            project_rows(head, a.q, a.x.data(), logits, lo, hi);
-        }, {}});
+        if (from < n) {
+            const int64_t vocab = rows_of(head);
+            stages.push_back({vocab, 64, [this, logits, from, vocab](int, int64_t lo, int64_t hi) {
+                project_rows(head, a.q, a.x.data(), from, N - from, logits, vocab, lo, hi);
+            }, {}});
+        }
 
-        rms_norm(x.data(), layers[0].spec.in_norm, hidden, eps, a.x.data());
-        a.quantize();
+        if (n == 1) norm_in(0, layers[0].spec.in_norm);
         team.run(stages);
         std::copy(a.x.begin(), a.x.end(), normed);  // the final norm's output, which the head read
         return true;
     }
 
   private:
-    const int64_t H, KV, D, R;
+    const int64_t H, KV, D, R, QKV, act;
     const float eps, scale;
-    int64_t hidden = 0, inter = 0, max_len = 0;
+    int64_t hidden = 0, inter = 0, max_len = 0, cache_rows = 0;
+    bool local = false;
     std::vector<Layer> layers;
     const float* final_norm = nullptr;
     Group head;
     Team team;
-    // one run's state, shared by the team's threads
-    std::vector<float> x, qkv, gu, y;
+    // one run's state, shared by the team's threads: N tokens' rows of each
+    int64_t N = 0;
+    const int64_t *rows_ = nullptr, *slots_ = nullptr;
+    const float *cs = nullptr, *sn = nullptr, *cs_l = nullptr, *sn_l = nullptr;
+    std::vector<float> x, qkv, gu, y;  // (N, hidden), (N, QKV), (N, 2 inter), (N, hidden)
     Activation a, a_attn, a_mlp;
     std::vector<std::vector<float>> scores;  // each thread's
-    int64_t slot_ = 0;
-    const float *cs = nullptr, *sn = nullptr;
 
-    // q/k norms and RoPE on the new q and k heads; the new k and v rows to the cache
-    void place_heads(const Layer& l) {
+    // f(m) for every token m after the last stage: that stage's `then` for one token, else a stage
+    void per_token(std::vector<Stage>& stages, std::function<void(int64_t)> f) {
+        if (N == 1 && !stages.empty() && !stages.back().then) {
+            stages.back().then = [f] { f(0); };
+            return;
+        }
+        stages.push_back({N, 1, [f](int, int64_t lo, int64_t hi) { for (int64_t m = lo; m < hi; ++m) f(m); }, {}});
+    }
+
+    // token m's state normed into the next projections' input
+    void norm_in(int64_t m, const float* w) {
+        rms_norm(x.data() + m * hidden, w, hidden, eps, a.row(m));
+        a.quantize(m);
+    }
+
+    // x += y (normed first where the layer has that norm), token m
+    void add_residual(int64_t m, const float* norm) {
+        float* ym = y.data() + m * hidden;
+        if (norm) rms_norm(ym, norm, hidden, eps, ym);
+        float* xm = x.data() + m * hidden;
+        for (int64_t i = 0; i < hidden; ++i) xm[i] += ym[i];
+    }
+
+    void gate(int64_t m) {
+        const float* g = gu.data() + m * 2 * inter;
+        float* o = a_mlp.row(m);
+        std::copy(g, g + inter, o);
+        if (act == 1) gelu_tanh_mul(o, g + inter, inter);
+        else silu_mul(o, g + inter, inter);
+        a_mlp.quantize(m);
+    }
+
+    // token m: q/k norms and RoPE on its new q and k heads; its new k and v rows to its cache row and slot
+    void place_heads(const Layer& l, int64_t m) {
         const LlmcliLayer& s = l.spec;
+        const float* c = (s.local_rope ? cs_l : cs) + m * R;
+        const float* sn_m = (s.local_rope ? sn_l : sn) + m * R;
+        float* t = qkv.data() + m * QKV;
+        const int64_t row = rows_[m], slot = slots_[m];
         for (int64_t h = 0; h < H + KV; ++h) {
-            float* v = qkv.data() + h * D;
+            float* v = t + h * D;
             const float* norm = h < H ? s.q_norm : s.k_norm;
             if (norm) rms_norm(v, norm, D, eps, v);
-            rope(v, cs, sn, R);
+            rope(v, c, sn_m, R);
             if (h >= H) {
                 const int64_t g = h - H;
-                std::copy(v, v + D, s.k_cache + g * s.k_strides[0] + slot_ * s.k_strides[1]);
-                const float* vv = qkv.data() + (H + KV + g) * D;
-                std::copy(vv, vv + D, s.v_cache + g * s.v_strides[0] + slot_ * s.v_strides[1]);
+                std::copy(v, v + D, s.k_cache + row * s.k_strides[0] + g * s.k_strides[1] + slot * s.k_strides[2]);
+                const float* vv = t + (H + KV + g) * D;
+                std::copy(vv, vv + D, s.v_cache + row * s.v_strides[0] + g * s.v_strides[1] + slot * s.v_strides[2]);
             }
         }
     }
 
+    // items [lo, hi) of (token, head) pairs: each token over its own row's slots up to its own
     void attend(const Layer& l, int t, int64_t lo, int64_t hi) {
         const LlmcliLayer& s = l.spec;
-        const int64_t first = s.window > 0 ? std::max<int64_t>(0, slot_ - s.window + 1) : 0, S = slot_ + 1 - first;
-        for (int64_t h = lo; h < hi; ++h) {
-            const int64_t g = h / (H / KV);
-            attend_head(qkv.data() + h * D, s.k_cache + g * s.k_strides[0] + first * s.k_strides[1], s.k_strides[1],
-                        s.v_cache + g * s.v_strides[0] + first * s.v_strides[1], s.v_strides[1], S, D, nullptr, scale,
-                        scores[t].data(), a_attn.x.data() + h * D);
+        for (int64_t i = lo; i < hi; ++i) {
+            const int64_t m = i / H, h = i % H, g = h / (H / KV), row = rows_[m], slot = slots_[m];
+            const int64_t first = s.window > 0 ? std::max<int64_t>(0, slot - s.window + 1) : 0, S = slot + 1 - first;
+            const float* k = s.k_cache + row * s.k_strides[0] + g * s.k_strides[1] + first * s.k_strides[2];
+            const float* v = s.v_cache + row * s.v_strides[0] + g * s.v_strides[1] + first * s.v_strides[2];
+            attend_head(qkv.data() + m * QKV + h * D, k, s.k_strides[2], v, s.v_strides[2], S, D, nullptr, scale,
+                        scores[t].data(), a_attn.row(m) + h * D);
         }
     }
 };
@@ -159,9 +222,10 @@ class DecodeSteps {
 extern "C" {
 
 LLMCLI_API void* llmcli_steps_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
-                                  float scale, int threads) {
-    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || rotary_dim % 2 || rotary_dim > head_dim) return nullptr;
-    return new DecodeSteps(heads, kv_heads, head_dim, rotary_dim, eps, scale, threads);
+                                  float scale, int64_t act, int threads) {
+    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || rotary_dim % 2 || rotary_dim > head_dim || act < 0 || act > 1)
+        return nullptr;
+    return new DecodeSteps(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads);
 }
 
 LLMCLI_API int llmcli_steps_add_layer(void* steps, const LlmcliLayer* layer) {
@@ -173,9 +237,11 @@ LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const Llmcl
     return 0;
 }
 
-LLMCLI_API int llmcli_steps_run(void* steps, const float* x, int64_t slot, const float* cos, const float* sin,
-                                float* logits, float* hidden) {
-    return static_cast<DecodeSteps*>(steps)->run(x, slot, cos, sin, logits, hidden) ? 0 : 1;
+LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
+                                const float* cos, const float* sin, const float* cos_local, const float* sin_local,
+                                int64_t logits_from, float* logits, float* hidden) {
+    return static_cast<DecodeSteps*>(steps)->run(n, x, rows, slots, cos, sin, cos_local, sin_local, logits_from, logits,
+                                                 hidden) ? 0 : 1;
 }
 
 LLMCLI_API void llmcli_steps_free(void* steps) { delete static_cast<DecodeSteps*>(steps); }

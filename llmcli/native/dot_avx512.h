@@ -48,6 +48,16 @@ static inline void interleave(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni, 
         }
 }
 
+// The scales again, spread as the dot products' lanes take them (Q8's d16, d8, z8): a tile's
+// activation rows each met the weights' scales through a permute per group, now done once a row
+static inline void spread_scales(const Q8& x, int64_t nb, int64_t G, float* d16, float* d8, int32_t* z8) {
+    for (int64_t g = 0; g < G; ++g)
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 4; ++l) d16[16 * g + 4 * j + l] = x.ds[8 * g + 2 * j];
+    for (int64_t i = 0; i < nb; ++i)
+        for (int l = 0; l < 8; ++l) { d8[8 * i + l] = x.d[i]; z8[8 * i + l] = x.n4[8 * i + l] * 128; }
+}
+
 // The 4 blocks from k on: in the row, or past its end, a zero block (scale 0: it adds nothing,
 // whatever activations it meets; Q8Rows has room for a last group of fewer than 4)
 static const uint8_t kZeroBlock[64] = {};
@@ -73,13 +83,34 @@ static inline void reduce_rows(const __m512* acc, float* out) {
     }
 }
 
+// out[r] += the sum of off[r]'s odd lanes (the m * s products), for R = 1 or 4 rows (4: reduced together)
+template <int R>
+static inline void add_odd_lanes(const __m256* off, float* out) {
+    __m256 t[R];
+    for (int r = 0; r < R; ++r) t[r] = _mm256_blend_ps(_mm256_setzero_ps(), off[r], 0xAA);
+    if constexpr (R == 1) {
+        out[0] += hsum8(t[0]);
+    } else {
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(t[0], t[1]), _mm256_hadd_ps(t[2], t[3]));  // per 128 bits: rows 0-3
+        _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1))));
+    }
+}
+
+// A nibble group's products scaled: acc += prods * (d * dx) per block; off's odd lanes += m * s (its
+// even lanes gather d * dx, which nothing reads). wd: the weights' d spread as xd16 is.
+template <bool has_m>
+static inline void nibble_scale(__m512i prods, __m512 wd, __m256 wdm, __m512 xd16, __m256 xds, __m512& acc, __m256& off) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, xd16), acc);
+    if constexpr (has_m) off = _mm256_fmadd_ps(wdm, xds, off);
+}
+
 // Q4_0, Q4_1, Q5_0, Q5_1: blocks p[0..3] against their activations (y0, y1: codes 0-15 of each block,
 // then 16-31; st: the zero point's start). Their 4 x 16 code bytes in one vector give the low
 // nibbles (codes 0-15 of each) and the high ones (16-31): two vpdpbusd into 16 lanes, 4 a block;
 // one conversion, one multiply-add, the scales spread by one permute.
 template <int T>
 static inline void nibble_group(const uint8_t* const p[4], __m512i st, __m512i y0, __m512i y1, __m256 xds,
-                                __m512& acc, __m256& off) {
+                                __m512 xd16, __m512& acc, __m256& off) {
     constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;  // where qs starts
     constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -101,9 +132,8 @@ static inline void nibble_group(const uint8_t* const p[4], __m512i st, __m512i y
     // the 4 blocks' (d, m) or (d, 0) as 8 halves, times the activations' (d, s): d * dx and m * s
     const uint64_t w01 = has_m ? load_u32(p[0]) | load_u32(p[1]) << 32 : load_u16(p[0]) | load_u16(p[1]) << 32;
     const uint64_t w23 = has_m ? load_u32(p[2]) | load_u32(p[3]) << 32 : load_u16(p[2]) | load_u16(p[3]) << 32;
-    const __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01)), xds);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(prod)), acc);
-    if constexpr (has_m) off = _mm256_add_ps(off, prod);
+    const __m256 wdm = _mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01));
+    nibble_scale<has_m>(prods, _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(wdm)), wdm, xd16, xds, acc, off);
 }
 
 // Q4_0, Q4_1, Q5_0, Q5_1, R weight rows (`stride` bytes apart) against one activation row, four
@@ -117,21 +147,29 @@ static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t
     for (int64_t k = 0; k < nb; k += 4) {
         const __m512i st = start512<T>(x.ni + 4 * k), y0 = load512(x.qi + 32 * k), y1 = load512(x.qi + 32 * k + 64);
         const __m256 xds = _mm256_loadu_ps(x.ds + 2 * k);
+        const __m512 xd16 = _mm512_loadu_ps(x.d16 + 4 * k);
         for (int r = 0; r < R; ++r) {
             const uint8_t* b = row + r * stride + k * bytes;
             const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
             if (k + 4 <= nb) {
-                nibble_group<T>(p, st, y0, y1, xds, acc[r], off[r]);
+                nibble_group<T>(p, st, y0, y1, xds, xd16, acc[r], off[r]);
             } else {  // the last, short group
                 const uint8_t* q[4];
                 group_of<bytes>(row + r * stride, k, nb, q);
-                nibble_group<T>(q, st, y0, y1, xds, acc[r], off[r]);
+                nibble_group<T>(q, st, y0, y1, xds, xd16, acc[r], off[r]);
             }
         }
     }
     reduce_rows<R>(acc, out);
-    if constexpr (T == kQ4_1 || T == kQ5_1)
-        for (int r = 0; r < R; ++r) out[r] += hsum8(_mm256_blend_ps(_mm256_setzero_ps(), off[r], 0xAA));  // the m * s lanes
+    if constexpr (T == kQ4_1 || T == kQ5_1) add_odd_lanes<R>(off, out);  // the m * s lanes
+}
+
+// Four Q8_0 blocks' d spread as Q8's d8: blocks 0, 1 in w01's halves, 2, 3 in w23's
+static inline void q8_0_scales(const uint8_t* const p[4], __m512i lo2, __m512i hi2, __m512& w01, __m512& w23) {
+    const uint64_t h = load_u16(p[0]) | load_u16(p[1]) << 16 | load_u16(p[2]) << 32 | load_u16(p[3]) << 48;
+    const __m512 wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)));
+    w01 = _mm512_permutexvar_ps(lo2, wd);
+    w23 = _mm512_permutexvar_ps(hi2, wd);
 }
 
 // Q8_0, R weight rows against one activation row, four blocks a step: two vectors of two blocks
@@ -145,19 +183,19 @@ static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t n
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nb; k += 4) {
-        const __m512i st01 = start512<kQ8_0>(x.n4 + 8 * k), st23 = start512<kQ8_0>(x.n4 + 8 * k + 16);
+        const __m512i st01 = load512(x.z8 + 8 * k), st23 = load512(x.z8 + 8 * k + 16);
         const __m512i y01 = load512(x.q + 32 * k), y23 = load512(x.q + 32 * k + 64);
-        const __m128 dx = _mm_loadu_ps(x.d + k);
+        const __m512 dx01 = _mm512_loadu_ps(x.d8 + 8 * k), dx23 = _mm512_loadu_ps(x.d8 + 8 * k + 16);
         for (int r = 0; r < R; ++r) {
             const uint8_t* b = row + r * stride + k * bytes;
             const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
             if (k + 4 > nb) group_of<bytes>(row + r * stride, k, nb, p);  // the last, short group
             const __m512i p01 = _mm512_dpbusd_epi32(st01, q8_0_codes2(p[0], p[1]), y01);
             const __m512i p23 = _mm512_dpbusd_epi32(st23, q8_0_codes2(p[2], p[3]), y23);
-            const uint64_t h = load_u16(p[0]) | load_u16(p[1]) << 16 | load_u16(p[2]) << 32 | load_u16(p[3]) << 48;
-            const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)), dx));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(lo2, s), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(hi2, s), acc[r]);
+            __m512 w01, w23;
+            q8_0_scales(p, lo2, hi2, w01, w23);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_mul_ps(w01, dx01), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_mul_ps(w23, dx23), acc[r]);
         }
     }
     reduce_rows<R>(acc, out);
@@ -214,3 +252,5 @@ static void dot_4rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t n
         for (int r = 0; r < 4; ++r) out[r] = dot_row<T>(row + r * stride, x, nb);
     else nibble_rows<T, 4>(row, stride, x, nb, out);
 }
+
+#include "dot_avx512_tiles.h"  // the same products for several activation rows at once

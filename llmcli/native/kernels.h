@@ -8,8 +8,8 @@
 // Activation rows quantized as the dot products take them (blocks.h's Q8), owning their buffers
 struct Q8Rows {
     std::vector<int8_t> q, qi;
-    std::vector<float> d, s, ds;
-    std::vector<int32_t> n4, ni;
+    std::vector<float> d, s, ds, d16, d8;
+    std::vector<int32_t> n4, ni, z8;
     int64_t K = 0, G = 0;  // G: groups of 4 blocks a row, the last one padded with zero blocks (qi, ni, ds)
 
     void resize(int64_t rows, int64_t k) {
@@ -18,23 +18,27 @@ struct Q8Rows {
         // slack after the last row: a padded group's codes, sums and scales read past it (times d = 0)
         q.resize(rows * k + 128); d.resize(rows * k / 32 + 4); s.resize(rows * k / 32 + 4); n4.resize(rows * k / 4 + 32);
 #if defined(LLMCLI_AVX512VNNI)
-        qi.resize(rows * G * 128); ni.resize(rows * G * 16); ds.resize(rows * G * 8);
+        qi.resize(rows * G * 128); ni.resize(rows * G * 16); ds.resize(rows * G * 8); d16.resize(rows * G * 16);
+        d8.resize(rows * k / 4 + 32); z8.resize(rows * k / 4 + 32);  // slack as n4's: Q8_0's short last group reads past
 #endif
     }
     Q8 row(int64_t m) const {
         const int64_t nb = K / 32;
         return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4,
                 qi.data() + (qi.empty() ? 0 : m * G * 128), ni.data() + (ni.empty() ? 0 : m * G * 16),
-                ds.data() + (ds.empty() ? 0 : m * G * 8)};
+                ds.data() + (ds.empty() ? 0 : m * G * 8), d16.data() + (d16.empty() ? 0 : m * G * 16),
+                d8.data() + (d8.empty() ? 0 : m * K / 4), z8.data() + (z8.empty() ? 0 : m * K / 4)};
     }
     // rows [m0, m1) of x (rows of K floats)
     void quantize(const float* x, int64_t m0, int64_t m1);
 };
 
-// y[m * ldy + n] = (row n of W: GGUF blocks of `type`, K wide) . (activation row m), for n in
+// y[m * ldy + n] = (row n of W: GGUF blocks of `type`, K wide) . (activation row m0 + m), for n in
 // [n0, n1) and m in [0, M). xq: the rows quantized; xf: the rows as floats (Q5_K's float route).
-void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t M,
-             float* y, int64_t ldy, int64_t n0, int64_t n1);
+// `alone`: each value exactly as with its activation row alone (M = 1), for any M and any [n0, n1)
+// of whole groups of 4 rows (the decode step's promise that a batch does not change a row's numbers).
+void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
+             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone);
 
 // One head's attention for one query: scores against S keys (rows `ks` floats apart), softmax,
 // weighted sum of S values (rows `vs` apart) into out[0..D). p: S floats of scratch; keys where

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from . import build
-from .steps import BLOCKS, DecodeSteps, check_blocks, declare
+from .checks import ROW_BYTES, check_blocks
+from .steps import DecodeSteps, declare
 
 KEPT = 4  # builds of one variant kept in the cache (other versions' sources)
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -73,7 +74,7 @@ def _fn(lib, name: str, restype, *argtypes):
 
 
 class Kernels:
-    """A loaded library: mm, dequantize, attend_one and quantize_rows on tensors, and DecodeSteps."""
+    """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on tensors, and DecodeSteps."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -83,6 +84,7 @@ class Kernels:
         self._mm = _fn(lib, "llmcli_mm", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
         self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
+        self._top_k = _fn(lib, "llmcli_top_k", _I32, _P, _I64, _I64, _P, _P)
         self._attend = _fn(lib, "llmcli_attend_one", _I32, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P,
                            _I64, _F32, _P, _I32)
         declare(lib)
@@ -99,7 +101,7 @@ class Kernels:
             blocks = blocks.contiguous()
         M, k = x.shape
         N, row = blocks.shape
-        row_bytes = _ROW_BYTES.get(type_id)
+        row_bytes = ROW_BYTES.get(type_id)
         if k != K or blocks.dtype is not torch.uint8 or not blocks.is_cpu or row_bytes is None or row != row_bytes(K):
             check_blocks(blocks, type_id, K)
             raise ValueError(f"x has {k} columns, the weight {K}")
@@ -125,6 +127,15 @@ class Kernels:
         self._quantize(x.data_ptr(), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr())
         return q, d, s
 
+    def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (n,) float32 on the CPU -> (values, indices) of its k largest, largest first (torch.topk's)."""
+        x = x.detach().contiguous()
+        if x.dtype != torch.float32 or x.dim() != 1 or not x.is_cpu or not 1 <= k <= x.numel():
+            raise ValueError("top_k takes a float32 CPU vector and 1 <= k <= its length")
+        values, indices = torch.empty(k), torch.empty(k, dtype=torch.int64)
+        self._top_k(x.data_ptr(), x.numel(), k, values.data_ptr(), indices.data_ptr())
+        return values, indices
+
     def attend_one(self, q, k, v, mask, scale: float) -> torch.Tensor:
         """q (B, H, 1, D), k and v (B, KV, S, D) float32 with rows of D contiguous, mask bool (1 or B, S)
         or None -> (B, H, 1, D) float32."""
@@ -147,10 +158,5 @@ class Kernels:
         return out
 
     def DecodeSteps(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
-                    threads: int) -> DecodeSteps:
-        return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, threads)
-
-
-# type id -> K -> the bytes of a row of K weights (None where K is not whole blocks)
-_ROW_BYTES = {t: (lambda K, size=size, nbytes=nbytes: K // size * nbytes if K % size == 0 else None)
-              for t, (size, nbytes) in BLOCKS.items()}
+                    act: str, threads: int) -> DecodeSteps:
+        return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)

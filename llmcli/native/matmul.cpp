@@ -19,6 +19,7 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
         const Q8 x = row(m);
         interleave(x, nb, const_cast<int8_t*>(x.qi), const_cast<int32_t*>(x.ni), const_cast<float*>(x.ds));
+        spread_scales(x, nb, G, const_cast<float*>(x.d16), const_cast<float*>(x.d8), const_cast<int32_t*>(x.z8));
     }
 #endif
 }
@@ -31,34 +32,55 @@ static inline void prefetch(const uint8_t* p, int64_t bytes) {
 // ahead measured the same as 4
 constexpr int64_t kAhead = 4;
 
+constexpr int64_t kRowsAtOnce = 64;  // activation rows whose views (Q8) a call keeps at hand
+
 template <int T>
-static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
+                     int64_t n0, int64_t n1, bool alone) {
     const int64_t nb = K / 32, rb = K / Block<T>::size * Block<T>::bytes;
-    int64_t n = n0;
+    for (int64_t mb = 0; mb < M; mb += kRowsAtOnce) {  // (more only from llmcli_mm: the weights are read again)
+        const int64_t Mb = std::min(kRowsAtOnce, M - mb);
+        Q8 xs[kRowsAtOnce];
+        for (int64_t m = 0; m < Mb; ++m) xs[m] = xq.row(m0 + mb + m);
+        float* yb = y + mb * ldy;
+        int64_t n = n0;
 #ifdef LLMCLI_ROW_GROUPS
-    for (; n + 4 <= n1; n += 4) {  // four weight rows at a time, for each activation row
-        const uint8_t* row = W + n * rb;
-        prefetch(row + kAhead * rb, 4 * rb);
-        for (int64_t m = 0; m < M; ++m) {
-            float o[4];
-            dot_4rows<T>(row, rb, xq.row(m), nb, o);
-            for (int t = 0; t < 4; ++t) y[m * ldy + n + t] = o[t];
-        }
-    }
+        for (; n + 4 <= n1; n += 4) {  // four weight rows at a time, for each activation row
+            const uint8_t* row = W + n * rb;
+            int64_t m = 0;
+#ifdef LLMCLI_TILES
+            // several activation rows: each weight block unpacked once for a tile of them; the first
+            // tile fetches the next rows as it goes
+            for (; Mb > 1 && m < Mb;) {
+                const int c = (int)std::min<int64_t>(tile_width<T>, Mb - m);
+                float o[4 * 8];
+                dot_4rows_tile<T>(row, rb, xs + m, c, nb, o, m == 0 && n + 4 < n1 ? row + 4 * rb : nullptr);
+                for (int i = 0; i < c; ++i)
+                    for (int t = 0; t < 4; ++t) yb[(m + i) * ldy + n + t] = o[4 * i + t];
+                m += c;
+            }
 #endif
-    for (; n < n1; ++n) {
-        const uint8_t* row = W + n * rb;
-        prefetch(row + kAhead * rb, rb);
-        int64_t m = 0;
+            if (m < Mb) prefetch(row + kAhead * rb, 4 * rb);
+            for (; m < Mb; ++m) {
+                float o[4];
+                dot_4rows<T>(row, rb, xs[m], nb, o);
+                for (int t = 0; t < 4; ++t) yb[m * ldy + n + t] = o[t];
+            }
+        }
+#endif
+        for (; n < n1; ++n) {
+            const uint8_t* row = W + n * rb;
+            prefetch(row + kAhead * rb, rb);
+            int64_t m = 0;
 #ifdef LLMCLI_ROWS4
-        for (; m + 4 <= M; m += 4) {
-            const Q8 x[4] = {xq.row(m), xq.row(m + 1), xq.row(m + 2), xq.row(m + 3)};
-            float o[4];
-            dot_rows4<T>(row, x, nb, o);
-            for (int t = 0; t < 4; ++t) y[(m + t) * ldy + n] = o[t];
-        }
+            for (; !alone && m + 4 <= Mb; m += 4) {  // sums in another order than dot_row's
+                float o[4];
+                dot_rows4<T>(row, xs + m, nb, o);
+                for (int t = 0; t < 4; ++t) yb[(m + t) * ldy + n] = o[t];
+            }
 #endif
-        for (; m < M; ++m) y[m * ldy + n] = dot_row<T>(row, xq.row(m), nb);
+            for (; m < Mb; ++m) yb[m * ldy + n] = dot_row<T>(row, xs[m], nb);
+        }
     }
 }
 
@@ -78,12 +100,12 @@ static void float_rows(const uint8_t* W, int64_t K, const float* X, int64_t M, f
     }
 }
 
-void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t M,
-             float* y, int64_t ldy, int64_t n0, int64_t n1) {
+void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
+             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone) {
     with_type(type, [&](auto t) {
         constexpr int T = decltype(t)::value;
-        if constexpr (T == kQ5_K) float_rows<T>(W, K, xf, M, y, ldy, n0, n1);
-        else dot_rows<T>(W, K, xq, M, y, ldy, n0, n1);
+        if constexpr (T == kQ5_K) float_rows<T>(W, K, xf + m0 * K, M, y, ldy, n0, n1);
+        else dot_rows<T>(W, K, xq, m0, M, y, ldy, n0, n1, alone);
     });
 }
 
@@ -108,7 +130,7 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
         if (M * K <= 8192) xq.quantize(x, 0, M);  // a few microseconds: not worth a stage
         else stages.push_back({M, 1, [&](int, int64_t lo, int64_t hi) { xq.quantize(x, lo, hi); }, {}});
     }
-    stages.push_back({N, 16, [&](int, int64_t lo, int64_t hi) { project(type, w, K, xq, x, M, y, N, lo, hi); }, {}});
+    stages.push_back({N, 16, [&](int, int64_t lo, int64_t hi) { project(type, w, K, xq, x, 0, M, y, N, lo, hi, false); }, {}});
     shared_team(threads)->run(stages);
     return 0;
 }

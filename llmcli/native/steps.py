@@ -1,11 +1,14 @@
-"""DecodeSteps: decode.cpp's one-token step of a Llama-family model, through ctypes. The C side
-keeps pointers into the tensors given here (weights, norms, the cache); this object keeps them alive."""
+"""DecodeSteps: decode.cpp's step of a Llama-family model (or Gemma 3) for n tokens at once, through
+ctypes. The C side keeps pointers into the tensors given here (weights, norms, the cache); this
+object keeps them alive."""
 
 from __future__ import annotations
 
 import ctypes
 
 import torch
+
+from .checks import check_blocks
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -16,41 +19,43 @@ class Projection(ctypes.Structure):  # api.h's LlmcliProjection
 
 class Layer(ctypes.Structure):  # api.h's LlmcliLayer
     _fields_ = [("in_norm", _P), ("post_norm", _P), ("q_norm", _P), ("k_norm", _P),
+                ("attn_out_norm", _P), ("mlp_out_norm", _P),
                 ("qkv", ctypes.POINTER(Projection)), ("o", ctypes.POINTER(Projection)),
                 ("gate_up", ctypes.POINTER(Projection)), ("down", ctypes.POINTER(Projection)),
                 ("n_qkv", _I64), ("n_o", _I64), ("n_gate_up", _I64), ("n_down", _I64),
-                ("k_cache", _P), ("v_cache", _P), ("k_strides", _I64 * 2), ("v_strides", _I64 * 2),
-                ("max_len", _I64), ("window", _I64)]
+                ("k_cache", _P), ("v_cache", _P), ("k_strides", _I64 * 3), ("v_strides", _I64 * 3),
+                ("rows", _I64), ("max_len", _I64), ("window", _I64), ("local_rope", _I64)]
 
 
-BLOCKS = {0: (32, 22), 1: (32, 24), 2: (256, 176), 3: (256, 210), 4: (32, 18), 5: (32, 20), 6: (32, 34), 7: (256, 144)}
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # api.h's act
+
 
 def declare(lib) -> None:
     """The step's C signatures on a freshly loaded library (library.Kernels does this)."""
     lib.llmcli_steps_new.restype = _P
-    lib.llmcli_steps_new.argtypes = [_I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_float, ctypes.c_int]
+    lib.llmcli_steps_new.argtypes = [_I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_float, _I64, ctypes.c_int]
     lib.llmcli_steps_add_layer.argtypes = [_P, ctypes.POINTER(Layer)]
     lib.llmcli_steps_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
-    lib.llmcli_steps_run.argtypes = [_P, _P, _I64, _P, _P, _P, _P]
+    lib.llmcli_steps_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P]
     lib.llmcli_steps_free.argtypes = [_P]
     lib.llmcli_steps_free.restype = None
 
 
 class DecodeSteps:
-    """`DecodeSteps(n_heads, n_kv, head_dim, rotary_dim, eps, scale, threads)`, then `add_layer` per
-    layer and `set_head`; `run(x, slot, cos, sin) -> (logits, hidden)` per token."""
+    """`DecodeSteps(n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)`, then `add_layer` per
+    layer and `set_head`; `run(x, rows, slots, cos, sin, ...) -> (logits, hidden)` per step of n tokens."""
 
     def __init__(self, lib, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
-                 threads: int):
-        if n_heads % n_kv or rotary_dim % 2 or rotary_dim > head_dim:
+                 act: str, threads: int):
+        if n_heads % n_kv or rotary_dim % 2 or rotary_dim > head_dim or act not in ACTIVATIONS:
             raise ValueError("inconsistent shapes")
         self._lib = lib
         self.H, self.KV, self.D, self.R = n_heads, n_kv, head_dim, rotary_dim
-        self._h = lib.llmcli_steps_new(n_heads, n_kv, head_dim, rotary_dim, eps, scale, threads)
+        self._h = lib.llmcli_steps_new(n_heads, n_kv, head_dim, rotary_dim, eps, scale, ACTIVATIONS[act], threads)
         self._keep = []  # every tensor and ctypes array the C side points into
         self.hidden = self.inter = self.vocab = None
-        self.max_len = None
-
+        self.max_len = self.rows = None
+        self.local = False  # some layer turns by the second RoPE table
     def __del__(self):
         if getattr(self, "_h", None):
             self._lib.llmcli_steps_free(self._h)
@@ -81,7 +86,10 @@ class DecodeSteps:
         return ctypes.cast(arr, ctypes.POINTER(Projection)), sum(p.N for p in arr), specs[0][2]
 
     def add_layer(self, in_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down, k_cache, v_cache,
-                  window: int) -> None:
+                  window: int, attn_out_norm=None, mlp_out_norm=None, local_rope: bool = False) -> None:
+        """The norms are (hidden,) float32 vectors as the C side multiplies by them (a model that scales
+        by 1 + w passes 1 + w); q_norm, k_norm, attn_out_norm, mlp_out_norm may be empty or None.
+        k_cache, v_cache: (rows, KV, max_len, D) float32 with rows of D contiguous."""
         H, KV, D = self.H, self.KV, self.D
         hidden = in_norm.numel()
         groups = [self._group(g) for g in (qkv, o, gate_up, down)]
@@ -95,20 +103,22 @@ class DecodeSteps:
         if self.hidden is not None and (hidden != self.hidden or gu_n // 2 != self.inter):
             raise ValueError("layers differ in shape")
         for c in (k_cache, v_cache):
-            if (c.dtype != torch.float32 or c.dim() != 4 or c.shape[0] != 1 or c.shape[1] != KV or c.shape[3] != D
-                    or c.stride(3) != 1 or c.device.type != "cpu"):
-                raise ValueError("the KV cache must be float32 (1, KV, max_len, D) on the CPU")
-        for norm, n in ((q_norm, D), (k_norm, D)):
-            if norm.numel() not in (0, n):
-                raise ValueError("q/k norms are head_dim wide")
+            if (c.dtype != torch.float32 or c.dim() != 4 or c.shape[1] != KV or c.shape[3] != D or c.stride(3) != 1
+                    or c.device.type != "cpu" or c.shape != k_cache.shape):
+                raise ValueError("the KV cache must be float32 (rows, KV, max_len, D) on the CPU")
+        for norm, n in ((q_norm, D), (k_norm, D), (post_norm, hidden), (attn_out_norm, hidden), (mlp_out_norm, hidden)):
+            if norm is not None and norm.numel() not in (0, n):
+                raise ValueError("a norm does not match its vector")
         self.hidden, self.inter = hidden, gu_n // 2
         self._keep += [k_cache, v_cache]
         layer = Layer(self._floats(in_norm), self._floats(post_norm), self._floats(q_norm), self._floats(k_norm),
+                      self._floats(attn_out_norm), self._floats(mlp_out_norm),
                       qkv_a, o_a, gu_a, down_a, len(qkv), len(o), len(gate_up), len(down),
-                      k_cache.data_ptr(), v_cache.data_ptr(), (_I64 * 2)(k_cache.stride(1), k_cache.stride(2)),
-                      (_I64 * 2)(v_cache.stride(1), v_cache.stride(2)), min(k_cache.shape[2], v_cache.shape[2]),
-                      window)
+                      k_cache.data_ptr(), v_cache.data_ptr(), (_I64 * 3)(*k_cache.stride()[:3]),
+                      (_I64 * 3)(*v_cache.stride()[:3]), k_cache.shape[0], k_cache.shape[2], window, int(local_rope))
         self.max_len = layer.max_len if self.max_len is None else min(self.max_len, layer.max_len)
+        self.rows = layer.rows if self.rows is None else min(self.rows, layer.rows)
+        self.local |= bool(local_rope)
         if self._lib.llmcli_steps_add_layer(self._h, ctypes.byref(layer)):
             raise ValueError("layers differ in shape")
 
@@ -119,28 +129,36 @@ class DecodeSteps:
         self.vocab = rows
         self._lib.llmcli_steps_set_head(self._h, self._floats(norm), arr, len(head))
 
-    def run(self, x: torch.Tensor, slot: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (hidden,) the token's embedding -> (logits (vocab,), the final normed hidden state (hidden,)).
-        Its keys and values go to cache slot `slot`; cos, sin (R,) are the model's RoPE tables for the
-        token's position (half-split: entries i and i + R/2 are equal)."""
+    def run(self, x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            cos_local: torch.Tensor | None = None, sin_local: torch.Tensor | None = None,
+            logits_from: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (n, hidden) the tokens' embeddings -> (logits (n - logits_from, vocab) of the tokens from
+        `logits_from` on, the final normed hidden states (n, hidden)). Token i's keys and values go to
+        cache row rows[i], slot slots[i], and it sees that row's slots up to its own; cos, sin (n, R)
+        are the model's RoPE tables for the tokens' positions (half-split: entries j and j + R/2 are
+        equal), cos_local, sin_local the same for the local layers."""
         if self.hidden is None or self.vocab is None:
             raise ValueError("no layers or no head")
-        if x.numel() != self.hidden or not 0 <= slot < self.max_len:
+        n = x.shape[0]
+        rows, slots = _longs(rows), _longs(slots)
+        if x.shape != (n, self.hidden) or rows.shape != (n,) or slots.shape != (n,) or not 0 <= logits_from <= n:
             raise ValueError("bad step")
-        if cos.numel() != self.R or sin.numel() != self.R:
-            raise ValueError("RoPE tables do not match the rotary dims")
+        if n == 0 or int(rows.min()) < 0 or int(rows.max()) >= self.rows or int(slots.min()) < 0 \
+                or int(slots.max()) >= self.max_len:
+            raise ValueError("a token's row or slot is outside the cache")
+        tables = [cos, sin] + ([cos_local, sin_local] if self.local else [])
+        if any(t is None or t.shape != (n, self.R) for t in tables):
+            raise ValueError("RoPE tables do not match the tokens and the rotary dims")
         x = x.to(torch.float32).contiguous()
-        cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
-        logits, hidden = torch.empty(self.vocab), torch.empty(self.hidden)
-        self._lib.llmcli_steps_run(self._h, x.data_ptr(), slot, cos.data_ptr(), sin.data_ptr(), logits.data_ptr(),
-                                   hidden.data_ptr())
+        tables = [t.to(torch.float32).contiguous() for t in tables] + [None, None]
+        logits, hidden = torch.empty(n - logits_from, self.vocab), torch.empty(n, self.hidden)
+        rc = self._lib.llmcli_steps_run(self._h, n, x.data_ptr(), rows.data_ptr(), slots.data_ptr(),
+                                        *(None if t is None else t.data_ptr() for t in tables[:4]), logits_from,
+                                        logits.data_ptr(), hidden.data_ptr())
+        if rc:
+            raise ValueError("bad step")
         return logits, hidden
 
 
-def check_blocks(blocks: torch.Tensor, type_id: int, K: int) -> None:
-    """A wrong row length would have the kernel read past the tensor: refused here."""
-    if type_id not in BLOCKS or blocks.dtype != torch.uint8 or blocks.device.type != "cpu" or blocks.dim() != 2:
-        raise ValueError("blocks must be (N, row bytes) uint8 on the CPU, of a known type")
-    size, nbytes = BLOCKS[type_id]
-    if K % size or blocks.shape[1] != K // size * nbytes:
-        raise ValueError(f"rows of {blocks.shape[1]} bytes do not hold {K} weights of type {type_id}")
+def _longs(t) -> torch.Tensor:
+    return torch.as_tensor(t, dtype=torch.int64).reshape(-1).contiguous()

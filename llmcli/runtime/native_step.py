@@ -1,15 +1,22 @@
-"""Decode steps in one C++ call (native/decode.cpp) for Llama-family models held as GGUF blocks on the CPU.
+"""Decode steps in one C++ call (native/decode.cpp) for Llama-family and Gemma 3 models held as GGUF
+blocks on the CPU.
 
 A one-token step runs ~300 small operations. Compiled, their dispatch, graph wrapper and dynamo's
-guards still cost ~4.5 ms of SmolLM2's ~15 on 2 threads. Here everything from the token's embedding
+guards still cost ~4.5 ms of SmolLM2's ~15 on 2 threads. Here everything from the tokens' embeddings
 to the logits runs in C++; only the embedding lookup and the RoPE tables (the model's own, so
-scaled or shifted positions come out as the model computes them) stay torch ops. The cache is the
-model's own StaticKVCache (float32), written in place, so prefill, rollback and context shift work
-on it as before. A cache other than the last one seen (a new conversation) rebuilds the C++ side's
-list of tensors, about a millisecond.
+scaled or shifted positions come out as the model computes them) stay torch ops, and Gemma's final
+soft-capping. The cache is the model's own StaticKVCache (float32), written in place, so prefill,
+rollback and context shift work on it as before. A cache other than the last one seen (a new
+conversation) rebuilds the C++ side's list of tensors, about a millisecond.
 
-Runtime.decode_step uses it where `supports` and `fits` say so; a call it does not cover (a batch, several
-tokens, another kind of cache) runs the model eagerly.
+One call takes several tokens as well: the rows of a batch (`slots`, batched.py), or the tokens of
+one row at consecutive slots (a prompt's prefill, a speculative pass checking its guesses; a row
+may be a batch-1 view of a row of the cache, StaticKVCache.row). Each weight is read once for all
+of them, and each token's numbers are those it gets alone. Prefill this way is faster than the
+model's on the CPU, whose blocks it would dequantize for a float32 GEMM first.
+
+Runtime.decode_step uses it where `supports` and `fits` say so; a call it does not cover (another
+kind of cache, several rows of several tokens) runs the model eagerly.
 """
 
 from __future__ import annotations
@@ -19,28 +26,34 @@ import torch.nn.functional as F
 
 from .. import native
 from ..cache.static import StaticKVCache
-from ..models import llama
+from ..models import gemma3, llama
 from ..quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 
-
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # GGUF general.architecture the step runs
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF general.architecture the step runs
+TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
+MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
+_FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
+             gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh")}
 
 
 class NativeStep:
-    """Callable like the model (`step(tokens, cache, positions, last_only, hidden)`), for one-token steps."""
+    """Callable like the model (`step(tokens, cache, positions, last_only, hidden, slots)`): for one
+    token, a batch's tokens (one a row, `slots`), or up to MAX_TOKENS of one row."""
 
     native = True  # chat/session.py decode_mode says so
 
-    def __init__(self, model: llama.Transformer, threads: int | None = None):
+    def __init__(self, model, threads: int | None = None):
         self.model = model
         self.threads = threads or torch.get_num_threads()
         self._cache = None  # the cache _steps was built on (it holds that cache's tensors)
         self._steps = None
+        self._gemma = type(model) is gemma3.Transformer
+        self._tables = None  # _rope's cos, sin (and local cos, sin) for positions [0, L)
 
     @staticmethod
     def decodes(model_file) -> bool:
         """Whether a model file, loaded as stored on the CPU, will decode through this step (read
-        from its header): a Llama-family GGUF whose matrices are all blocks the step multiplies."""
+        from its header): a Llama-family or Gemma 3 GGUF whose matrices are all blocks the step multiplies."""
         if not model_file.is_gguf or model_file.architecture not in ARCHITECTURES or native.module() is None:
             return False
         matrices = [t for t in model_file.reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight"]
@@ -48,13 +61,15 @@ class NativeStep:
 
     @staticmethod
     def supports(model) -> bool:
-        """Whether every layer is the plain Llama decoder with GGUF-block projections on the CPU."""
-        if type(model) is not llama.Transformer or native.module() is None:
+        """Whether every layer is the family's plain decoder with GGUF-block projections on the CPU."""
+        family = _FAMILIES.get(type(model))
+        if family is None or native.module() is None:
             return False
+        layer_type, act, _ = family
         if model.inv_freq.device.type != "cpu" or model.model.norm.weight.dtype != torch.float32:
             return False
         for layer in model.model.layers:
-            if type(layer) is not llama.DecoderLayer or layer.mlp.act is not F.silu:
+            if type(layer) is not layer_type or layer.mlp.act is not act:
                 return False
             projections = _projections(layer)
             if projections is None or not all(_is_blocks(m) for group in projections for m in group):
@@ -63,45 +78,98 @@ class NativeStep:
 
     @staticmethod
     def fits(cache) -> bool:
-        """Whether `cache` is what the C++ step writes: a float32 static cache of one row on the CPU,
-        stored as computed (no conversion buffers)."""
+        """Whether `cache` is what the C++ step writes: a float32 static cache on the CPU, stored as
+        computed (no conversion buffers), of any number of rows."""
         return (type(cache) is StaticKVCache and cache.out is None and cache.k[0].dtype == torch.float32
-                and cache.k[0].shape[0] == 1 and cache.k[0].device.type == "cpu")
+                and cache.k[0].device.type == "cpu")
 
-    def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False):
-        if tokens.shape != (1, 1) or not self.fits(cache) or cache.length >= cache.max_len:
-            return self.model(tokens, cache, positions, last_only, hidden)
-        if cache is not self._cache:
-            self._steps, self._cache = self._build(cache), cache
-        slot = cache.length
-        if positions is None:
-            positions = torch.tensor([slot])
-        cos, sin = self.model.rope(positions.reshape(1), cache, torch.float32)  # (1, rotary_dim) each
-        x = self.model.model.embed_tokens(tokens).reshape(-1)
-        logits, h = self._steps.run(x, slot, cos, sin)
-        cache.length = slot + 1
-        logits, h = logits.view(1, 1, -1), h.view(1, 1, -1)
+    def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False, slots=None):
+        B, T = tokens.shape
+        rows, target = self._rows(B, T, cache, slots)
+        if rows is None:
+            return self.model(tokens, cache, positions, last_only, hidden, slots=slots)
+        if target is not self._cache:
+            self._steps, self._cache = self._build(target), target
+        if slots is None:  # one row, T tokens at the next slots
+            at = torch.arange(cache.length, cache.length + T)
+            positions = at if positions is None else positions.reshape(T)
+        else:  # a batch: row b's one token at slots[b], which is its position too
+            at = positions = slots.reshape(B)
+        x = self.model.embed(tokens).reshape(B * T, -1)
+        first = B * T - 1 if last_only and slots is None else 0
+        logits, h = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first)
+        if slots is None:
+            cache.length += T
+        cap = getattr(self.model.args, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        shape = (B, 1) if slots is not None or last_only else (B, T)
+        logits, h = logits.view(*shape, -1), h[first:].view(*shape, -1)
         return (logits, h) if hidden else logits
+
+    def _rows(self, B: int, T: int, cache, slots):
+        """(the cache row of each of the B * T tokens, the cache the C++ side writes: `cache`, or the
+        cache whose row `cache` is a view of), or (None, None) where this call is not the step's."""
+        target = cache.parent if getattr(cache, "parent", None) is not None else cache
+        if not self.fits(target):
+            return None, None
+        if slots is not None:
+            ok = T == 1 and target is cache and B <= cache.k[0].shape[0]
+            return (torch.arange(B), target) if ok else (None, None)
+        if B != 1 or T > MAX_TOKENS or cache.length + T > cache.max_len or cache.k[0].shape[0] != 1:
+            return None, None
+        return torch.full((T,), getattr(cache, "index", 0), dtype=torch.int64), target
+
+    def _rope(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
+        """cos, sin (n, rotary_dim) for the positions, and Gemma's local layers' pair: rows of tables
+        made once for positions [0, L) (L doubles as positions pass it). torch's cos and sin on the CPU
+        start OpenMP threads for any size, which then spin beside the step's own threads: computed
+        each step, they took a tenth of an 8-row step's time on 2 cores."""
+        top = int(positions.max()) + 1
+        if top > TABLE_POSITIONS:  # a long shifted conversation: computed for these positions alone
+            return self._cos_sin(positions, cache)
+        if self._tables is None or top > self._tables[0].shape[0]:
+            have = 0 if self._tables is None else self._tables[0].shape[0]
+            at = torch.arange(min(TABLE_POSITIONS, max(top, 2 * have, 1024)))
+            self._tables = [t.contiguous() for t in self._cos_sin(at, cache)]
+        return [t[positions] for t in self._tables]
+
+    def _cos_sin(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
+        if not self._gemma:
+            return list(self.model.rope(positions, cache, torch.float32))
+        m = self.model
+        return [*llama.rope_cos_sin(m.inv_freq, positions, torch.float32),
+                *llama.rope_cos_sin(m.inv_freq_local, positions, torch.float32)]
 
     def _build(self, cache: StaticKVCache):
         args = self.model.args
         attn = self.model.model.layers[0].self_attn
         scale = attn.scale if attn.scale is not None else args.head_dim ** -0.5
+        act = _FAMILIES[type(self.model)][2]
         steps = native.module().DecodeSteps(args.num_attention_heads, args.num_key_value_heads, args.head_dim,
-                                            args.rotary_dim, args.rms_norm_eps, scale, self.threads)
+                                            args.rotary_dim, args.rms_norm_eps, scale, act, self.threads)
+        norm = _norm_weight(self._gemma)
         for i, layer in enumerate(self.model.model.layers):
             qkv, o, gate_up, down = (list(map(_spec, group)) for group in _projections(layer))
             a = layer.self_attn
-            q_norm = a.q_norm.weight if hasattr(a, "q_norm") else _EMPTY
-            k_norm = a.k_norm.weight if hasattr(a, "k_norm") else _EMPTY
-            steps.add_layer(layer.input_layernorm.weight.detach(), qkv, q_norm.detach(), k_norm.detach(), o,
-                            layer.post_attention_layernorm.weight.detach(), gate_up, down, cache.k[i], cache.v[i],
-                            a.window or 0)
-        steps.set_head(self.model.model.norm.weight.detach(), [_spec(self.model.lm_head)])
+            q_norm, k_norm = (norm(getattr(a, n)) if hasattr(a, n) else None for n in ("q_norm", "k_norm"))
+            if self._gemma:  # norms on attention's and the MLP's outputs; local layers turn by their own table
+                mlp_in, extra = layer.pre_feedforward_layernorm, dict(
+                    attn_out_norm=norm(layer.post_attention_layernorm), mlp_out_norm=norm(layer.post_feedforward_layernorm),
+                    local_rope=args.layer_types[i] == "sliding_attention")
+            else:
+                mlp_in, extra = layer.post_attention_layernorm, {}
+            steps.add_layer(norm(layer.input_layernorm), qkv, q_norm, k_norm, o, norm(mlp_in), gate_up, down,
+                            cache.k[i], cache.v[i], a.window or 0, **extra)
+        steps.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
         return steps
 
 
-_EMPTY = torch.empty(0)
+def _norm_weight(gemma: bool):
+    """An RMSNorm module -> the float32 vector the C++ side multiplies by: Gemma's 1 + w, folded in."""
+    if gemma:
+        return lambda m: 1.0 + m.weight.detach().float()
+    return lambda m: m.weight.detach()
 
 
 def _projections(layer):
@@ -116,6 +184,9 @@ def _projections(layer):
 def _is_blocks(module) -> bool:
     packed = getattr(module, "packed", None)
     return isinstance(packed, GGUFBlockWeight) and packed.device.type == "cpu" and packed.shape[1] % 32 == 0
+
+
+_EMPTY = torch.empty(0)
 
 
 def _spec(module):

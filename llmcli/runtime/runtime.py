@@ -99,8 +99,8 @@ class Runtime:
         return self.loaded.placement
 
     def decode_step(self, compile: bool, background: bool = False):
-        """What runs one-token steps: for a Llama-family model of GGUF blocks with a float32 cache on
-        the CPU, one C++ call a token (native_step.py), whatever `compile` says; otherwise the compiled
+        """What runs decode steps: for a Llama-family or Gemma 3 model of GGUF blocks with a float32
+        cache on the CPU, one C++ call a step (native_step.py), whatever `compile` says; otherwise the compiled
         model (compiled on first use, or in a background thread meanwhile running eagerly), or the
         model itself."""
         model = self.loaded.model
@@ -116,7 +116,7 @@ class Runtime:
         if step is None or step is self.loaded.model:
             return "eager" if self.compiles_well else "eager (compiling does not pay with this KV cache)"
         if getattr(step, "native", False):
-            return f"native (one C++ call a token, {native.describe()} kernels)"
+            return f"native (one C++ call a step, {native.describe()} kernels)"
         if not isinstance(step, CompiledStep):
             return getattr(step, "__name__", type(step).__name__)  # a caller's own step
         if step.fallback_reason:
@@ -142,13 +142,16 @@ class Runtime:
 
     def batch_engine(self, rows: int, max_len: int | None = None, prompt_cache: int | None = None) -> BatchEngine:
         """An engine that decodes up to `rows` sequences together (batch, serve), each of up to
-        `max_len` tokens (default: the context), over a cache of the planned kind; finished
+        `max_len` tokens (default: the context), over a cache of the planned kind; its steps take
+        the native step where `run` does (all rows in one C++ call), else the model; finished
         sequences' KV are kept for later prompts that start the same way, in at most `prompt_cache`
         bytes (None: prompt_cache_budget(); 0: none kept)."""
         p = self.placement
+        step = self.decode_step(compile=False)
         budget = self.prompt_cache_budget() if prompt_cache is None else prompt_cache
         return BatchEngine(self.loaded.model, self.loaded.tokenizer, p.device, p.dtype, rows, max_len or self.ctx_size,
-                           self.kv_type, PromptCache(budget) if budget > 0 else None)
+                           self.kv_type, PromptCache(budget) if budget > 0 else None,
+                           step=step if getattr(step, "native", False) else None)
 
     def prompt_cache_budget(self) -> int:
         """The prompt cache's default size: a quarter of what the memory plan leaves free beside the

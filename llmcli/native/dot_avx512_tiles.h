@@ -1,0 +1,211 @@
+// AVX-512 VNNI tiles (included at the end of dot_avx512.h, whose one-row kernels they mirror).
+#pragma once
+
+// Tiles: four weight rows against C activation rows (a batch's rows, a speculative pass's tokens),
+// each weight block unpacked once for the C of them. Every (weight row, activation row) pair goes
+// through exactly the operations dot_4rows gives it alone, in the same order, so a token's numbers
+// do not depend on the tokens beside it. out[4 * c + r]: weight row r against activation row c.
+#define LLMCLI_TILES 1
+template <int T> constexpr int tile_width = T == kQ4_K ? 4 : 8;  // C at most: Q4_K's codes take 8 registers
+
+// A nibble group's weights (nibble_group's first half): codes 0-15 and 16-31 of 4 blocks, their (d, m) as floats
+template <int T>
+static inline void nibble_unpack(const uint8_t* const p[4], __m512i& lo, __m512i& hi, __m256& wdm) {
+    constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
+    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + at)));
+    for (int j = 1; j < 4; ++j) qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[j] + at)), j);
+    lo = _mm512_and_si512(qs, low4);
+    hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4);
+    if constexpr (T == kQ5_0 || T == kQ5_1) {
+        uint64_t mlo = 0, mhi = 0;
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t h = load_u32(p[j] + at - 4);
+            mlo |= (h & 0xFFFF) << (16 * j);
+            mhi |= (h >> 16) << (16 * j);
+        }
+        lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, _mm512_set1_epi8(16));
+        hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, _mm512_set1_epi8(16));
+    }
+    const uint64_t w01 = has_m ? load_u32(p[0]) | load_u32(p[1]) << 32 : load_u16(p[0]) | load_u16(p[1]) << 32;
+    const uint64_t w23 = has_m ? load_u32(p[2]) | load_u32(p[3]) << 32 : load_u16(p[2]) | load_u16(p[3]) << 32;
+    wdm = _mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01));
+}
+
+// `ahead`: the next four rows, fetched a few lines at a time between the work (a burst of prefetches
+// for all of them at once stalled on the line fill buffers: a sixth of the time at 8 rows)
+static inline void fetch_ahead(const uint8_t* ahead, int64_t at) {
+    if (ahead) { __builtin_prefetch(ahead + at); __builtin_prefetch(ahead + at + 64); }
+}
+
+template <int T, int C>
+static void nibble_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    constexpr int bytes = Block<T>::bytes;
+    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    __m512 accs[C][4];
+    __m256 offs[C][4];
+    for (int r = 0; r < 4; ++r) {
+        const uint8_t* w = row + r * stride;
+        __m512 acc[C];
+        __m256 off[C];
+        for (int c = 0; c < C; ++c) { acc[c] = _mm512_setzero_ps(); off[c] = _mm256_setzero_ps(); }
+        for (int64_t k = 0; k < nb; k += 4) {
+            const uint8_t* b = w + k * bytes;
+            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
+            if (k + 4 > nb) group_of<bytes>(w, k, nb, p);  // the last, short group
+            fetch_ahead(ahead, r * stride + k * bytes);  // 4 blocks: at most 96 bytes
+            __m512i lo, hi;
+            __m256 wdm;
+            nibble_unpack<T>(p, lo, hi, wdm);
+            const __m512 wd = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(wdm));
+            for (int c = 0; c < C; ++c) {
+                const __m512i prods = _mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(start512<T>(x[c].ni + 4 * k), lo, load512(x[c].qi + 32 * k)), hi,
+                    load512(x[c].qi + 32 * k + 64));
+                nibble_scale<has_m>(prods, wd, wdm, _mm512_loadu_ps(x[c].d16 + 4 * k), _mm256_loadu_ps(x[c].ds + 2 * k),
+                                    acc[c], off[c]);
+            }
+        }
+        for (int c = 0; c < C; ++c) { accs[c][r] = acc[c]; offs[c][r] = off[c]; }
+    }
+    for (int c = 0; c < C; ++c) {
+        reduce_rows<4>(accs[c], out + 4 * c);
+        if constexpr (has_m) add_odd_lanes<4>(offs[c], out + 4 * c);
+    }
+}
+
+template <int C>
+static void q8_0_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    constexpr int bytes = Block<kQ8_0>::bytes;
+    const __m512i lo2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i hi2 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    __m512 accs[C][4];
+    for (int r = 0; r < 4; ++r) {
+        const uint8_t* w = row + r * stride;
+        __m512 acc[C];
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < nb; k += 4) {
+            const uint8_t* b = w + k * bytes;
+            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
+            if (k + 4 > nb) group_of<bytes>(w, k, nb, p);
+            fetch_ahead(ahead, r * stride + k * bytes);  // 4 blocks: 136 bytes
+            fetch_ahead(ahead, r * stride + k * bytes + 128);
+            const __m512i c01 = q8_0_codes2(p[0], p[1]), c23 = q8_0_codes2(p[2], p[3]);
+            __m512 w01, w23;
+            q8_0_scales(p, lo2, hi2, w01, w23);
+            for (int c = 0; c < C; ++c) {
+                const __m512i p01 = _mm512_dpbusd_epi32(load512(x[c].z8 + 8 * k), c01, load512(x[c].q + 32 * k));
+                const __m512i p23 = _mm512_dpbusd_epi32(load512(x[c].z8 + 8 * k + 16), c23, load512(x[c].q + 32 * k + 64));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_mul_ps(w01, _mm512_loadu_ps(x[c].d8 + 8 * k)), acc[c]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_mul_ps(w23, _mm512_loadu_ps(x[c].d8 + 8 * k + 16)), acc[c]);
+            }
+        }
+        for (int c = 0; c < C; ++c) accs[c][r] = acc[c];
+    }
+    for (int c = 0; c < C; ++c) reduce_rows<4>(accs[c], out + 4 * c);
+}
+
+// q6k_row for one weight row against C activation rows: out[4 * c]
+template <int C>
+static void q6k_tile_row(const uint8_t* row, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m512i pick[4];
+    for (int v = 0; v < 4; ++v)
+        pick[v] = _mm512_add_epi32(_mm512_set1_epi32(4 * v), _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < nb / 8; ++k) {
+        const uint8_t* b = row + k * 210;
+        for (int l = 0; l < 4; ++l) fetch_ahead(ahead, k * 210 + 128 * l);  // 210 bytes, over 4 lines
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+        const __m512 scd = _mm512_mul_ps(sc, _mm512_set1_ps(h2f(b + 208)));
+        __m512i w01[2], w23[2];
+        for (int h = 0; h < 2; ++h) {
+            const __m512i l = load512(b + 64 * h);
+            const __m256i qh = load256(b + 128 + 32 * h);
+            const __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+            w01[h] = _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top2));
+            w23[h] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), _mm512_and_si512(hb, top2));
+        }
+        for (int c = 0; c < C; ++c) {
+            const __m512 s = _mm512_mul_ps(scd, _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(x[c].d + 8 * k))));
+            for (int h = 0; h < 2; ++h) {
+                const int64_t at = 256 * k + 128 * h;
+                const __m512i p01 = _mm512_dpbusd_epi32(start512<kQ6_K>(x[c].n4 + at / 4), w01[h], load512(x[c].q + at));
+                const __m512i p23 = _mm512_dpbusd_epi32(start512<kQ6_K>(x[c].n4 + at / 4 + 16), w23[h], load512(x[c].q + at + 64));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * h], s), acc[c]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * h + 1], s), acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < C; ++c) out[4 * c] = _mm512_reduce_add_ps(acc[c]);
+}
+
+// ymm::q4k_row for one weight row against C activation rows: out[4 * c]
+template <int C>
+static void q4k_tile_row(const uint8_t* row, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    using namespace ymm;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[C], off[C];
+    for (int c = 0; c < C; ++c) { acc[c] = _mm256_setzero_ps(); off[c] = _mm256_setzero_ps(); }
+    for (int64_t k = 0; k < nb / 8; ++k) {
+        const uint8_t* b = row + k * 144;
+        fetch_ahead(ahead, k * 144);
+        fetch_ahead(ahead, k * 144 + 128);
+        const KHead h(b);
+        __m256i w[8];
+        for (int j = 0; j < 4; ++j) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
+            w[2 * j] = _mm256_and_si256(raw, low4);
+            w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        }
+        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.sc))));
+        const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.mn))));
+        const __m256 scd = _mm256_mul_ps(scf, _mm256_set1_ps(h.d)), mnd = _mm256_mul_ps(mnf, _mm256_set1_ps(h.dmin));
+        for (int c = 0; c < C; ++c) {
+            const int8_t* y = x[c].q + k * 256;
+            __m256i m[8];
+            for (int j = 0; j < 8; ++j) m[j] = mul_sum(w[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32 * j)));
+            const __m256 s = _mm256_mul_ps(scd, _mm256_loadu_ps(x[c].d + k * 8));
+            const __m128 s_lo = _mm256_castps256_ps128(s), s_hi = _mm256_extractf128_ps(s, 1);
+            acc[c] = _mm256_fmadd_ps(reduce4(m[0], m[1], m[2], m[3]), _mm256_set_m128(s_lo, s_lo), acc[c]);
+            acc[c] = _mm256_fmadd_ps(reduce4(m[4], m[5], m[6], m[7]), _mm256_set_m128(s_hi, s_hi), acc[c]);
+            off[c] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[c].s + k * 8), off[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) out[4 * c] = hsum8(acc[c]) - hsum8(off[c]);
+}
+
+template <int T, int C>
+static void dot_4rows_tile_c(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    if constexpr (T == kQ8_0) q8_0_tile<C>(row, stride, x, nb, out, ahead);
+    else if constexpr (T == kQ6_K)
+        for (int r = 0; r < 4; ++r) q6k_tile_row<C>(row + r * stride, x, nb, out + r, ahead ? ahead + r * stride : nullptr);
+    else if constexpr (T == kQ4_K)
+        for (int r = 0; r < 4; ++r) q4k_tile_row<C>(row + r * stride, x, nb, out + r, ahead ? ahead + r * stride : nullptr);
+    else nibble_tile<T, C>(row, stride, x, nb, out, ahead);
+}
+
+// Four weight rows against C <= tile_width<T> activation rows; `ahead`: the rows to fetch meanwhile (or null)
+template <int T>
+static void dot_4rows_tile(const uint8_t* row, int64_t stride, const Q8* x, int C, int64_t nb, float* out,
+                           const uint8_t* ahead) {
+    switch (C) {
+        case 1: dot_4rows_tile_c<T, 1>(row, stride, x, nb, out, ahead); break;
+        case 2: dot_4rows_tile_c<T, 2>(row, stride, x, nb, out, ahead); break;
+        case 3: dot_4rows_tile_c<T, 3>(row, stride, x, nb, out, ahead); break;
+        case 4: dot_4rows_tile_c<T, 4>(row, stride, x, nb, out, ahead); break;
+        default:
+            if constexpr (tile_width<T> >= 8) {
+                switch (C) {
+                    case 5: dot_4rows_tile_c<T, 5>(row, stride, x, nb, out, ahead); break;
+                    case 6: dot_4rows_tile_c<T, 6>(row, stride, x, nb, out, ahead); break;
+                    case 7: dot_4rows_tile_c<T, 7>(row, stride, x, nb, out, ahead); break;
+                    default: dot_4rows_tile_c<T, 8>(row, stride, x, nb, out, ahead); break;
+                }
+            }
+    }
+}
