@@ -171,6 +171,27 @@ def test_builds_of_other_sources_are_pruned_beyond_the_newest_few(tmp_path):
     assert left == sorted([p.name for p in paths[-library.KEPT:]] + ["0000-libllmcli-neon.so"])
 
 
+def test_an_installed_library_of_older_sources_is_passed_over(tmp_path, monkeypatch):
+    """A library beside the sources built from other ones (an upgrade without a rebuild) lacks newer
+    functions: it is recognized by its source hash alone and the cache's build is used instead."""
+    import shutil
+    import subprocess
+
+    from llmcli.native import build, library
+
+    if native.variant() is None or shutil.which("c++") is None:
+        pytest.skip("no kernels or no C++ compiler here")
+    old = tmp_path / build.library_name(native.variant())
+    src = tmp_path / "old.cpp"
+    src.write_text('extern "C" const char* llmcli_source_hash() { return "older"; }\n'
+                   'extern "C" const char* llmcli_variant() { return "avx2"; }\n')
+    subprocess.run(["c++", "-shared", "-fPIC", str(src), "-o", str(old)], check=True)
+    monkeypatch.setattr(library, "installed", lambda variant: old)
+    k = library.find(native.variant())
+    assert k.path != old and k.source_hash == build.source_hash(native.variant())
+    assert library._source_hash(old) == "older" and library._source_hash(src) is None
+
+
 def test_top_k_equals_torch_s(kernels):
     """Sampling's top-k: the k largest, largest first; equal values in index order; NaN as largest."""
     g = torch.Generator().manual_seed(5)

@@ -39,10 +39,8 @@ def find(variant: str, on_build=None) -> "Kernels":
     a build). Raises build.BuildError when it cannot be built."""
     want = build.source_hash(variant)
     path = installed(variant)
-    if path.exists():
-        k = Kernels(path)
-        if k.source_hash == want:
-            return k
+    if path.exists() and _source_hash(path) == want:
+        return Kernels(path)
     name = build.library_name(variant)
     cached = cache_dir() / f"{want}-{name}"
     if not cached.exists():
@@ -56,6 +54,15 @@ def find(variant: str, on_build=None) -> "Kernels":
                 build.compile_variant(variant, cached)
                 _prune(cached, name)
     return Kernels(cached)
+
+
+def _source_hash(path: Path) -> str | None:
+    """The hash of the sources a library was built from, read before anything else is looked up in it:
+    a library built from older sources may lack the newer functions. None if it is not one of ours."""
+    try:
+        return _fn(ctypes.CDLL(str(path)), "llmcli_source_hash", ctypes.c_char_p)().decode()
+    except (OSError, AttributeError):
+        return None
 
 
 def _prune(newest: Path, name: str) -> None:
