@@ -139,6 +139,29 @@ def test_served_conversation_reuses_its_history(tiny_folder, one_thread):
         srv.close()
 
 
+def test_a_request_with_cache_prompt_false_neither_reuses_nor_keeps(tiny_folder, one_thread):
+    """llama-server's per-request `cache_prompt`: false answers cold (the same text) and leaves the
+    cache as it was; a bad value is a 400."""
+    rt = open_model(str(tiny_folder), device="cpu", dtype="float32")
+    srv = Server(rt, bind("127.0.0.1", 0), model_id="m", rows=2).start()
+    try:
+        client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0, timeout=60)
+        messages = [SYSTEM, {"role": "user", "content": QUESTIONS[0]}]
+        first = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=6)
+        entries = len(srv.loop.engine.prompt_cache.entries)
+        r = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=6,
+                                           extra_body={"cache_prompt": False})
+        assert r.usage.prompt_tokens_details.cached_tokens == 0
+        assert r.choices[0].message.content == first.choices[0].message.content == cold(rt, 6)(messages)
+        assert len(srv.loop.engine.prompt_cache.entries) == entries and srv.loop.stats["prompt_cache"]["hits"] == 0
+        again = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=6)
+        assert again.usage.prompt_tokens_details.cached_tokens > 0  # the first request's KV was kept
+        with pytest.raises(openai.BadRequestError, match="cache_prompt must be true or false"):
+            client.completions.create(model="m", prompt="Hello", max_tokens=2, extra_body={"cache_prompt": "no"})
+    finally:
+        srv.close()
+
+
 def test_without_the_cache_nothing_is_cached(tiny_folder, one_thread):
     rt = open_model(str(tiny_folder), device="cpu", dtype="float32")
     srv = Server(rt, bind("127.0.0.1", 0), model_id="m", rows=2, prompt_cache=0).start()

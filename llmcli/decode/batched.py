@@ -48,6 +48,7 @@ class Request:
     constraint: object = None  # constrained.TokenConstraint, one per request
     logprobs: Logprobs | None = None
     tag: object = None
+    cache_prompt: bool = True  # reuse and keep prompt KV in the engine's prompt cache (if it has one)
 
 
 class _Sequence:
@@ -153,7 +154,8 @@ class BatchEngine:
         row = len(self.running)
         view = self.cache.row(row)
         # what an earlier sequence computed of this prompt (one token is left to run for the logits)
-        reuse = self.prompt_cache.restore(req.prompt, self.cache, row, len(req.prompt) - 1) if self.prompt_cache else 0
+        reuse = self.prompt_cache.restore(req.prompt, self.cache, row, len(req.prompt) - 1) \
+            if self.prompt_cache and req.cache_prompt else 0
         view.length = seq.stats.cached_tokens = reuse
         hidden = seq.picker.wants_hidden
         out = prefill(self.prefill_fn, req.prompt[reuse:], view, self.device, hidden=hidden)
@@ -215,8 +217,8 @@ class BatchEngine:
 
     def _free(self, row: int) -> None:
         """Drop row's sequence (its KV offered to the prompt cache); the last live row moves into its place."""
-        if self.prompt_cache is not None:
-            seq = self.running[row]
+        seq = self.running[row]
+        if self.prompt_cache is not None and seq.req.cache_prompt:
             self.prompt_cache.store(seq.picker.history[:seq.length], self.cache, row)  # its slots hold these
         last = len(self.running) - 1
         if row != last:

@@ -76,6 +76,7 @@ class Job:
     tool_choice: str = "auto"  # "auto" | "required" | a tool's name
     parallel_tool_calls: bool = True
     default_format: bool = False  # the request asked for no format: serve's --json-schema/--grammar applies
+    cache_prompt: bool = True  # llama-server's field: false neither reuses nor keeps cached prompt KV
 
 
 # ------------------------------------------------------------------------------ requests
@@ -102,6 +103,7 @@ def chat_job(body: dict, defaults: Defaults = Defaults()) -> Job:
         raise ApiError(400, "response_format and grammar exclude each other; send one", "grammar")
     job.default_format = job.schema is None and job.grammar is None and job.tools is None and \
         body.get("response_format") is None
+    job.cache_prompt = _bool(body, "cache_prompt", default=True)
     return job
 
 
@@ -112,6 +114,7 @@ def completion_job(body: dict, defaults: Defaults = Defaults()) -> Job:
               prompt=_prompt(body.get("prompt")), grammar=_grammar_field(body),
               logprobs=_integer(body, "logprobs", 0, MAX_TOP_LOGPROBS, None), n=_integer(body, "n", 1, MAX_N, 1))
     job.default_format = job.grammar is None
+    job.cache_prompt = _bool(body, "cache_prompt", default=True)
     return job
 
 
@@ -327,11 +330,11 @@ def _range(lo, hi) -> str:
     return f"from {lo} to {hi}" if lo is not None and hi is not None else f"at least {lo}"
 
 
-def _bool(body: dict, key: str, name: str | None = None) -> bool:
+def _bool(body: dict, key: str, name: str | None = None, default: bool = False) -> bool:
     value = body.get(key)
     if value is not None and not isinstance(value, bool):
         raise ApiError(400, f"{name or key} must be true or false, got {value!r}", name or key)
-    return bool(value)
+    return default if value is None else value
 
 
 # ------------------------------------------------------------------------------ answers

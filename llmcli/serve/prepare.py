@@ -88,7 +88,8 @@ class Preparer:
                 except GrammarError as e:
                     raise ApiError(400, str(e), "grammar") from None
             recorder = Logprobs(job.logprobs) if job.logprobs is not None else None
-            reqs.append(EngineRequest(ids, params, job.max_tokens, job.stop, constraint, recorder))
+            reqs.append(EngineRequest(ids, params, job.max_tokens, job.stop, constraint, recorder,
+                                      cache_prompt=job.cache_prompt))
         return reqs
 
     def _cursor(self, req: EngineRequest):
