@@ -292,6 +292,22 @@ def test_fifo_as_model_path_does_not_hang(tmp_path):
     error_line(run_cli("run", str(fifo), "hi", timeout=60), 1, "not a regular file")
 
 
+def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_gguf):
+    """`llmcli run ... | head -c 1`: the pipe closes while the answer streams; exit 0, nothing on
+    stderr (click's own answer to EPIPE was exit 1, which fails `set -o pipefail` scripts)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "llmcli", "run", str(tiny_gguf), "Hello", "--ignore-eos",
+                             "-n", "200", "-t", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.read(1)
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0, err
+        assert err == ""
+    finally:
+        proc.kill()
+
+
 def test_threads_above_the_cpu_count_are_clamped(tiny_gguf):
     with pytest.warns(UserWarning, match="--threads 1000"):
         placement = place("cpu", "float32", threads=1000)

@@ -123,7 +123,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except BrokenPipeError:
-        # the reader went away (e.g. `| head`): stop quietly, without a second error at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+        _reader_gone()
+    except SystemExit:
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":  # click's answer to EPIPE: exit 1
+            _reader_gone()
+        raise
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _reader_gone() -> None:
+    """The reader of stdout went away (`| head`): stop quietly with 0, without a second error at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
