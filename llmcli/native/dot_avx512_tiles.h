@@ -107,48 +107,11 @@ static void q8_0_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t n
     for (int c = 0; c < C; ++c) reduce_rows<4>(accs[c], out + 4 * c);
 }
 
-// q6k_row for one weight row against C activation rows: out[4 * c]
-template <int C>
-static void q6k_tile_row(const uint8_t* row, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    __m512i pick[4];
-    for (int v = 0; v < 4; ++v)
-        pick[v] = _mm512_add_epi32(_mm512_set1_epi32(4 * v), _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
-    __m512 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nb / 8; ++k) {
-        const uint8_t* b = row + k * 210;
-        for (int l = 0; l < 4; ++l) fetch_ahead(ahead, k * 210 + 128 * l);  // 210 bytes, over 4 lines
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
-        const __m512 scd = _mm512_mul_ps(sc, _mm512_set1_ps(h2f(b + 208)));
-        __m512i w01[2], w23[2];
-        for (int h = 0; h < 2; ++h) {
-            const __m512i l = load512(b + 64 * h);
-            const __m256i qh = load256(b + 128 + 32 * h);
-            const __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-            w01[h] = _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top2));
-            w23[h] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), _mm512_and_si512(hb, top2));
-        }
-        for (int c = 0; c < C; ++c) {
-            const __m512 s = _mm512_mul_ps(scd, _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(x[c].d + 8 * k))));
-            for (int h = 0; h < 2; ++h) {
-                const int64_t at = 256 * k + 128 * h;
-                const __m512i p01 = _mm512_dpbusd_epi32(start512<kQ6_K>(x[c].n4 + at / 4), w01[h], load512(x[c].q + at));
-                const __m512i p23 = _mm512_dpbusd_epi32(start512<kQ6_K>(x[c].n4 + at / 4 + 16), w23[h], load512(x[c].q + at + 64));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * h], s), acc[c]);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * h + 1], s), acc[c]);
-            }
-        }
-    }
-    for (int c = 0; c < C; ++c) out[4 * c] = _mm512_reduce_add_ps(acc[c]);
-}
-
-// q4k_rows for four weight rows against C activation rows, K in chunks of kChunk blocks taken by all
+// kblock_rows for four weight rows against C activation rows, K in chunks of kChunk blocks taken by all
 // four rows before the next chunk, so the C rows' activations stay in L1 for the four (8 rows of a K
-// of 4864, ffn_down's, did not fit). Each pair's sums go on in k's order, as q4k_rows has them.
-template <int C>
-static void q4k_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+// of 4864, ffn_down's, did not fit). Each pair's sums go on in k's order, as kblock_rows has them.
+template <typename B, int C>
+static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
     constexpr int64_t kChunk = 4;
     __m512 accs[4][C];
     __m256 offs[4][C];
@@ -161,9 +124,9 @@ static void q4k_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb
             __m256 off[C];
             for (int c = 0; c < C; ++c) { acc[c] = accs[r][c]; off[c] = offs[r][c]; }
             for (int64_t k = k0; k < k1; ++k) {
-                fetch_ahead(ahead, r * stride + k * 144);
-                fetch_ahead(ahead, r * stride + k * 144 + 128);
-                const Q4KBlock w(row + r * stride + k * 144);
+                fetch_ahead(ahead, r * stride + k * B::bytes);
+                fetch_ahead(ahead, r * stride + k * B::bytes + 128);
+                const B w(row + r * stride + k * B::bytes);
 #pragma GCC unroll 8  // the accumulators in registers (gcc kept a loop's in memory)
                 for (int c = 0; c < C; ++c) w.dot(x[c], k, acc[c], off[c]);
             }
@@ -171,15 +134,14 @@ static void q4k_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb
         }
     }
     for (int r = 0; r < 4; ++r)
-        for (int c = 0; c < C; ++c) out[4 * c + r] = q4k_sum(accs[r][c], offs[r][c]);
+        for (int c = 0; c < C; ++c) out[4 * c + r] = kblock_sum(accs[r][c], offs[r][c]);
 }
 
 template <int T, int C>
 static void dot_4rows_tile_c(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
     if constexpr (T == kQ8_0) q8_0_tile<C>(row, stride, x, nb, out, ahead);
-    else if constexpr (T == kQ6_K)
-        for (int r = 0; r < 4; ++r) q6k_tile_row<C>(row + r * stride, x, nb, out + r, ahead ? ahead + r * stride : nullptr);
-    else if constexpr (T == kQ4_K) q4k_tile<C>(row, stride, x, nb, out, ahead);
+    else if constexpr (T == kQ6_K) kblock_tile<Q6KBlock, C>(row, stride, x, nb, out, ahead);
+    else if constexpr (T == kQ4_K) kblock_tile<Q4KBlock, C>(row, stride, x, nb, out, ahead);
     else nibble_tile<T, C>(row, stride, x, nb, out, ahead);
 }
 
