@@ -18,7 +18,13 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1) {
     const int64_t nb = K / 32;
     for (int64_t i = m0 * nb; i < m1 * nb; ++i) { quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i]); sums_of_four(q.data() + 32 * i, n4.data() + 8 * i); }
 #if defined(LLMCLI_AVX512VNNI)
-    for (int64_t m = m0; m < m1; ++m) interleave(row(m), nb, qi.data() + m * K, ni.data() + m * K / 8, ds.data() + 2 * m * nb);
+    for (int64_t m = m0; m < m1; ++m) {
+        interleave(row(m), nb, qi.data() + m * K, ni.data() + m * K / 8, ds.data() + 2 * m * nb);
+        if (K % 256 == 0) {
+            q4k_order(row(m), nb, qk.data() + m * K, d2.data() + m * K / 16);
+            q6k_order(row(m), nb, q6.data() + m * K, z6.data() + m * K / 16, d6.data() + m * K / 16);
+        }
+    }
 #endif
 }
 template <int T> double run(int64_t N, int64_t K) {

@@ -174,6 +174,13 @@ struct Q8 {
     // and for Q8_0, per pair of blocks:
     const float* d8;    // block j's d in 8 lanes (K/4,)
     const int32_t* z8;  // n4 * 128: the accumulators' start for codes q + 128 (K/4,)
+    // and for Q4_K, per block of 256 (dot_avx512.h's Q4KBlock):
+    const int8_t* qk;   // 4 vectors c of 64: sub-block j's codes 8c..8c+7 at bytes 8j..8j+7 (K,)
+    const float* d2;    // sub-block j's d in lanes 2j, 2j + 1 (K/16,)
+    // and for Q6_K, per block of 256 (Q6KBlock): lane L = 4i + t takes scale group g = 4t + i's 16 codes
+    const int8_t* q6;   // 4 vectors c of 64: group g's codes 4c..4c+3 at lane L (K,)
+    const int32_t* z6;  // lane L's accumulator start: -32 * the sum of group g's codes (K/16,)
+    const float* d6;    // group g's block's d in lane L (K/16,)
 };
 
 // Rounds v (|v| < 2^22) to the nearest integer, ties to even, as nearbyint does in the default mode:

@@ -2,8 +2,7 @@
 // (Alder Lake+), which differ in one instruction: 32 products of unsigned weight codes and signed
 // activation codes summed into 8 int32 lanes take maddubs + madd with AVX2, one vpdpbusd with VNNI.
 // Signed codes (Q8_0, Q5_0, Q6_K) multiply as |w| times y with w's sign (maddubs takes one unsigned side).
-// The AVX-512 variant takes its Q4_K from here too (with the EVEX vpdpbusd): measured faster than
-// a 512-bit one, whose 4 conversions and multiply-adds a block cost more than these hadds.
+// (The AVX-512 variant has its own Q4_K: dot_avx512.h's Q4KBlock, on activations reordered to match.)
 #pragma once
 #include "x86.h"
 

@@ -58,6 +58,31 @@ static inline void spread_scales(const Q8& x, int64_t nb, int64_t G, float* d16,
         for (int l = 0; l < 8; ++l) { d8[8 * i + l] = x.d[i]; z8[8 * i + l] = x.n4[8 * i + l] * 128; }
 }
 
+// The activations again for Q4_K (Q8's qk, d2): per block of 256, the codes in the order of Q4KBlock's
+// vectors, each 8-byte lane pair one sub-block's, and each sub-block's d in its 2 lanes
+static inline void q4k_order(const Q8& x, int64_t nb, int8_t* qk, float* d2) {
+    for (int64_t k = 0; k < nb / 8; ++k)
+        for (int j = 0; j < 8; ++j) {
+            for (int c = 0; c < 4; ++c) std::memcpy(qk + 256 * k + 64 * c + 8 * j, x.q + 256 * k + 32 * j + 8 * c, 8);
+            d2[16 * k + 2 * j] = d2[16 * k + 2 * j + 1] = x.d[8 * k + j];
+        }
+}
+
+// And for Q6_K (Q8's q6, z6, d6): lane L = 4i + t of Q6KBlock's vectors holds scale group g = 4t + i
+static inline void q6k_order(const Q8& x, int64_t nb, int8_t* q6, int32_t* z6, float* d6) {
+    for (int64_t k = 0; k < nb / 8; ++k)
+        for (int L = 0; L < 16; ++L) {
+            const int g = 4 * (L % 4) + L / 4;
+            int32_t n = 0;
+            for (int c = 0; c < 4; ++c) {
+                std::memcpy(q6 + 256 * k + 64 * c + 4 * L, x.q + 256 * k + 16 * g + 4 * c, 4);
+                n += x.n4[64 * k + 4 * g + c];
+            }
+            z6[16 * k + L] = 32 * n;
+            d6[16 * k + L] = x.d[8 * k + g / 2];
+        }
+}
+
 // The 4 blocks from k on: in the row, or past its end, a zero block (scale 0: it adds nothing,
 // whatever activations it meets; Q8Rows has room for a last group of fewer than 4)
 static const uint8_t kZeroBlock[64] = {};
@@ -201,43 +226,101 @@ static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t n
     reduce_rows<R>(acc, out);
 }
 
-// Q6_K: per half of a block (128 weights), two vectors of two quarters; ql's 64 bytes give the low
-// four bits of quarters 0, 1 (low nibbles) and 2, 3 (high), qh's 32 bytes their top two (bit pairs
-// 0, 1, 2, 3 for the quarters). Codes 0..63 with zero point 32; each 4 lanes share one scale.
-static float q6k_row(const uint8_t* row, const Q8& x, int64_t nb) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);  // scale i is in x block i / 2
-    __m512i pick[4];  // lane l of the vector for quarters (2v, 2v + 1): scale 4v + l / 4
-    for (int v = 0; v < 4; ++v)
-        pick[v] = _mm512_add_epi32(_mm512_set1_epi32(4 * v), _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nb / 8; ++k) {
-        const uint8_t* b = row + k * 210;
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
-        const __m512 dx = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(x.d + 8 * k)));
-        const __m512 s = _mm512_mul_ps(_mm512_mul_ps(sc, _mm512_set1_ps(h2f(b + 208))), dx);  // d * sc * dx per 16 weights
+// Q4_K (w = d*sc * q - dmin*m per sub-block of 32): a block's codes as 4 vectors c, each holding
+// codes 8c..8c+7 of every sub-block j in bytes 8j..8j+7 (Q8's qk has the activations so): the four
+// vpdpbusd sum into one vector whose lanes 2j, 2j + 1 are sub-block j's, scaled in one multiply-add.
+// 8 instructions a (block, activation row), where the 256-bit code took 8 vpdpbusd, 6 hadds and more.
+struct Q4KBlock {
+    static constexpr int bytes = 144;
+    __m512i w[4];   // codes 0..15
+    __m512 sc;      // d * sc of sub-block j in lanes 2j, 2j + 1
+    __m256 mn;      // dmin * m of the 8 sub-blocks
+    explicit Q4KBlock(const uint8_t* b) {
+        const KHead h(b);
+        const __m256 scd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.sc)))),
+                                         _mm256_set1_ps(h.d));
+        mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.mn)))),
+                           _mm256_set1_ps(h.dmin));
+        sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), _mm512_castps256_ps512(scd));
+        // qs as 16 qwords: sub-block j = 2m + h is nibble h of qwords 4m..4m+3
+        const __m512i q0 = load512(b + 16), q1 = load512(b + 80);
+        const __m512i shifts = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        for (int c = 0; c < 4; ++c) {
+            const __m512i pick = _mm512_setr_epi64(c, c, 4 + c, 4 + c, 8 + c, 8 + c, 12 + c, 12 + c);
+            w[c] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(q0, pick, q1), shifts), low4);
+        }
+    }
+    // acc += the codes' products with activation row x's block k scaled; off += the mins' (per sub-block)
+    inline void dot(const Q8& x, int64_t k, __m512& acc, __m256& off) const {
+        const int8_t* y = x.qk + 256 * k;
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], load512(y));
+        p = _mm512_dpbusd_epi32(p, w[1], load512(y + 64));
+        p = _mm512_dpbusd_epi32(p, w[2], load512(y + 128));
+        p = _mm512_dpbusd_epi32(p, w[3], load512(y + 192));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sc, _mm512_loadu_ps(x.d2 + 16 * k)), acc);
+        off = _mm256_fmadd_ps(mn, _mm256_loadu_ps(x.s + 8 * k), off);
+    }
+};
+
+// Q6_K (w = d*sc * (q - 32) per 16): ql's and qh's bits give 4 vectors V of 4 scale groups (one per
+// 128 bits: V's group 4v + i), transposed by 32-bit lanes within each 128 bits: vector c then holds
+// codes 4c..4c+3 of group 4t + i at lane 4i + t (Q8's q6 has the activations so), and the 4
+// vpdpbusd from the zero point's start sum into one vector, scaled in one multiply-add.
+struct Q6KBlock {
+    static constexpr int bytes = 210;
+    __m512i w[4];  // codes 0..63
+    __m512 sc;     // d * sc of lane L's group
+    explicit Q6KBlock(const uint8_t* b) {
+        const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+        __m512i v[4];
         for (int h = 0; h < 2; ++h) {
             const __m512i l = load512(b + 64 * h);
             const __m256i qh = load256(b + 128 + 32 * h);
             const __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);  // [qh, qh >> 2]
-            const __m512i w01 = _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top2));
-            const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), _mm512_and_si512(hb, top2));
-            const int64_t at = 256 * k + 128 * h;  // this half's activations
-            const __m512i p01 = _mm512_dpbusd_epi32(start512<kQ6_K>(x.n4 + at / 4), w01, load512(x.q + at));
-            const __m512i p23 = _mm512_dpbusd_epi32(start512<kQ6_K>(x.n4 + at / 4 + 16), w23, load512(x.q + at + 64));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * h], s), acc);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * h + 1], s), acc);
+            v[2 * h] = _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top2));
+            v[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), _mm512_and_si512(hb, top2));
         }
+        const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+        w[0] = _mm512_unpacklo_epi64(t0, t2); w[1] = _mm512_unpackhi_epi64(t0, t2);
+        w[2] = _mm512_unpacklo_epi64(t1, t3); w[3] = _mm512_unpackhi_epi64(t1, t3);
+        const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+        const __m512i groups = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        sc = _mm512_permutexvar_ps(groups, _mm512_mul_ps(scf, _mm512_set1_ps(h2f(b + 208))));
     }
-    return _mm512_reduce_add_ps(acc);
+    // acc += the codes' products with activation row x's block k scaled (off: nothing, no mins)
+    inline void dot(const Q8& x, int64_t k, __m512& acc, __m256&) const {
+        const int8_t* y = x.q6 + 256 * k;
+        __m512i p = _mm512_dpbusd_epi32(load512(x.z6 + 16 * k), w[0], load512(y));
+        p = _mm512_dpbusd_epi32(p, w[1], load512(y + 64));
+        p = _mm512_dpbusd_epi32(p, w[2], load512(y + 128));
+        p = _mm512_dpbusd_epi32(p, w[3], load512(y + 192));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sc, _mm512_loadu_ps(x.d6 + 16 * k)), acc);
+    }
+};
+
+static inline float kblock_sum(__m512 acc, __m256 off) { return _mm512_reduce_add_ps(acc) - hsum8(off); }
+
+// Q4_K or Q6_K (B: its block), R weight rows against one activation row: the rows' sums interleaved
+// (one row's chain of multiply-adds alone waits on their latency)
+template <typename B, int R>
+static void kblock_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
+    __m512 acc[R];
+    __m256 off[R];
+    for (int r = 0; r < R; ++r) { acc[r] = _mm512_setzero_ps(); off[r] = _mm256_setzero_ps(); }
+    for (int64_t k = 0; k < nb / 8; ++k)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) B(row + r * stride + k * B::bytes).dot(x, k, acc[r], off[r]);
+    for (int r = 0; r < R; ++r) out[r] = kblock_sum(acc[r], off[r]);
 }
 
 // One weight row against one activation row of K = 32 * nb
 template <int T>
 static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
     float out;
-    if constexpr (T == kQ4_K) out = ymm::q4k_row(row, x, nb);
-    else if constexpr (T == kQ6_K) out = q6k_row(row, x, nb);
+    if constexpr (T == kQ4_K) kblock_rows<Q4KBlock, 1>(row, 0, x, nb, &out);
+    else if constexpr (T == kQ6_K) kblock_rows<Q6KBlock, 1>(row, 0, x, nb, &out);
     else if constexpr (T == kQ8_0) q8_0_rows<1>(row, 0, x, nb, &out);
     else nibble_rows<T, 1>(row, 0, x, nb, &out);
     return out;
@@ -248,8 +331,8 @@ static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
 template <int T>
 static void dot_4rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float out[4]) {
     if constexpr (T == kQ8_0) q8_0_rows<4>(row, stride, x, nb, out);
-    else if constexpr (T == kQ4_K || T == kQ6_K)
-        for (int r = 0; r < 4; ++r) out[r] = dot_row<T>(row + r * stride, x, nb);
+    else if constexpr (T == kQ4_K) kblock_rows<Q4KBlock, 4>(row, stride, x, nb, out);
+    else if constexpr (T == kQ6_K) kblock_rows<Q6KBlock, 4>(row, stride, x, nb, out);
     else nibble_rows<T, 4>(row, stride, x, nb, out);
 }
 

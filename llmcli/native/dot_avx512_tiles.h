@@ -6,7 +6,7 @@
 // through exactly the operations dot_4rows gives it alone, in the same order, so a token's numbers
 // do not depend on the tokens beside it. out[4 * c + r]: weight row r against activation row c.
 #define LLMCLI_TILES 1
-template <int T> constexpr int tile_width = T == kQ4_K ? 4 : 8;  // C at most: Q4_K's codes take 8 registers
+template <int T> constexpr int tile_width = 8;  // C at most
 
 // A nibble group's weights (nibble_group's first half): codes 0-15 and 16-31 of 4 blocks, their (d, m) as floats
 template <int T>
@@ -107,85 +107,41 @@ static void q8_0_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t n
     for (int c = 0; c < C; ++c) reduce_rows<4>(accs[c], out + 4 * c);
 }
 
-// q6k_row for one weight row against C activation rows: out[4 * c]
-template <int C>
-static void q6k_tile_row(const uint8_t* row, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    __m512i pick[4];
-    for (int v = 0; v < 4; ++v)
-        pick[v] = _mm512_add_epi32(_mm512_set1_epi32(4 * v), _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
-    __m512 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nb / 8; ++k) {
-        const uint8_t* b = row + k * 210;
-        for (int l = 0; l < 4; ++l) fetch_ahead(ahead, k * 210 + 128 * l);  // 210 bytes, over 4 lines
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
-        const __m512 scd = _mm512_mul_ps(sc, _mm512_set1_ps(h2f(b + 208)));
-        __m512i w01[2], w23[2];
-        for (int h = 0; h < 2; ++h) {
-            const __m512i l = load512(b + 64 * h);
-            const __m256i qh = load256(b + 128 + 32 * h);
-            const __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-            w01[h] = _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top2));
-            w23[h] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), _mm512_and_si512(hb, top2));
-        }
-        for (int c = 0; c < C; ++c) {
-            const __m512 s = _mm512_mul_ps(scd, _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(x[c].d + 8 * k))));
-            for (int h = 0; h < 2; ++h) {
-                const int64_t at = 256 * k + 128 * h;
-                const __m512i p01 = _mm512_dpbusd_epi32(start512<kQ6_K>(x[c].n4 + at / 4), w01[h], load512(x[c].q + at));
-                const __m512i p23 = _mm512_dpbusd_epi32(start512<kQ6_K>(x[c].n4 + at / 4 + 16), w23[h], load512(x[c].q + at + 64));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_permutexvar_ps(pick[2 * h], s), acc[c]);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_permutexvar_ps(pick[2 * h + 1], s), acc[c]);
+// kblock_rows for four weight rows against C activation rows, K in chunks of kChunk blocks taken by all
+// four rows before the next chunk, so the C rows' activations stay in L1 for the four (8 rows of a K
+// of 4864, ffn_down's, did not fit). Each pair's sums go on in k's order, as kblock_rows has them.
+template <typename B, int C>
+static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    constexpr int64_t kChunk = 4;
+    __m512 accs[4][C];
+    __m256 offs[4][C];
+    for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < C; ++c) { accs[r][c] = _mm512_setzero_ps(); offs[r][c] = _mm256_setzero_ps(); }
+    for (int64_t k0 = 0; k0 < nb / 8; k0 += kChunk) {
+        const int64_t k1 = std::min(nb / 8, k0 + kChunk);
+        for (int r = 0; r < 4; ++r) {
+            __m512 acc[C];
+            __m256 off[C];
+            for (int c = 0; c < C; ++c) { acc[c] = accs[r][c]; off[c] = offs[r][c]; }
+            for (int64_t k = k0; k < k1; ++k) {
+                fetch_ahead(ahead, r * stride + k * B::bytes);
+                fetch_ahead(ahead, r * stride + k * B::bytes + 128);
+                const B w(row + r * stride + k * B::bytes);
+#pragma GCC unroll 8  // the accumulators in registers (gcc kept a loop's in memory)
+                for (int c = 0; c < C; ++c) w.dot(x[c], k, acc[c], off[c]);
             }
+            for (int c = 0; c < C; ++c) { accs[r][c] = acc[c]; offs[r][c] = off[c]; }
         }
     }
-    for (int c = 0; c < C; ++c) out[4 * c] = _mm512_reduce_add_ps(acc[c]);
-}
-
-// ymm::q4k_row for one weight row against C activation rows: out[4 * c]
-template <int C>
-static void q4k_tile_row(const uint8_t* row, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
-    using namespace ymm;
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[C], off[C];
-    for (int c = 0; c < C; ++c) { acc[c] = _mm256_setzero_ps(); off[c] = _mm256_setzero_ps(); }
-    for (int64_t k = 0; k < nb / 8; ++k) {
-        const uint8_t* b = row + k * 144;
-        fetch_ahead(ahead, k * 144);
-        fetch_ahead(ahead, k * 144 + 128);
-        const KHead h(b);
-        __m256i w[8];
-        for (int j = 0; j < 4; ++j) {
-            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
-            w[2 * j] = _mm256_and_si256(raw, low4);
-            w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-        }
-        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.sc))));
-        const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.mn))));
-        const __m256 scd = _mm256_mul_ps(scf, _mm256_set1_ps(h.d)), mnd = _mm256_mul_ps(mnf, _mm256_set1_ps(h.dmin));
-        for (int c = 0; c < C; ++c) {
-            const int8_t* y = x[c].q + k * 256;
-            __m256i m[8];
-            for (int j = 0; j < 8; ++j) m[j] = mul_sum(w[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32 * j)));
-            const __m256 s = _mm256_mul_ps(scd, _mm256_loadu_ps(x[c].d + k * 8));
-            const __m128 s_lo = _mm256_castps256_ps128(s), s_hi = _mm256_extractf128_ps(s, 1);
-            acc[c] = _mm256_fmadd_ps(reduce4(m[0], m[1], m[2], m[3]), _mm256_set_m128(s_lo, s_lo), acc[c]);
-            acc[c] = _mm256_fmadd_ps(reduce4(m[4], m[5], m[6], m[7]), _mm256_set_m128(s_hi, s_hi), acc[c]);
-            off[c] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(x[c].s + k * 8), off[c]);
-        }
-    }
-    for (int c = 0; c < C; ++c) out[4 * c] = hsum8(acc[c]) - hsum8(off[c]);
+    for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < C; ++c) out[4 * c + r] = kblock_sum(accs[r][c], offs[r][c]);
 }
 
 template <int T, int C>
 static void dot_4rows_tile_c(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
     if constexpr (T == kQ8_0) q8_0_tile<C>(row, stride, x, nb, out, ahead);
-    else if constexpr (T == kQ6_K)
-        for (int r = 0; r < 4; ++r) q6k_tile_row<C>(row + r * stride, x, nb, out + r, ahead ? ahead + r * stride : nullptr);
-    else if constexpr (T == kQ4_K)
-        for (int r = 0; r < 4; ++r) q4k_tile_row<C>(row + r * stride, x, nb, out + r, ahead ? ahead + r * stride : nullptr);
+    else if constexpr (T == kQ6_K) kblock_tile<Q6KBlock, C>(row, stride, x, nb, out, ahead);
+    else if constexpr (T == kQ4_K) kblock_tile<Q4KBlock, C>(row, stride, x, nb, out, ahead);
     else nibble_tile<T, C>(row, stride, x, nb, out, ahead);
 }
 
