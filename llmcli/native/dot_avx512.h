@@ -129,21 +129,18 @@ static inline void nibble_scale(__m512i prods, __m512 wd, __m256 wdm, __m512 xd1
     if constexpr (has_m) off = _mm256_fmadd_ps(wdm, xds, off);
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1: blocks p[0..3] against their activations (y0, y1: codes 0-15 of each block,
-// then 16-31; st: the zero point's start). Their 4 x 16 code bytes in one vector give the low
-// nibbles (codes 0-15 of each) and the high ones (16-31): two vpdpbusd into 16 lanes, 4 a block;
-// one conversion, one multiply-add, the scales spread by one permute.
+// Q4_0, Q4_1, Q5_0, Q5_1: blocks p[0..3]'s weights. Their 4 x 16 code bytes in one vector give the low
+// nibbles (codes 0-15 of each block) and the high ones (16-31); wdm: the 4 blocks' (d, m) or (d, 0) as floats
 template <int T>
-static inline void nibble_group(const uint8_t* const p[4], __m512i st, __m512i y0, __m512i y1, __m256 xds,
-                                __m512 xd16, __m512& acc, __m256& off) {
-    constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;  // where qs starts
+static inline void nibble_unpack(const uint8_t* const p[4], __m512i& lo, __m512i& hi, __m256& wdm) {
+    constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
     constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);  // d * dx of block j to lanes 4j..4j+3
     __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + at)));
     for (int j = 1; j < 4; ++j) qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[j] + at)), j);
-    __m512i lo = _mm512_and_si512(qs, low4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4);
-    if constexpr (T == kQ5_0 || T == kQ5_1) {  // bit j of qh: element j's 5th bit
+    lo = _mm512_and_si512(qs, low4);
+    hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4);
+    if constexpr (T == kQ5_0 || T == kQ5_1) {
         uint64_t mlo = 0, mhi = 0;
         for (int j = 0; j < 4; ++j) {
             const uint64_t h = load_u32(p[j] + at - 4);
@@ -153,11 +150,23 @@ static inline void nibble_group(const uint8_t* const p[4], __m512i st, __m512i y
         lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, _mm512_set1_epi8(16));
         hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, _mm512_set1_epi8(16));
     }
-    const __m512i prods = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(st, lo, y0), hi, y1);
-    // the 4 blocks' (d, m) or (d, 0) as 8 halves, times the activations' (d, s): d * dx and m * s
     const uint64_t w01 = has_m ? load_u32(p[0]) | load_u32(p[1]) << 32 : load_u16(p[0]) | load_u16(p[1]) << 32;
     const uint64_t w23 = has_m ? load_u32(p[2]) | load_u32(p[3]) << 32 : load_u16(p[2]) | load_u16(p[3]) << 32;
-    const __m256 wdm = _mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01));
+    wdm = _mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01));
+}
+
+// Blocks p[0..3] against their activations (y0, y1: codes 0-15 of each block, then 16-31; st: the
+// zero point's start): two vpdpbusd into 16 lanes, 4 a block; one conversion, one multiply-add, the
+// scales spread by one permute. The tiles (dot_avx512_tiles.h) unpack and scale the same way.
+template <int T>
+static inline void nibble_group(const uint8_t* const p[4], __m512i st, __m512i y0, __m512i y1, __m256 xds,
+                                __m512 xd16, __m512& acc, __m256& off) {
+    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);  // d * dx of block j to lanes 4j..4j+3
+    __m512i lo, hi;
+    __m256 wdm;
+    nibble_unpack<T>(p, lo, hi, wdm);
+    const __m512i prods = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(st, lo, y0), hi, y1);
     nibble_scale<has_m>(prods, _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(wdm)), wdm, xd16, xds, acc, off);
 }
 

@@ -8,31 +8,6 @@
 #define LLMCLI_TILES 1
 template <int T> constexpr int tile_width = 8;  // C at most
 
-// A nibble group's weights (nibble_group's first half): codes 0-15 and 16-31 of 4 blocks, their (d, m) as floats
-template <int T>
-static inline void nibble_unpack(const uint8_t* const p[4], __m512i& lo, __m512i& hi, __m256& wdm) {
-    constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
-    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + at)));
-    for (int j = 1; j < 4; ++j) qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[j] + at)), j);
-    lo = _mm512_and_si512(qs, low4);
-    hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4);
-    if constexpr (T == kQ5_0 || T == kQ5_1) {
-        uint64_t mlo = 0, mhi = 0;
-        for (int j = 0; j < 4; ++j) {
-            const uint64_t h = load_u32(p[j] + at - 4);
-            mlo |= (h & 0xFFFF) << (16 * j);
-            mhi |= (h >> 16) << (16 * j);
-        }
-        lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, _mm512_set1_epi8(16));
-        hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, _mm512_set1_epi8(16));
-    }
-    const uint64_t w01 = has_m ? load_u32(p[0]) | load_u32(p[1]) << 32 : load_u16(p[0]) | load_u16(p[1]) << 32;
-    const uint64_t w23 = has_m ? load_u32(p[2]) | load_u32(p[3]) << 32 : load_u16(p[2]) | load_u16(p[3]) << 32;
-    wdm = _mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01));
-}
-
 // `ahead`: the next four rows, fetched a few lines at a time between the work (a burst of prefetches
 // for all of them at once stalled on the line fill buffers: a sixth of the time at 8 rows)
 static inline void fetch_ahead(const uint8_t* ahead, int64_t at) {
