@@ -308,6 +308,16 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_gguf):
         proc.kill()
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+def test_output_to_a_full_disk_is_one_line(tiny_gguf):
+    """stdout on a full disk (/dev/full fails every write with ENOSPC): one error line, exit 1."""
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([sys.executable, "-m", "llmcli", "run", str(tiny_gguf), "Hello", "-n", "4", "-t", "1"],
+                           env={**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}, stdout=full,
+                           stderr=subprocess.PIPE)
+    error_line(r, 1, "No space left on device", "writing the output")
+
+
 def test_threads_above_the_cpu_count_are_clamped(tiny_gguf):
     with pytest.warns(UserWarning, match="--threads 1000"):
         placement = place("cpu", "float32", threads=1000)

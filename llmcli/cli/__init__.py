@@ -9,6 +9,7 @@ app here, as the `hf` CLI does: nothing in llmcli imports this package.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -80,6 +81,9 @@ def entry() -> None:
         sys.stderr.flush()
     except BrokenPipeError:  # the reader went away: nothing more to say
         pass
+    except OSError as e:  # the output could not be written (a full disk): say so, and fail
+        os.write(2, f"error: the output could not be written ({e.strerror})\n".encode())
+        code = code or 1
     os._exit(code or 0)
 
 
@@ -124,11 +128,21 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except BrokenPipeError:
         _reader_gone()
+    except OSError as e:  # what no command turned into an LlmcliError: most often stdout on a full disk
+        if debug:
+            raise
+        where = f" ({e.filename})" if e.filename else " writing the output" if e.errno in _WRITE_ERRORS else ""
+        print(f"error: {e.strerror or e}{where}; free some space or check where the output goes"
+              if e.errno in _WRITE_ERRORS else f"error: {e.strerror or e}{where}", file=sys.stderr)
+        sys.exit(1)
     except SystemExit:
         if type(sys.stdout).__name__ == "PacifyFlushWrapper":  # click's answer to EPIPE: exit 1
             _reader_gone()
         raise
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def _reader_gone() -> None:
