@@ -78,10 +78,10 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tens
     exact = h.dtype == torch.float32 and getattr(getattr(head, "weight", None), "dtype", None) == torch.float32
     if exact or logits.shape[-1] < 2 or getattr(head, "bias", None) is not None or not hasattr(head, "weight_rows"):
         return logits
-    best = top_k(logits, 2)[0].tolist()
-    if best[0] - best[1] > NEAR_TIE * abs(best[0]):
+    values, indices = top_k(logits, min(RESCORED, logits.shape[-1]))
+    best, second = values[:2].tolist()
+    if best - second > NEAR_TIE * abs(best):
         return logits
-    indices = top_k(logits, min(RESCORED, logits.shape[-1]))[1]
     rows = head.weight_rows(indices, torch.float32)
     if rows is None:
         return logits
