@@ -74,8 +74,9 @@ def test_int8_dot_products_equal_float64_on_the_same_activations(kernels, type_n
     from gguf.quants import dequantize
 
     type_id = TYPE_IDS[type_name]
-    # 32-blocks go four at a time: K = 544 leaves one over; K-quants: one and three 256-blocks
-    for K in (256, 768) if type_name.endswith("_K") else (512, 544):
+    # 32-blocks go eight (AVX-512) or four at a time: K = 544 leaves one over, 416 five, 96 is three
+    # blocks in all; K-quants: one and three 256-blocks
+    for K in (256, 768) if type_name.endswith("_K") else (512, 544, 416, 96):
         blocks = _blocks(type_name, 70, K, seed=K, raw=raw)
         w = dequantize(blocks, _ggml(type_name)).reshape(70, K).astype(np.float64)
         b = torch.from_numpy(blocks.copy())

@@ -166,11 +166,11 @@ struct Q8 {
     const float* d;     // (K/32,)
     const float* s;     // (K/32,)
     const int32_t* n4;  // (K/4,)
-    // The AVX-512 variant's copy for 4-bit and 5-bit 32-blocks, per group of 4 blocks A-D (dot_avx512.h):
-    const int8_t* qi;   // codes as A0-15 B0-15 C0-15 D0-15 A16-31 B16-31 C16-31 D16-31
-    const int32_t* ni;  // 16 a group: lane l's -(sum of the 8 codes it multiplies)
+    // The AVX-512 variant's copy for the 4-bit and 5-bit 32-blocks, per group of 8 (dot_avx512.h's nibble_order):
+    const int8_t* qi;   // 4 vectors c of 64: qword q holds codes 8c..8c+7 of block nibble_block(q)
+    const int32_t* ni;  // 16 a group: lane l's -16 * (sum of the 16 codes it multiplies)
     const float* ds;    // (d, s) of each block side by side
-    const float* d16;   // 16 a group: block j's d in lanes 4j..4j+3, as the weights' d meet it (no permute per row)
+    const float* d16;   // 16 a group: block nibble_block(q)'s d in lanes 2q, 2q + 1, as the weights' d meet it
     // and for Q8_0, per pair of blocks:
     const float* d8;    // block j's d in 8 lanes (K/4,)
     const int32_t* z8;  // n4 * 128: the accumulators' start for codes q + 128 (K/4,)

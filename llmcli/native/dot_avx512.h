@@ -1,22 +1,28 @@
 // Block dot products with AVX-512 VNNI (Zen 4/5, Ice Lake and later): vpdpbusd multiplies 64
-// unsigned weight codes by 64 signed activation codes into 16 int32 lanes: two 32-blocks, or halves
-// of four, or two sub-blocks, a vector. Codes with a zero point (Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's
+// unsigned weight codes by 64 signed activation codes into 16 int32 lanes: two 32-blocks (Q8_0), or
+// quarters of eight blocks or sub-blocks (the nibble types, Q4_K), four vpdpbusd summing into one
+// vector that is converted and scaled once. Codes with a zero point (Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's
 // q as q + 128) go in unsigned as stored, and the accumulator starts at -zero * (each 4 activation
 // codes' sum): the offset costs one shift, where the sign trick of the 256-bit variants costs two
 // instructions per vector (and AVX-512 has no vpsignb).
 #pragma once
 #include "dot_avx2.h"
 
+// Inlined whatever gcc's size limits say: a call between the unpacking and the dot products passes
+// their vectors through memory (and a vzeroupper): 2x the time of the Q5_0 tile
+#define LLMCLI_INLINE inline __attribute__((always_inline))
+
 static inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
 static inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// The zero point of a 32-block's unsigned codes (w = d * (code - zero)); Q4_1/Q5_1 have m instead
-template <int T> constexpr int zero_shift = T == kQ4_0 ? 3 : T == kQ5_0 ? 4 : T == kQ8_0 ? 7 : T == kQ6_K ? 5 : -1;
-
+// The accumulators' start for a nibble group's 16 lanes, -zero * the sum of the activation codes each
+// lane multiplies (w = d * (code - zero)), from Q8's ni (-16 * those sums): Q5_0's zero is 16, Q4_0's
+// 8; Q4_1 and Q5_1 have m instead (0). Kept multiplied: a shift a row and group was a tenth of a tile.
 template <int T>
-static inline __m512i start512(const int32_t* n4) {  // 16 lanes: -zero * sum of 4 activation codes, or 0
-    if constexpr (zero_shift<T> < 0) return _mm512_setzero_si512();
-    else return _mm512_slli_epi32(load512(n4), zero_shift<T>);
+static inline __m512i nibble_start(const int32_t* ni) {
+    if constexpr (T == kQ5_0) return load512(ni);
+    else if constexpr (T == kQ4_0) return _mm512_srai_epi32(load512(ni), 1);
+    else return _mm512_setzero_si512();
 }
 
 // Two Q8_0 blocks' codes as 64 unsigned bytes (q + 128), block a's 32 then b's
@@ -25,35 +31,62 @@ static inline __m512i q8_0_codes2(const uint8_t* a, const uint8_t* b) {
     return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
 }
 
-// The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds): per group of 4
-// blocks A-D, the first 16 codes of each, then the last 16, as those blocks' nibbles come out of one
-// vector of their 4 x 16 code bytes (low nibbles, then high): no shuffle of the weights is needed.
-// The blocks' (d, s) side by side meet the weights' (d, m) in one multiply.
-// A last group of fewer than 4 blocks is padded with zeros (Q8Rows keeps room for it).
-static inline void interleave(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni, float* ds) {
-    for (int64_t g = 0; g < nb; g += 4)
-        for (int j = 0; j < 4; ++j) {
-            const int64_t i = g + j;
-            if (i < nb) {
-                std::memcpy(qi + 32 * g + 16 * j, x.q + 32 * i, 16);
-                std::memcpy(qi + 32 * g + 64 + 16 * j, x.q + 32 * i + 16, 16);
-                for (int t = 0; t < 4; ++t) ni[4 * g + 4 * j + t] = x.n4[8 * i + t] + x.n4[8 * i + 4 + t];
-                ds[2 * i] = x.d[i]; ds[2 * i + 1] = x.s[i];
-            } else {
-                std::memset(qi + 32 * g + 16 * j, 0, 16);
-                std::memset(qi + 32 * g + 64 + 16 * j, 0, 16);
-                for (int t = 0; t < 4; ++t) ni[4 * g + 4 * j + t] = 0;
-                ds[2 * i] = ds[2 * i + 1] = 0.f;
+// The block of a group of 8 whose codes qword q of the nibble vectors holds: the weights' two halves
+// (blocks 0-3 and 4-7) meet in unpacklo/unpackhi_epi64, which alternate them qword by qword
+constexpr int nibble_block(int q) { return q / 2 + 4 * (q % 2); }
+
+// The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds, d16), per group of 8
+// blocks: 4 vectors c of 64 bytes, qword q holding codes 8c..8c+7 of block nibble_block(q), as the
+// weights' nibbles come out of nibble_unpack; lanes 2q, 2q + 1 are that block's: its d twice (d16) and
+// -16 * the sums of the 16 codes each lane multiplies (ni, nibble_start's). ds: every block's (d, s) side by side,
+// to meet the weights' (d, m) in one multiply. A last group of 5 to 7 blocks is padded with zeros
+// to 8; one of 1 to 4 to 4, in the quad order (nibble_quad_unpack's): codes 0-15 of each block, then
+// 16-31, 4 lanes a block (a group of 8 half empty cost a K of 640 a fifth of its time).
+static inline void nibble_order(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni, float* ds, float* d16) {
+    for (int64_t g = 0; g < (nb + 7) / 8; ++g) {
+        for (int64_t i = 8 * g; i < 8 * g + 8; ++i) {
+            ds[2 * i] = i < nb ? x.d[i] : 0.f;
+            ds[2 * i + 1] = i < nb ? x.s[i] : 0.f;
+        }
+        int8_t* q8 = qi + 256 * g;
+        int32_t* n = ni + 16 * g;
+        float* d = d16 + 16 * g;
+        if (nb - 8 * g <= 4) {  // the quad
+            std::memset(q8, 0, 256);
+            for (int j = 0; j < 4; ++j) {
+                const int64_t i = 8 * g + j;
+                const bool real = i < nb;
+                if (real) {
+                    std::memcpy(q8 + 16 * j, x.q + 32 * i, 16);
+                    std::memcpy(q8 + 64 + 16 * j, x.q + 32 * i + 16, 16);
+                }
+                for (int t = 0; t < 4; ++t) {
+                    n[4 * j + t] = real ? 16 * (x.n4[8 * i + t] + x.n4[8 * i + 4 + t]) : 0;
+                    d[4 * j + t] = real ? x.d[i] : 0.f;
+                }
+            }
+            continue;
+        }
+        for (int q = 0; q < 8; ++q) {
+            const int64_t i = 8 * g + nibble_block(q);
+            const bool real = i < nb;
+            for (int c = 0; c < 4; ++c) {
+                if (real) std::memcpy(q8 + 64 * c + 8 * q, x.q + 32 * i + 8 * c, 8);
+                else std::memset(q8 + 64 * c + 8 * q, 0, 8);
+            }
+            for (int h = 0; h < 2; ++h) {  // lane 2q + h takes codes 8c + 4h .. 8c + 4h + 3 of each vector c
+                int32_t sum = 0;
+                for (int c = 0; real && c < 4; ++c) sum += x.n4[8 * i + 2 * c + h];
+                n[2 * q + h] = 16 * sum;
+                d[2 * q + h] = real ? x.d[i] : 0.f;
             }
         }
+    }
 }
 
-// The scales again, spread as the dot products' lanes take them (Q8's d16, d8, z8): a tile's
-// activation rows each met the weights' scales through a permute per group, now done once a row
-static inline void spread_scales(const Q8& x, int64_t nb, int64_t G, float* d16, float* d8, int32_t* z8) {
-    for (int64_t g = 0; g < G; ++g)
-        for (int j = 0; j < 4; ++j)
-            for (int l = 0; l < 4; ++l) d16[16 * g + 4 * j + l] = x.ds[8 * g + 2 * j];
+// The scales again for Q8_0, per pair of blocks (Q8's d8, z8): each block's d in 8 lanes, and the
+// accumulators' start for codes q + 128
+static inline void q8_0_spread(const Q8& x, int64_t nb, float* d8, int32_t* z8) {
     for (int64_t i = 0; i < nb; ++i)
         for (int l = 0; l < 8; ++l) { d8[8 * i + l] = x.d[i]; z8[8 * i + l] = x.n4[8 * i + l] * 128; }
 }
@@ -83,12 +116,12 @@ static inline void q6k_order(const Q8& x, int64_t nb, int8_t* q6, int32_t* z6, f
         }
 }
 
-// The 4 blocks from k on: in the row, or past its end, a zero block (scale 0: it adds nothing,
-// whatever activations it meets; Q8Rows has room for a last group of fewer than 4)
+// The N blocks from k on: in the row, or past its end, a zero block (scale 0: it adds nothing,
+// whatever activations it meets; Q8Rows has room for a last group of fewer than N)
 static const uint8_t kZeroBlock[64] = {};
-template <int bytes>
-static inline void group_of(const uint8_t* row, int64_t k, int64_t nb, const uint8_t* p[4]) {
-    for (int j = 0; j < 4; ++j) p[j] = k + j < nb ? row + (k + j) * bytes : kZeroBlock;
+template <int bytes, int N = 4>
+static inline void group_of(const uint8_t* row, int64_t k, int64_t nb, const uint8_t* p[N]) {
+    for (int j = 0; j < N; ++j) p[j] = k + j < nb ? row + (k + j) * bytes : kZeroBlock;
 }
 
 static inline uint64_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
@@ -121,20 +154,16 @@ static inline void add_odd_lanes(const __m256* off, float* out) {
     }
 }
 
-// A nibble group's products scaled: acc += prods * (d * dx) per block; off's odd lanes += m * s (its
-// even lanes gather d * dx, which nothing reads). wd: the weights' d spread as xd16 is.
-template <bool has_m>
-static inline void nibble_scale(__m512i prods, __m512 wd, __m256 wdm, __m512 xd16, __m256 xds, __m512& acc, __m256& off) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, xd16), acc);
-    if constexpr (has_m) off = _mm256_fmadd_ps(wdm, xds, off);
-}
+// Q4_0, Q4_1, Q5_0, Q5_1 (the nibble types), a group of 8 blocks p[0..7]: 4 vectors of codes as Q8's qi
+// has the activations (nibble_order), 4 vpdpbusd into 16 lanes, 2 a block, scaled in one conversion
+// and one multiply-add. The tiles (dot_avx512_tiles.h) unpack, multiply and scale the same way.
+template <int T> constexpr bool has_min = T == kQ4_1 || T == kQ5_1;
 
-// Q4_0, Q4_1, Q5_0, Q5_1: blocks p[0..3]'s weights. Their 4 x 16 code bytes in one vector give the low
-// nibbles (codes 0-15 of each block) and the high ones (16-31); wdm: the 4 blocks' (d, m) or (d, 0) as floats
+// Blocks p[0..3]: their 4 x 16 code bytes in one vector give the low nibbles (codes 0-15 of each
+// block) and the high ones (16-31), with the 5th bits added for Q5_0/Q5_1
 template <int T>
-static inline void nibble_unpack(const uint8_t* const p[4], __m512i& lo, __m512i& hi, __m256& wdm) {
+static LLMCLI_INLINE void nibble_halves(const uint8_t* const p[4], __m512i& lo, __m512i& hi) {
     constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
-    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + at)));
     for (int j = 1; j < 4; ++j) qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[j] + at)), j);
@@ -150,52 +179,126 @@ static inline void nibble_unpack(const uint8_t* const p[4], __m512i& lo, __m512i
         lo = _mm512_mask_add_epi8(lo, (__mmask64)mlo, lo, _mm512_set1_epi8(16));
         hi = _mm512_mask_add_epi8(hi, (__mmask64)mhi, hi, _mm512_set1_epi8(16));
     }
-    const uint64_t w01 = has_m ? load_u32(p[0]) | load_u32(p[1]) << 32 : load_u16(p[0]) | load_u16(p[1]) << 32;
-    const uint64_t w23 = has_m ? load_u32(p[2]) | load_u32(p[3]) << 32 : load_u16(p[2]) | load_u16(p[3]) << 32;
-    wdm = _mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01));
 }
 
-// Blocks p[0..3] against their activations (y0, y1: codes 0-15 of each block, then 16-31; st: the
-// zero point's start): two vpdpbusd into 16 lanes, 4 a block; one conversion, one multiply-add, the
-// scales spread by one permute. The tiles (dot_avx512_tiles.h) unpack and scale the same way.
+// A group's weights: v[c] holds codes 8c..8c+7 of block nibble_block(q) in qword q; wd that block's
+// d in lanes 2q, 2q + 1; wdm (Q4_1, Q5_1) the 8 blocks' (d, m) in order, to meet Q8's ds
 template <int T>
-static inline void nibble_group(const uint8_t* const p[4], __m512i st, __m512i y0, __m512i y1, __m256 xds,
-                                __m512 xd16, __m512& acc, __m256& off) {
-    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);  // d * dx of block j to lanes 4j..4j+3
-    __m512i lo, hi;
-    __m256 wdm;
-    nibble_unpack<T>(p, lo, hi, wdm);
-    const __m512i prods = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(st, lo, y0), hi, y1);
-    nibble_scale<has_m>(prods, _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(wdm)), wdm, xd16, xds, acc, off);
+static LLMCLI_INLINE void nibble_unpack(const uint8_t* const p[8], __m512i v[4], __m512& wd, __m512& wdm) {
+    __m512i lo0, hi0, lo1, hi1;
+    nibble_halves<T>(p, lo0, hi0);
+    nibble_halves<T>(p + 4, lo1, hi1);
+    v[0] = _mm512_unpacklo_epi64(lo0, lo1);
+    v[1] = _mm512_unpackhi_epi64(lo0, lo1);
+    v[2] = _mm512_unpacklo_epi64(hi0, hi1);
+    v[3] = _mm512_unpackhi_epi64(hi0, hi1);
+    if constexpr (has_min<T>) {
+        const __m256i dm = _mm256_setr_epi64x((long long)(load_u32(p[0]) | load_u32(p[1]) << 32),
+                                              (long long)(load_u32(p[2]) | load_u32(p[3]) << 32),
+                                              (long long)(load_u32(p[4]) | load_u32(p[5]) << 32),
+                                              (long long)(load_u32(p[6]) | load_u32(p[7]) << 32));
+        wdm = _mm512_cvtph_ps(dm);
+        wd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 8, 8, 2, 2, 10, 10, 4, 4, 12, 12, 6, 6, 14, 14), wdm);
+    } else {
+        const __m128i d = _mm_set_epi64x((long long)(load_u16(p[4]) | load_u16(p[5]) << 16 | load_u16(p[6]) << 32 | load_u16(p[7]) << 48),
+                                         (long long)(load_u16(p[0]) | load_u16(p[1]) << 16 | load_u16(p[2]) << 32 | load_u16(p[3]) << 48));
+        wd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 4, 4, 1, 1, 5, 5, 2, 2, 6, 6, 3, 3, 7, 7),
+                                   _mm512_castps256_ps512(_mm256_cvtph_ps(d)));
+        wdm = wd;  // (unused)
+    }
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1, R weight rows (`stride` bytes apart) against one activation row, four
-// blocks a step; the R rows share the activations' loads and the final reduction
+// A group's products with activation row x's group g, scaled: acc += prods * (d * dx) per block; off's
+// odd lanes += m * s (its even lanes gather d * dx, which nothing reads)
+template <int T>
+static LLMCLI_INLINE void nibble_dot(const __m512i v[4], __m512 wd, __m512 wdm, const Q8& x, int64_t g, __m512& acc, __m512& off) {
+    const int8_t* y = x.qi + 256 * g;
+    __m512i prods = _mm512_dpbusd_epi32(nibble_start<T>(x.ni + 16 * g), v[0], load512(y));
+    prods = _mm512_dpbusd_epi32(prods, v[1], load512(y + 64));
+    prods = _mm512_dpbusd_epi32(prods, v[2], load512(y + 128));
+    prods = _mm512_dpbusd_epi32(prods, v[3], load512(y + 192));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, _mm512_loadu_ps(x.d16 + 16 * g)), acc);
+    if constexpr (has_min<T>) off = _mm512_fmadd_ps(wdm, _mm512_loadu_ps(x.ds + 16 * g), off);
+}
+
+// out[r] = the sum of acc[r]'s lanes (+ the sum of off[r]'s odd lanes: Q4_1's, Q5_1's m * s), R = 1 or 4
 template <int T, int R>
-static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
-    constexpr int bytes = Block<T>::bytes;
-    __m512 acc[R];
-    __m256 off[R];
-    for (int r = 0; r < R; ++r) { acc[r] = _mm512_setzero_ps(); off[r] = _mm256_setzero_ps(); }
-    for (int64_t k = 0; k < nb; k += 4) {
-        const __m512i st = start512<T>(x.ni + 4 * k), y0 = load512(x.qi + 32 * k), y1 = load512(x.qi + 32 * k + 64);
-        const __m256 xds = _mm256_loadu_ps(x.ds + 2 * k);
-        const __m512 xd16 = _mm512_loadu_ps(x.d16 + 4 * k);
-        for (int r = 0; r < R; ++r) {
+static inline void nibble_sums(const __m512* acc, const __m512* off, float* out) {
+    reduce_rows<R>(acc, out);
+    if constexpr (has_min<T>) {
+        __m256 half[R];
+        for (int r = 0; r < R; ++r) half[r] = _mm256_add_ps(_mm512_castps512_ps256(off[r]), _mm512_extractf32x8_ps(off[r], 1));
+        add_odd_lanes<R>(half, out);
+    }
+}
+
+// A last group of 4 blocks (nibble_order's quad): lo, hi the codes 0-15 and 16-31 of each block;
+// wd block j's d in lanes 4j..4j+3; wdm (Q4_1, Q5_1) the 4 blocks' (d, m) in order (upper half 0)
+template <int T>
+static LLMCLI_INLINE void nibble_quad_unpack(const uint8_t* const p[4], __m512i& lo, __m512i& hi, __m512& wd, __m512& wdm) {
+    nibble_halves<T>(p, lo, hi);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    const uint64_t w01 = has_min<T> ? load_u32(p[0]) | load_u32(p[1]) << 32 : load_u16(p[0]) | load_u16(p[1]) << 32;
+    const uint64_t w23 = has_min<T> ? load_u32(p[2]) | load_u32(p[3]) << 32 : load_u16(p[2]) | load_u16(p[3]) << 32;
+    wdm = _mm512_zextps256_ps512(_mm256_cvtph_ps(_mm_set_epi64x((long long)w23, (long long)w01)));
+    wd = _mm512_permutexvar_ps(spread, wdm);
+}
+
+template <int T>
+static LLMCLI_INLINE void nibble_quad_dot(__m512i lo, __m512i hi, __m512 wd, __m512 wdm, const Q8& x, int64_t g,
+                                          __m512& acc, __m512& off) {
+    const int8_t* y = x.qi + 256 * g;
+    const __m512i prods = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nibble_start<T>(x.ni + 16 * g), lo, load512(y)), hi, load512(y + 64));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, _mm512_loadu_ps(x.d16 + 16 * g)), acc);
+    if constexpr (has_min<T>) off = _mm512_fmadd_ps(wdm, _mm512_loadu_ps(x.ds + 16 * g), off);
+}
+
+// The groups of R nibble-type rows (`stride` bytes apart) of nb blocks, as nibble_order has the
+// activations: f8(p, g, r) for each group g of 8 blocks p[0..7] of row r (a last one of 5 to 7 with
+// zero blocks after), f4(p, g, r) for a last one of 1 to 4 (zero blocks after)
+template <int bytes, int R = 1, typename F8, typename F4>
+static LLMCLI_INLINE void nibble_groups(const uint8_t* row, int64_t stride, int64_t nb, F8&& f8, F4&& f4) {
+    int64_t k = 0;
+    for (; k + 8 <= nb; k += 8)
+        for (int r = 0; r < R; ++r) {  // the R rows' group k / 8 together: they share the activations' loads
             const uint8_t* b = row + r * stride + k * bytes;
-            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
-            if (k + 4 <= nb) {
-                nibble_group<T>(p, st, y0, y1, xds, xd16, acc[r], off[r]);
-            } else {  // the last, short group
-                const uint8_t* q[4];
-                group_of<bytes>(row + r * stride, k, nb, q);
-                nibble_group<T>(q, st, y0, y1, xds, xd16, acc[r], off[r]);
-            }
+            const uint8_t* const p[8] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes, b + 4 * bytes, b + 5 * bytes, b + 6 * bytes, b + 7 * bytes};
+            f8(p, k / 8, r);
+        }
+    for (int r = 0; r < R && nb > k; ++r) {
+        if (nb - k > 4) {
+            const uint8_t* p[8];
+            group_of<bytes, 8>(row + r * stride, k, nb, p);
+            f8(p, k / 8, r);
+        } else {
+            const uint8_t* p[4];
+            group_of<bytes, 4>(row + r * stride, k, nb, p);
+            f4(p, k / 8, r);
         }
     }
-    reduce_rows<R>(acc, out);
-    if constexpr (T == kQ4_1 || T == kQ5_1) add_odd_lanes<R>(off, out);  // the m * s lanes
+}
+
+// The nibble types, R weight rows (`stride` bytes apart) against one activation row, a group of 8
+// blocks a step
+template <int T, int R>
+static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
+    __m512 acc[R], off[R];
+    for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm512_setzero_ps();
+    nibble_groups<Block<T>::bytes, R>(
+        row, stride, nb,
+        [&](const uint8_t* const* p, int64_t g, int r) __attribute__((always_inline)) {
+            __m512i v[4];
+            __m512 wd, wdm;
+            nibble_unpack<T>(p, v, wd, wdm);
+            nibble_dot<T>(v, wd, wdm, x, g, acc[r], off[r]);
+        },
+        [&](const uint8_t* const* p, int64_t g, int r) __attribute__((always_inline)) {
+            __m512i lo, hi;
+            __m512 wd, wdm;
+            nibble_quad_unpack<T>(p, lo, hi, wd, wdm);
+            nibble_quad_dot<T>(lo, hi, wd, wdm, x, g, acc[r], off[r]);
+        });
+    nibble_sums<T, R>(acc, off, out);
 }
 
 // Four Q8_0 blocks' d spread as Q8's d8: blocks 0, 1 in w01's halves, 2, 3 in w23's

@@ -17,38 +17,33 @@ static inline void fetch_ahead(const uint8_t* ahead, int64_t at) {
 template <int T, int C>
 static void nibble_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
     constexpr int bytes = Block<T>::bytes;
-    constexpr bool has_m = T == kQ4_1 || T == kQ5_1;
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
-    __m512 accs[C][4];
-    __m256 offs[C][4];
+    __m512 accs[C][4], offs[C][4];
     for (int r = 0; r < 4; ++r) {
         const uint8_t* w = row + r * stride;
-        __m512 acc[C];
-        __m256 off[C];
-        for (int c = 0; c < C; ++c) { acc[c] = _mm512_setzero_ps(); off[c] = _mm256_setzero_ps(); }
-        for (int64_t k = 0; k < nb; k += 4) {
-            const uint8_t* b = w + k * bytes;
-            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
-            if (k + 4 > nb) group_of<bytes>(w, k, nb, p);  // the last, short group
-            fetch_ahead(ahead, r * stride + k * bytes);  // 4 blocks: at most 96 bytes
-            __m512i lo, hi;
-            __m256 wdm;
-            nibble_unpack<T>(p, lo, hi, wdm);
-            const __m512 wd = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(wdm));
-            for (int c = 0; c < C; ++c) {
-                const __m512i prods = _mm512_dpbusd_epi32(
-                    _mm512_dpbusd_epi32(start512<T>(x[c].ni + 4 * k), lo, load512(x[c].qi + 32 * k)), hi,
-                    load512(x[c].qi + 32 * k + 64));
-                nibble_scale<has_m>(prods, wd, wdm, _mm512_loadu_ps(x[c].d16 + 4 * k), _mm256_loadu_ps(x[c].ds + 2 * k),
-                                    acc[c], off[c]);
-            }
-        }
+        __m512 acc[C], off[C];
+        for (int c = 0; c < C; ++c) acc[c] = off[c] = _mm512_setzero_ps();
+        nibble_groups<bytes>(
+            w, stride, nb,
+            [&](const uint8_t* const* p, int64_t g, int) __attribute__((always_inline)) {
+                fetch_ahead(ahead, r * stride + 8 * g * bytes);  // 8 blocks: at most 192 bytes
+                fetch_ahead(ahead, r * stride + 8 * g * bytes + 128);
+                __m512i v[4];
+                __m512 wd, wdm;
+                nibble_unpack<T>(p, v, wd, wdm);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) nibble_dot<T>(v, wd, wdm, x[c], g, acc[c], off[c]);
+            },
+            [&](const uint8_t* const* p, int64_t g, int) __attribute__((always_inline)) {
+                fetch_ahead(ahead, r * stride + 8 * g * bytes);
+                __m512i lo, hi;
+                __m512 wd, wdm;
+                nibble_quad_unpack<T>(p, lo, hi, wd, wdm);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) nibble_quad_dot<T>(lo, hi, wd, wdm, x[c], g, acc[c], off[c]);
+            });
         for (int c = 0; c < C; ++c) { accs[c][r] = acc[c]; offs[c][r] = off[c]; }
     }
-    for (int c = 0; c < C; ++c) {
-        reduce_rows<4>(accs[c], out + 4 * c);
-        if constexpr (has_m) add_odd_lanes<4>(offs[c], out + 4 * c);
-    }
+    for (int c = 0; c < C; ++c) nibble_sums<T, 4>(accs[c], offs[c], out + 4 * c);
 }
 
 template <int C>

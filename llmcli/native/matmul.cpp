@@ -18,8 +18,9 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1) {
 #if defined(LLMCLI_AVX512VNNI)
     for (int64_t m = m0; m < m1; ++m) {
         const Q8 x = row(m);
-        interleave(x, nb, const_cast<int8_t*>(x.qi), const_cast<int32_t*>(x.ni), const_cast<float*>(x.ds));
-        spread_scales(x, nb, G, const_cast<float*>(x.d16), const_cast<float*>(x.d8), const_cast<int32_t*>(x.z8));
+        nibble_order(x, nb, const_cast<int8_t*>(x.qi), const_cast<int32_t*>(x.ni), const_cast<float*>(x.ds),
+                     const_cast<float*>(x.d16));
+        q8_0_spread(x, nb, const_cast<float*>(x.d8), const_cast<int32_t*>(x.z8));
         if (K % 256 == 0) {
             q4k_order(x, nb, const_cast<int8_t*>(x.qk), const_cast<float*>(x.d2));
             q6k_order(x, nb, const_cast<int8_t*>(x.q6), const_cast<int32_t*>(x.z6), const_cast<float*>(x.d6));
