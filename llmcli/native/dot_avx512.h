@@ -8,8 +8,8 @@
 #pragma once
 #include "dot_avx2.h"
 
-// Inlined whatever gcc's size limits say: a call between the unpacking and the dot products passes
-// their vectors through memory (and a vzeroupper): 2x the time of the Q5_0 tile
+// Inlined whatever gcc's size limits say: gcc made the 8-block unpacking a call, which passes its
+// vectors through memory (and a vzeroupper) between the unpacking and the dot products
 #define LLMCLI_INLINE inline __attribute__((always_inline))
 
 static inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
@@ -208,8 +208,15 @@ static LLMCLI_INLINE void nibble_unpack(const uint8_t* const p[8], __m512i v[4],
     }
 }
 
-// A group's products with activation row x's group g, scaled: acc += prods * (d * dx) per block; off's
-// odd lanes += m * s (its even lanes gather d * dx, which nothing reads)
+// A group's int32 products scaled into acc (d * dx per lane; wd, Q8's d16 spread alike), and for
+// Q4_1, Q5_1 the m * s products into off's odd lanes (its even lanes gather d * dx, which nothing reads)
+template <int T>
+static LLMCLI_INLINE void nibble_scale(__m512i prods, __m512 wd, __m512 wdm, const Q8& x, int64_t g, __m512& acc, __m512& off) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, _mm512_loadu_ps(x.d16 + 16 * g)), acc);
+    if constexpr (has_min<T>) off = _mm512_fmadd_ps(wdm, _mm512_loadu_ps(x.ds + 16 * g), off);
+}
+
+// A group's products with activation row x's group g, scaled (nibble_scale)
 template <int T>
 static LLMCLI_INLINE void nibble_dot(const __m512i v[4], __m512 wd, __m512 wdm, const Q8& x, int64_t g, __m512& acc, __m512& off) {
     const int8_t* y = x.qi + 256 * g;
@@ -217,8 +224,7 @@ static LLMCLI_INLINE void nibble_dot(const __m512i v[4], __m512 wd, __m512 wdm, 
     prods = _mm512_dpbusd_epi32(prods, v[1], load512(y + 64));
     prods = _mm512_dpbusd_epi32(prods, v[2], load512(y + 128));
     prods = _mm512_dpbusd_epi32(prods, v[3], load512(y + 192));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, _mm512_loadu_ps(x.d16 + 16 * g)), acc);
-    if constexpr (has_min<T>) off = _mm512_fmadd_ps(wdm, _mm512_loadu_ps(x.ds + 16 * g), off);
+    nibble_scale<T>(prods, wd, wdm, x, g, acc, off);
 }
 
 // out[r] = the sum of acc[r]'s lanes (+ the sum of off[r]'s odd lanes: Q4_1's, Q5_1's m * s), R = 1 or 4
@@ -249,8 +255,7 @@ static LLMCLI_INLINE void nibble_quad_dot(__m512i lo, __m512i hi, __m512 wd, __m
                                           __m512& acc, __m512& off) {
     const int8_t* y = x.qi + 256 * g;
     const __m512i prods = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nibble_start<T>(x.ni + 16 * g), lo, load512(y)), hi, load512(y + 64));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, _mm512_loadu_ps(x.d16 + 16 * g)), acc);
-    if constexpr (has_min<T>) off = _mm512_fmadd_ps(wdm, _mm512_loadu_ps(x.ds + 16 * g), off);
+    nibble_scale<T>(prods, wd, wdm, x, g, acc, off);
 }
 
 // The groups of R nibble-type rows (`stride` bytes apart) of nb blocks, as nibble_order has the
