@@ -74,7 +74,9 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tens
     become ties and greedy decoding would turn on rounding (on SmolLM2 q4, one step in ~50), and on
     which kernels ran (eager or compiled). Rescoring from the head's weight rows and the hidden state
     `h` (H,) costs a few dot products, only then. A quantized head rounds too, whatever the compute
-    dtype: its kernels take bfloat16 activations (a float32 model on a CPU without native bf16)."""
+    dtype: its kernels take bfloat16 activations (a float32 model on a CPU without native bf16).
+    The candidates are written into `logits` in place: a copy of a vocabulary's logits started
+    torch's OpenMP threads, which then spun beside a batch's decode step (native_step.py's _rope)."""
     exact = h.dtype == torch.float32 and getattr(getattr(head, "weight", None), "dtype", None) == torch.float32
     if exact or logits.shape[-1] < 2 or getattr(head, "bias", None) is not None or not hasattr(head, "weight_rows"):
         return logits
@@ -85,7 +87,7 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tens
     rows = head.weight_rows(indices, torch.float32)
     if rows is None:
         return logits
-    return logits.index_put((indices,), rows @ h.float())
+    return logits.index_put_((indices,), (rows @ h.float()).to(logits.dtype))
 
 
 class Picker:

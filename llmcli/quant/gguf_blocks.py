@@ -159,7 +159,9 @@ class GGUFBlockWeight:
         return _dense_tiles(x, N, K, self._tile_t)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return self._rows(self.blocks[ids], dtype)
+        # index_select: `blocks[ids]` started torch's OpenMP threads even for a batch's 8 rows, which
+        # then spun beside the decode step's own threads (native_step.py's _rope says what that cost)
+        return self._rows(self.blocks.index_select(0, ids.reshape(-1)).view(*ids.shape, -1), dtype)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._rows(self.blocks, dtype)
