@@ -26,6 +26,12 @@ static int64_t rows_of(const Group& g) {
     return n;
 }
 
+static unsigned layouts_of(const Group& g) {  // the activation layouts the group's weights read
+    unsigned l = 0;
+    for (const auto& p : g) l |= layout_of((int)p.type);
+    return l;
+}
+
 // Outputs [lo, hi) of the group (plus biases) for activation rows [m0, m0 + M) (as floats xf and
 // quantized xq), into out (M rows, ldo apart)
 static void project_rows(const Group& g, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M, float* out,
@@ -50,12 +56,13 @@ struct Activation {
     int64_t width = 0;
     void resize(int64_t rows, int64_t n) { width = n; x.resize(rows * n); q.resize(rows, n); }
     float* row(int64_t m) { return x.data() + m * width; }
-    void quantize(int64_t m) { q.quantize(x.data(), m, m + 1); }
+    void quantize(int64_t m, unsigned layouts) { q.quantize(x.data(), m, m + 1, layouts); }
 };
 
 struct Layer {
     LlmcliLayer spec;
     Group qkv, o, gate_up, down;
+    unsigned qkv_in, o_in, gate_up_in, down_in;  // the activation layouts each group's weights read
 };
 
 class DecodeSteps {
@@ -67,7 +74,8 @@ class DecodeSteps {
 
     bool add_layer(const LlmcliLayer& s) {
         Layer l{s, Group(s.qkv, s.qkv + s.n_qkv), Group(s.o, s.o + s.n_o), Group(s.gate_up, s.gate_up + s.n_gate_up),
-                Group(s.down, s.down + s.n_down)};
+                Group(s.down, s.down + s.n_down), 0, 0, 0, 0};
+        l.qkv_in = layouts_of(l.qkv); l.o_in = layouts_of(l.o); l.gate_up_in = layouts_of(l.gate_up); l.down_in = layouts_of(l.down);
         if (!layers.empty() && (rows_of(l.down) != hidden || rows_of(l.gate_up) != 2 * inter)) return false;
         hidden = rows_of(l.down);
         inter = rows_of(l.gate_up) / 2;
@@ -99,28 +107,33 @@ class DecodeSteps {
 
         std::vector<Stage> stages;
         stages.reserve(10 * layers.size() + 2);
-        if (n > 1) per_token(stages, [this](int64_t m) { norm_in(m, layers[0].spec.in_norm); });
+        const unsigned head_in = layouts_of(head);
+        if (n > 1) per_token(stages, [this](int64_t m) { norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in); });
         for (size_t i = 0; i < layers.size(); ++i) {
             const Layer& l = layers[i];
             const float* next_norm = i + 1 < layers.size() ? layers[i + 1].spec.in_norm : final_norm;
+            const unsigned next_in = i + 1 < layers.size() ? layers[i + 1].qkv_in : head_in;
             stages.push_back({rows_of(l.qkv), 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.qkv, a.q, a.x.data(), 0, N, qkv.data(), QKV, lo, hi);
             }, {}});
             per_token(stages, [this, &l](int64_t m) { place_heads(l, m); });
             stages.push_back({N * H, 1, [this, &l](int t, int64_t lo, int64_t hi) { attend(l, t, lo, hi); }, {}});
-            per_token(stages, [this](int64_t m) { a_attn.quantize(m); });
+            per_token(stages, [this, &l](int64_t m) { a_attn.quantize(m, l.o_in); });
             stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.o, a_attn.q, a_attn.x.data(), 0, N, y.data(), hidden, lo, hi);
             }, {}});
-            per_token(stages, [this, &l](int64_t m) { add_residual(m, l.spec.attn_out_norm); norm_in(m, l.spec.post_norm); });
+            per_token(stages, [this, &l](int64_t m) { add_residual(m, l.spec.attn_out_norm); norm_in(m, l.spec.post_norm, l.gate_up_in); });
             stages.push_back({2 * inter, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.gate_up, a.q, a.x.data(), 0, N, gu.data(), 2 * inter, lo, hi);
             }, {}});
-            per_token(stages, [this](int64_t m) { gate(m); });
+            per_token(stages, [this, &l](int64_t m) { gate(m, l.down_in); });
             stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.down, a_mlp.q, a_mlp.x.data(), 0, N, y.data(), hidden, lo, hi);
             }, {}});
-            per_token(stages, [this, &l, next_norm](int64_t m) { add_residual(m, l.spec.mlp_out_norm); norm_in(m, next_norm); });
+            per_token(stages, [this, &l, next_norm, next_in](int64_t m) {
+                add_residual(m, l.spec.mlp_out_norm);
+                norm_in(m, next_norm, next_in);
+            });
         }
         if (from < n) {
             const int64_t vocab = rows_of(head);
@@ -129,7 +142,7 @@ class DecodeSteps {
             }, {}});
         }
 
-        if (n == 1) norm_in(0, layers[0].spec.in_norm);
+        if (n == 1) norm_in(0, layers[0].spec.in_norm, layers[0].qkv_in);
         team.run(stages);
         std::copy(a.x.begin(), a.x.end(), normed);  // the final norm's output, which the head read
         return true;
@@ -161,10 +174,10 @@ class DecodeSteps {
         stages.push_back({N, 1, [f](int, int64_t lo, int64_t hi) { for (int64_t m = lo; m < hi; ++m) f(m); }, {}});
     }
 
-    // token m's state normed into the next projections' input
-    void norm_in(int64_t m, const float* w) {
+    // token m's state normed into the next projections' input, quantized in the layouts they read
+    void norm_in(int64_t m, const float* w, unsigned layouts) {
         rms_norm(x.data() + m * hidden, w, hidden, eps, a.row(m));
-        a.quantize(m);
+        a.quantize(m, layouts);
     }
 
     // x += y (normed first where the layer has that norm), token m
@@ -175,13 +188,13 @@ class DecodeSteps {
         for (int64_t i = 0; i < hidden; ++i) xm[i] += ym[i];
     }
 
-    void gate(int64_t m) {
+    void gate(int64_t m, unsigned layouts) {
         const float* g = gu.data() + m * 2 * inter;
         float* o = a_mlp.row(m);
         std::copy(g, g + inter, o);
         if (act == 1) gelu_tanh_mul(o, g + inter, inter);
         else silu_mul(o, g + inter, inter);
-        a_mlp.quantize(m);
+        a_mlp.quantize(m, layouts);
     }
 
     // token m: q/k norms and RoPE on its new q and k heads; its new k and v rows to its cache row and slot

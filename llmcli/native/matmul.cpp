@@ -9,7 +9,7 @@
 #include "kernels.h"
 #include "vec.h"
 
-void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1) {
+void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) {
     const int64_t nb = K / 32;
     for (int64_t i = m0 * nb; i < m1 * nb; ++i) {
         quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i]);
@@ -18,13 +18,13 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1) {
 #if defined(LLMCLI_AVX512VNNI)
     for (int64_t m = m0; m < m1; ++m) {
         const Q8 x = row(m);
-        nibble_order(x, nb, const_cast<int8_t*>(x.qi), const_cast<int32_t*>(x.ni), const_cast<float*>(x.ds),
-                     const_cast<float*>(x.d16));
-        q8_0_spread(x, nb, const_cast<float*>(x.d8), const_cast<int32_t*>(x.z8));
-        if (K % 256 == 0) {
-            q4k_order(x, nb, const_cast<int8_t*>(x.qk), const_cast<float*>(x.d2));
+        if (layouts & kNibbleLayout)
+            nibble_order(x, nb, const_cast<int8_t*>(x.qi), const_cast<int32_t*>(x.ni), const_cast<float*>(x.ds),
+                         const_cast<float*>(x.d16));
+        if (layouts & kQ8_0Layout) q8_0_spread(x, nb, const_cast<float*>(x.d8), const_cast<int32_t*>(x.z8));
+        if (K % 256 == 0 && (layouts & kQ4KLayout)) q4k_order(x, nb, const_cast<int8_t*>(x.qk), const_cast<float*>(x.d2));
+        if (K % 256 == 0 && (layouts & kQ6KLayout))
             q6k_order(x, nb, const_cast<int8_t*>(x.q6), const_cast<int32_t*>(x.z6), const_cast<float*>(x.d6));
-        }
     }
 #endif
 }
@@ -132,8 +132,9 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
     std::vector<Stage> stages;
     if (type != kQ5_K) {
         xq.resize(M, K);
-        if (M * K <= 8192) xq.quantize(x, 0, M);  // a few microseconds: not worth a stage
-        else stages.push_back({M, 1, [&](int, int64_t lo, int64_t hi) { xq.quantize(x, lo, hi); }, {}});
+        const unsigned layouts = layout_of(type);
+        if (M * K <= 8192) xq.quantize(x, 0, M, layouts);  // a few microseconds: not worth a stage
+        else stages.push_back({M, 1, [&](int, int64_t lo, int64_t hi) { xq.quantize(x, lo, hi, layouts); }, {}});
     }
     stages.push_back({N, 16, [&](int, int64_t lo, int64_t hi) { project(type, w, K, xq, x, 0, M, y, N, lo, hi, false); }, {}});
     shared_team(threads)->run(stages);
