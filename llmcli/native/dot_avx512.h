@@ -352,6 +352,7 @@ struct Q4KBlock {
     __m512i w[4];   // codes 0..15
     __m512 sc;      // d * sc of sub-block j in lanes 2j, 2j + 1
     __m256 mn;      // dmin * m of the 8 sub-blocks
+    Q4KBlock() = default;
     explicit Q4KBlock(const uint8_t* b) {
         const KHead h(b);
         const __m256 scd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h.sc)))),
@@ -388,6 +389,7 @@ struct Q6KBlock {
     static constexpr int bytes = 210;
     __m512i w[4];  // codes 0..63
     __m512 sc;     // d * sc of lane L's group
+    Q6KBlock() = default;
     explicit Q6KBlock(const uint8_t* b) {
         const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
         __m512i v[4];

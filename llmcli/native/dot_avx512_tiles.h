@@ -14,36 +14,66 @@ static inline void fetch_ahead(const uint8_t* ahead, int64_t at) {
     if (ahead) { __builtin_prefetch(ahead + at); __builtin_prefetch(ahead + at + 64); }
 }
 
-template <int T, int C>
-static void nibble_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+// Group g of a nibble-type row of nb blocks, unpacked as nibble_groups takes it: 8 blocks
+// (nibble_unpack; a last one of 5 to 7 padded with zero blocks), or a last quad of 1 to 4
+// (nibble_quad_unpack, its lo and hi in v[0], v[1])
+template <int T>
+static LLMCLI_INLINE void nibble_group(const uint8_t* w, int64_t nb, int64_t g, bool quad, __m512i v[4], __m512& wd,
+                                       __m512& wdm) {
     constexpr int bytes = Block<T>::bytes;
+    const int64_t k = 8 * g;
+    if (quad) {
+        const uint8_t* p[4];
+        group_of<bytes, 4>(w, k, nb, p);
+        nibble_quad_unpack<T>(p, v[0], v[1], wd, wdm);
+    } else if (k + 8 <= nb) {
+        const uint8_t* b = w + k * bytes;
+        const uint8_t* const p[8] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes, b + 4 * bytes, b + 5 * bytes, b + 6 * bytes, b + 7 * bytes};
+        nibble_unpack<T>(p, v, wd, wdm);
+    } else {
+        const uint8_t* p[8];
+        group_of<bytes, 8>(w, k, nb, p);
+        nibble_unpack<T>(p, v, wd, wdm);
+    }
+}
+
+// The nibble types: `get(r, g, quad, v, wd, wdm)` gives weight row r's group g unpacked (nibble_group's)
+template <int T, int C, typename Get>
+static LLMCLI_INLINE void nibble_tile_from(Get&& get, const Q8* x, int64_t nb, float* out) {
+    const int64_t G = (nb + 7) / 8;
+    const bool last_quad = nb - 8 * (G - 1) <= 4;
     __m512 accs[C][4], offs[C][4];
     for (int r = 0; r < 4; ++r) {
-        const uint8_t* w = row + r * stride;
         __m512 acc[C], off[C];
         for (int c = 0; c < C; ++c) acc[c] = off[c] = _mm512_setzero_ps();
-        nibble_groups<bytes>(
-            w, stride, nb,
-            [&](const uint8_t* const* p, int64_t g, int) __attribute__((always_inline)) {
-                fetch_ahead(ahead, r * stride + 8 * g * bytes);  // 8 blocks: at most 192 bytes
-                fetch_ahead(ahead, r * stride + 8 * g * bytes + 128);
-                __m512i v[4];
-                __m512 wd, wdm;
-                nibble_unpack<T>(p, v, wd, wdm);
+        for (int64_t g = 0; g < G; ++g) {
+            const bool quad = last_quad && g == G - 1;
+            __m512i v[4];
+            __m512 wd, wdm;
+            get(r, g, quad, v, wd, wdm);
+            if (quad) {
+#pragma GCC unroll 8
+                for (int c = 0; c < C; ++c) nibble_quad_dot<T>(v[0], v[1], wd, wdm, x[c], g, acc[c], off[c]);
+            } else {
 #pragma GCC unroll 8
                 for (int c = 0; c < C; ++c) nibble_dot<T>(v, wd, wdm, x[c], g, acc[c], off[c]);
-            },
-            [&](const uint8_t* const* p, int64_t g, int) __attribute__((always_inline)) {
-                fetch_ahead(ahead, r * stride + 8 * g * bytes);
-                __m512i lo, hi;
-                __m512 wd, wdm;
-                nibble_quad_unpack<T>(p, lo, hi, wd, wdm);
-#pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) nibble_quad_dot<T>(lo, hi, wd, wdm, x[c], g, acc[c], off[c]);
-            });
+            }
+        }
         for (int c = 0; c < C; ++c) { accs[c][r] = acc[c]; offs[c][r] = off[c]; }
     }
     for (int c = 0; c < C; ++c) nibble_sums<T, 4>(accs[c], offs[c], out + 4 * c);
+}
+
+template <int T, int C>
+static void nibble_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    constexpr int bytes = Block<T>::bytes;
+    nibble_tile_from<T, C>(
+        [&](int r, int64_t g, bool quad, __m512i* v, __m512& wd, __m512& wdm) __attribute__((always_inline)) {
+            fetch_ahead(ahead, r * stride + 8 * g * bytes);  // 8 blocks: at most 192 bytes
+            fetch_ahead(ahead, r * stride + 8 * g * bytes + 128);
+            nibble_group<T>(row + r * stride, nb, g, quad, v, wd, wdm);
+        },
+        x, nb, out);
 }
 
 template <int C>
@@ -80,8 +110,9 @@ static void q8_0_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t n
 // kblock_rows for four weight rows against C activation rows, K in chunks of kChunk blocks taken by all
 // four rows before the next chunk, so the C rows' activations stay in L1 for the four (8 rows of a K
 // of 4864, ffn_down's, did not fit). Each pair's sums go on in k's order, as kblock_rows has them.
-template <typename B, int C>
-static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+// `get(r, k)`: weight row r's block k (B).
+template <typename B, int C, typename Get>
+static LLMCLI_INLINE void kblock_tile_from(Get&& get, const Q8* x, int64_t nb, float* out) {
     constexpr int64_t kChunk = 4;
     __m512 accs[4][C];
     __m256 offs[4][C];
@@ -94,9 +125,7 @@ static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
             __m256 off[C];
             for (int c = 0; c < C; ++c) { acc[c] = accs[r][c]; off[c] = offs[r][c]; }
             for (int64_t k = k0; k < k1; ++k) {
-                fetch_ahead(ahead, r * stride + k * B::bytes);
-                fetch_ahead(ahead, r * stride + k * B::bytes + 128);
-                const B w(row + r * stride + k * B::bytes);
+                const B w = get(r, k);
 #pragma GCC unroll 8  // the accumulators in registers (gcc kept a loop's in memory)
                 for (int c = 0; c < C; ++c) w.dot(x[c], k, acc[c], off[c]);
             }
@@ -107,6 +136,71 @@ static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
         for (int c = 0; c < C; ++c) out[4 * c + r] = kblock_sum(accs[r][c], offs[r][c]);
 }
 
+template <typename B, int C>
+static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    kblock_tile_from<B, C>(
+        [&](int r, int64_t k) __attribute__((always_inline)) {
+            fetch_ahead(ahead, r * stride + k * B::bytes);
+            fetch_ahead(ahead, r * stride + k * B::bytes + 128);
+            return B(row + r * stride + k * B::bytes);
+        },
+        x, nb, out);
+}
+
+// Many tiles against the same four weight rows (a prefill's tokens, 64 at a time): the rows unpacked
+// once into a buffer that every tile reads from L1 (nibble_group's vectors, Q4KBlock, Q6KBlock).
+// Unpacking the Q5_0 rows again for each tile of 8 was ~30% of the tiles' time at 64 tokens. The
+// products and their order are the tiles'.
+struct NibbleGroup { __m512i v[4]; __m512 wd, wdm; };
+template <int T> struct Unpacked { using type = NibbleGroup; };  // what a group or block unpacks into
+template <> struct Unpacked<kQ4_K> { using type = Q4KBlock; };
+template <> struct Unpacked<kQ6_K> { using type = Q6KBlock; };
+template <int T> constexpr bool unpacked_tiles = T != kQ8_0 && T != kQ5_K;  // Q8_0: codes as stored; Q5_K: floats
+template <int T> constexpr bool is_kblock = T == kQ4_K || T == kQ6_K;
+template <int T>
+static int64_t unpacked_count(int64_t nb) { return 4 * (is_kblock<T> ? nb / 8 : (nb + 7) / 8); }
+
+// The four rows' groups (blocks of 256 for Q4_K, Q6_K) unpacked: row r's group g at u[4 * g + r]
+template <int T>
+static void unpack_4rows(const uint8_t* row, int64_t stride, int64_t nb, typename Unpacked<T>::type* u,
+                         const uint8_t* ahead) {
+    constexpr int bytes = Block<T>::bytes;
+    for (int r = 0; r < 4; ++r) {
+        const uint8_t* w = row + r * stride;
+        if constexpr (is_kblock<T>) {
+            for (int64_t k = 0; k < nb / 8; ++k) {
+                fetch_ahead(ahead, r * stride + k * bytes);
+                fetch_ahead(ahead, r * stride + k * bytes + 128);
+                u[4 * k + r] = typename Unpacked<T>::type(w + k * bytes);
+            }
+        } else {
+            const int64_t G = (nb + 7) / 8;
+            for (int64_t g = 0; g < G; ++g) {
+                fetch_ahead(ahead, r * stride + 8 * g * bytes);
+                fetch_ahead(ahead, r * stride + 8 * g * bytes + 128);
+                NibbleGroup& n = u[4 * g + r];
+                nibble_group<T>(w, nb, g, g == G - 1 && nb - 8 * g <= 4, n.v, n.wd, n.wdm);
+            }
+        }
+    }
+}
+
+template <int T, int C>
+static void tile_unpacked(const typename Unpacked<T>::type* u, const Q8* x, int64_t nb, float* out) {
+    if constexpr (is_kblock<T>) {
+        kblock_tile_from<typename Unpacked<T>::type, C>([&](int r, int64_t k) { return u[4 * k + r]; }, x, nb, out);
+    } else {
+        nibble_tile_from<T, C>(
+            [&](int r, int64_t g, bool, __m512i* v, __m512& wd, __m512& wdm) __attribute__((always_inline)) {
+                const NibbleGroup& n = u[4 * g + r];
+                for (int j = 0; j < 4; ++j) v[j] = n.v[j];
+                wd = n.wd;
+                wdm = n.wdm;
+            },
+            x, nb, out);
+    }
+}
+
 template <int T, int C>
 static void dot_4rows_tile_c(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
     if constexpr (T == kQ8_0) q8_0_tile<C>(row, stride, x, nb, out, ahead);
@@ -115,23 +209,30 @@ static void dot_4rows_tile_c(const uint8_t* row, int64_t stride, const Q8* x, in
     else nibble_tile<T, C>(row, stride, x, nb, out, ahead);
 }
 
+// f(std::integral_constant<int, C>) for C = 1 .. 8
+template <typename F>
+static void with_width(int C, F&& f) {
+    switch (C) {
+        case 1: f(std::integral_constant<int, 1>()); break;
+        case 2: f(std::integral_constant<int, 2>()); break;
+        case 3: f(std::integral_constant<int, 3>()); break;
+        case 4: f(std::integral_constant<int, 4>()); break;
+        case 5: f(std::integral_constant<int, 5>()); break;
+        case 6: f(std::integral_constant<int, 6>()); break;
+        case 7: f(std::integral_constant<int, 7>()); break;
+        default: f(std::integral_constant<int, 8>()); break;
+    }
+}
+
 // Four weight rows against C <= tile_width<T> activation rows; `ahead`: the rows to fetch meanwhile (or null)
 template <int T>
 static void dot_4rows_tile(const uint8_t* row, int64_t stride, const Q8* x, int C, int64_t nb, float* out,
                            const uint8_t* ahead) {
-    switch (C) {
-        case 1: dot_4rows_tile_c<T, 1>(row, stride, x, nb, out, ahead); break;
-        case 2: dot_4rows_tile_c<T, 2>(row, stride, x, nb, out, ahead); break;
-        case 3: dot_4rows_tile_c<T, 3>(row, stride, x, nb, out, ahead); break;
-        case 4: dot_4rows_tile_c<T, 4>(row, stride, x, nb, out, ahead); break;
-        default:
-            if constexpr (tile_width<T> >= 8) {
-                switch (C) {
-                    case 5: dot_4rows_tile_c<T, 5>(row, stride, x, nb, out, ahead); break;
-                    case 6: dot_4rows_tile_c<T, 6>(row, stride, x, nb, out, ahead); break;
-                    case 7: dot_4rows_tile_c<T, 7>(row, stride, x, nb, out, ahead); break;
-                    default: dot_4rows_tile_c<T, 8>(row, stride, x, nb, out, ahead); break;
-                }
-            }
-    }
+    with_width(C, [&](auto c) { dot_4rows_tile_c<T, decltype(c)::value>(row, stride, x, nb, out, ahead); });
+}
+
+// The same from four rows unpack_4rows has unpacked into u
+template <int T>
+static void dot_4rows_tile_unpacked(const typename Unpacked<T>::type* u, const Q8* x, int C, int64_t nb, float* out) {
+    with_width(C, [&](auto c) { tile_unpacked<T, decltype(c)::value>(u, x, nb, out); });
 }

@@ -54,16 +54,29 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
             const uint8_t* row = W + n * rb;
             int64_t m = 0;
 #ifdef LLMCLI_TILES
-            // several activation rows: each weight block unpacked once for a tile of them; the first
-            // tile fetches the next rows as it goes
-            for (; Mb > 1 && m < Mb;) {
-                const int c = (int)std::min<int64_t>(tile_width<T>, Mb - m);
-                float o[4 * 8];
-                dot_4rows_tile<T>(row, rb, xs + m, c, nb, o, m == 0 && n + 4 < n1 ? row + 4 * rb : nullptr);
-                for (int i = 0; i < c; ++i)
-                    for (int t = 0; t < 4; ++t) yb[(m + i) * ldy + n + t] = o[4 * i + t];
-                m += c;
+            // several activation rows, a tile of them at a time: each weight block unpacked once for the
+            // tile, or, for several tiles, once for all of them into a buffer (unpack_4rows); the first
+            // tile, or the unpacking, fetches the next rows as it goes
+            const uint8_t* ahead = n + 4 < n1 ? row + 4 * rb : nullptr;
+            const auto tiles = [&](auto&& tile) {
+                for (; m < Mb;) {
+                    const int c = (int)std::min<int64_t>(tile_width<T>, Mb - m);
+                    float o[4 * 8];
+                    tile(c, o);
+                    for (int i = 0; i < c; ++i)
+                        for (int t = 0; t < 4; ++t) yb[(m + i) * ldy + n + t] = o[4 * i + t];
+                    m += c;
+                }
+            };
+            if constexpr (unpacked_tiles<T>) {
+                if (Mb > tile_width<T>) {
+                    static thread_local std::vector<typename Unpacked<T>::type> unpacked;
+                    unpacked.resize(unpacked_count<T>(nb));
+                    unpack_4rows<T>(row, rb, nb, unpacked.data(), ahead);
+                    tiles([&](int c, float* o) { dot_4rows_tile_unpacked<T>(unpacked.data(), xs + m, c, nb, o); });
+                }
             }
+            if (Mb > 1) tiles([&](int c, float* o) { dot_4rows_tile<T>(row, rb, xs + m, c, nb, o, m == 0 ? ahead : nullptr); });
 #endif
             if (m < Mb) prefetch(row + kAhead * rb, 4 * rb);
             for (; m < Mb; ++m) {
