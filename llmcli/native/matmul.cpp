@@ -39,6 +39,37 @@ constexpr int64_t kAhead = 4;
 
 constexpr int64_t kRowsAtOnce = 64;  // activation rows whose views (Q8) a call keeps at hand
 
+#ifdef LLMCLI_TILES
+// Four weight rows against activation rows xs[0..Mb), Mb > 1, into y (Mb rows, ldy apart), a tile at a
+// time: each weight block unpacked once for the tile, or, for several tiles, once for all of them into
+// a buffer (unpack_4rows); the first tile, or the unpacking, fetches the next rows (`ahead`) as it
+// goes. Not inlined into dot_rows: there its buffer and lambdas slowed the one-row loop ~10% (Q4_K, Q6_K).
+template <int T>
+__attribute__((noinline)) static void tile_rows(const uint8_t* row, int64_t rb, int64_t nb, const Q8* xs, int64_t Mb,
+                                                float* y, int64_t ldy, const uint8_t* ahead) {
+    int64_t m = 0;
+    const auto tiles = [&](auto&& tile) {
+        for (; m < Mb;) {
+            const int c = (int)std::min<int64_t>(tile_width<T>, Mb - m);
+            float o[4 * 8];
+            tile(c, o);
+            for (int i = 0; i < c; ++i)
+                for (int t = 0; t < 4; ++t) y[(m + i) * ldy + t] = o[4 * i + t];
+            m += c;
+        }
+    };
+    if constexpr (unpacked_tiles<T>) {
+        if (Mb > tile_width<T>) {
+            static thread_local std::vector<typename Unpacked<T>::type> unpacked;
+            unpacked.resize(unpacked_count<T>(nb));
+            unpack_4rows<T>(row, rb, nb, unpacked.data(), ahead);
+            tiles([&](int c, float* o) { dot_4rows_tile_unpacked<T>(unpacked.data(), xs + m, c, nb, o); });
+        }
+    }
+    tiles([&](int c, float* o) { dot_4rows_tile<T>(row, rb, xs + m, c, nb, o, m == 0 ? ahead : nullptr); });
+}
+#endif
+
 template <int T>
 static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
                      int64_t n0, int64_t n1, bool alone) {
@@ -54,29 +85,10 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
             const uint8_t* row = W + n * rb;
             int64_t m = 0;
 #ifdef LLMCLI_TILES
-            // several activation rows, a tile of them at a time: each weight block unpacked once for the
-            // tile, or, for several tiles, once for all of them into a buffer (unpack_4rows); the first
-            // tile, or the unpacking, fetches the next rows as it goes
-            const uint8_t* ahead = n + 4 < n1 ? row + 4 * rb : nullptr;
-            const auto tiles = [&](auto&& tile) {
-                for (; m < Mb;) {
-                    const int c = (int)std::min<int64_t>(tile_width<T>, Mb - m);
-                    float o[4 * 8];
-                    tile(c, o);
-                    for (int i = 0; i < c; ++i)
-                        for (int t = 0; t < 4; ++t) yb[(m + i) * ldy + n + t] = o[4 * i + t];
-                    m += c;
-                }
-            };
-            if constexpr (unpacked_tiles<T>) {
-                if (Mb > tile_width<T>) {
-                    static thread_local std::vector<typename Unpacked<T>::type> unpacked;
-                    unpacked.resize(unpacked_count<T>(nb));
-                    unpack_4rows<T>(row, rb, nb, unpacked.data(), ahead);
-                    tiles([&](int c, float* o) { dot_4rows_tile_unpacked<T>(unpacked.data(), xs + m, c, nb, o); });
-                }
+            if (Mb > 1) {
+                tile_rows<T>(row, rb, nb, xs, Mb, yb + n, ldy, n + 4 < n1 ? row + 4 * rb : nullptr);
+                m = Mb;
             }
-            if (Mb > 1) tiles([&](int c, float* o) { dot_4rows_tile<T>(row, rb, xs + m, c, nb, o, m == 0 ? ahead : nullptr); });
 #endif
             if (m < Mb) prefetch(row + kAhead * rb, 4 * rb);
             for (; m < Mb; ++m) {
