@@ -106,7 +106,8 @@ def test_rows_that_do_not_hold_k_weights_are_refused(kernels):
         kernels.mm(torch.randn(1, 64), b, TYPE_IDS["Q4_1"], 64)
 
 
-@pytest.mark.parametrize("B,H,KV,S,D", [(1, 9, 3, 70, 64), (2, 4, 4, 1, 64), (2, 6, 3, 17, 80), (1, 4, 2, 33, 128)])
+@pytest.mark.parametrize("B,H,KV,S,D", [(1, 9, 3, 70, 64), (2, 4, 4, 1, 64), (2, 6, 3, 17, 80), (1, 4, 2, 33, 128),
+                                         (1, 14, 2, 41, 64), (1, 4, 1, 9, 256)])
 def test_one_query_attention_equals_sdpa(kernels, B, H, KV, S, D):
     g = torch.Generator().manual_seed(S * D + B)
     q = torch.randn(B, H, 1, D, generator=g)
@@ -118,6 +119,19 @@ def test_one_query_attention_equals_sdpa(kernels, B, H, KV, S, D):
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=None if m is None else m[:, None, None, :],
                                              scale=0.3, enable_gqa=H != KV)
         torch.testing.assert_close(kernels.attend_one(q, k, v, m, 0.3), ref, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("D", [64, 72, 256])
+def test_query_heads_sharing_a_key_head_get_what_each_gets_alone(kernels, D):
+    """Grouped-query attention takes up to four query heads of a key head at once (each key and value
+    row read once for them); each head's numbers are exactly those it gets alone."""
+    B, H, KV, S = 2, 14, 2, 37
+    g = torch.Generator().manual_seed(D)
+    q = torch.randn(B, H, 1, D, generator=g)
+    k, v = torch.randn(2, B, KV, S, D, generator=g)
+    grouped = kernels.attend_one(q, k, v, None, 0.125)
+    alone = kernels.attend_one(q, k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1), None, 0.125)
+    assert torch.equal(grouped, alone)
 
 
 @pytest.mark.parametrize("flags,runs", [

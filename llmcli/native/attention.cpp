@@ -1,7 +1,9 @@
 // Decoding's one-query attention over a float32 KV cache (models/llama.py's attend_one, and the
 // decode step's): each head's scores, softmax (a vectorized exp) and weighted sum of values in one
-// pass over its keys, no temporaries beyond S floats. SDPA's setup for a single query cost 37 us a
-// layer, this 15 (SmolLM2 at ~100 tokens, 2 threads).
+// pass over its keys, no temporaries beyond S floats a head. SDPA's setup for a single query cost
+// 37 us a layer, this 15 (SmolLM2 at ~100 tokens, 2 threads). The query heads that share a key and
+// value head (grouped-query attention) go up to kHeadsAtOnce together, each key and value row read
+// once for them: at long contexts the cache's rows, read from memory, are most of a token's time.
 #include <algorithm>
 #include <cmath>
 
@@ -9,19 +11,47 @@
 #include "kernels.h"
 #include "vec.h"
 
-void attend_head(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S, int64_t D,
-                 const uint8_t* mask, float scale, float* p, float* out) {
-    float mx = -INFINITY;
+// NH query heads (q rows D apart, outputs likewise) against one key and value head
+template <int NH>
+static void attend_n(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S, int64_t D,
+                     const uint8_t* mask, float scale, float* p, float* out) {
     int64_t s = 0;
-    for (; s + 4 <= S; s += 4) dot4_f32(q, k + s * ks, ks, D, p + s);  // four keys at a time: half the work of one by one
-    for (; s < S; ++s) p[s] = dot_f32(q, k + s * ks, D);
-    for (s = 0; s < S; ++s) {
-        p[s] = (mask && !mask[s]) ? -INFINITY : p[s] * scale;
-        mx = std::max(mx, p[s]);
+    for (; s + 4 <= S; s += 4) {  // four keys at a time: half the work of one by one
+        float t[NH][4];
+        dot4_f32_heads<NH>(q, D, k + s * ks, ks, D, t);
+        for (int h = 0; h < NH; ++h)
+            for (int j = 0; j < 4; ++j) p[h * S + s + j] = t[h][j];
     }
-    const float inv = 1.f / exp_shifted(p, S, mx);
-    for (int64_t s = 0; s < S; ++s) p[s] *= inv;
-    weighted_rows(p, v, vs, S, D, out);
+    for (; s < S; ++s)
+        for (int h = 0; h < NH; ++h) p[h * S + s] = dot_f32(q + h * D, k + s * ks, D);
+    for (int h = 0; h < NH; ++h) {
+        float* ph = p + h * S;
+        const float mx = scale_and_max(ph, S, mask, scale);
+        const float inv = 1.f / exp_shifted(ph, S, mx);
+        for (s = 0; s < S; ++s) ph[s] *= inv;
+    }
+    weighted_rows_heads<NH>(p, S, v, vs, S, D, out, D);
+}
+
+void attend_heads(const float* q, int64_t n, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S,
+                  int64_t D, const uint8_t* mask, float scale, float* p, float* out) {
+    for (int64_t h = 0; h < n; h += kHeadsAtOnce) {
+        const float* qh = q + h * D;
+        float* oh = out + h * D;
+        switch (std::min<int64_t>(kHeadsAtOnce, n - h)) {
+            case 1: attend_n<1>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
+            case 2: attend_n<2>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
+            case 3: attend_n<3>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
+            default: attend_n<4>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
+        }
+    }
+}
+
+int64_t heads_a_part(int64_t G, int64_t groups, int threads) {
+    // parts enough for two items a thread (a third item for one of two threads left the other idle a
+    // third of the time), but two heads a part at least: sharing a key head's rows is the point
+    const int64_t parts = std::max<int64_t>(1, (2 * threads + groups - 1) / groups);
+    return std::clamp<int64_t>((G + parts - 1) / parts, std::min<int64_t>(G, 2), kHeadsAtOnce);
 }
 
 extern "C" LLMCLI_API int llmcli_attend_one(const float* q, int64_t B, int64_t H, int64_t D, const float* k,
@@ -29,16 +59,16 @@ extern "C" LLMCLI_API int llmcli_attend_one(const float* q, int64_t B, int64_t H
                                             int64_t KV, int64_t S, const uint8_t* mask, int64_t mask_rows, float scale,
                                             float* out, int threads) {
     if (KV <= 0 || H % KV || S <= 0 || (mask && mask_rows != 1 && mask_rows != B)) return 1;
-    const int64_t G = H / KV;
-    const int64_t heads_a_chunk = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * D));
-    std::vector<Stage> stages{{B * H, heads_a_chunk, [&](int, int64_t lo, int64_t hi) {
+    const int64_t G = H / KV, per = heads_a_part(G, B * KV, threads), parts = (G + per - 1) / per;
+    const int64_t items_a_chunk = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * D * per));
+    std::vector<Stage> stages{{B * KV * parts, items_a_chunk, [&](int, int64_t lo, int64_t hi) {
         static thread_local std::vector<float> p;  // this thread's scores
-        if ((int64_t)p.size() < S) p.resize(S);
-        for (int64_t bh = lo; bh < hi; ++bh) {
-            const int64_t b = bh / H, g = bh % H / G;
-            attend_head(q + bh * D, k + b * k_strides[0] + g * k_strides[1], k_strides[2],
-                        v + b * v_strides[0] + g * v_strides[1], v_strides[2], S, D,
-                        mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr, scale, p.data(), out + bh * D);
+        if ((int64_t)p.size() < kHeadsAtOnce * S) p.resize(kHeadsAtOnce * S);
+        for (int64_t i = lo; i < hi; ++i) {
+            const int64_t b = i / (KV * parts), g = i / parts % KV, h = g * G + i % parts * per;
+            attend_heads(q + (b * H + h) * D, std::min(per, (g + 1) * G - h), k + b * k_strides[0] + g * k_strides[1],
+                         k_strides[2], v + b * v_strides[0] + g * v_strides[1], v_strides[2], S, D,
+                         mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr, scale, p.data(), out + (b * H + h) * D);
         }
     }, {}}};
     shared_team(threads)->run(stages);

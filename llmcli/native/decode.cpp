@@ -103,7 +103,9 @@ class DecodeSteps {
         a.resize(n, hidden); a_attn.resize(n, H * D); a_mlp.resize(n, inter);
         qkv.resize(n * QKV); gu.resize(n * 2 * inter); y.resize(n * hidden);
         scores.resize(team.size());
-        for (auto& p : scores) p.resize(longest);
+        for (auto& p : scores) p.resize(kHeadsAtOnce * longest);
+        per_part = heads_a_part(H / KV, n * KV, team.size());
+        parts = (H / KV + per_part - 1) / per_part;
 
         std::vector<Stage> stages;
         stages.reserve(10 * layers.size() + 2);
@@ -117,7 +119,7 @@ class DecodeSteps {
                 project_rows(l.qkv, a.q, a.x.data(), 0, N, qkv.data(), QKV, lo, hi);
             }, {}});
             per_token(stages, [this, &l](int64_t m) { place_heads(l, m); });
-            stages.push_back({N * H, 1, [this, &l](int t, int64_t lo, int64_t hi) { attend(l, t, lo, hi); }, {}});
+            stages.push_back({N * KV * parts, 1, [this, &l](int t, int64_t lo, int64_t hi) { attend(l, t, lo, hi); }, {}});
             per_token(stages, [this, &l](int64_t m) { a_attn.quantize(m, l.o_in); });
             stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.o, a_attn.q, a_attn.x.data(), 0, N, y.data(), hidden, lo, hi);
@@ -164,6 +166,7 @@ class DecodeSteps {
     std::vector<float> x, qkv, gu, y;  // (N, hidden), (N, QKV), (N, 2 inter), (N, hidden)
     Activation a, a_attn, a_mlp;
     std::vector<std::vector<float>> scores;  // each thread's
+    int64_t per_part = 1, parts = 1;  // query heads an attention item takes, items a key head's group makes
 
     // f(m) for every token m after the last stage: that stage's `then` for one token, else a stage
     void per_token(std::vector<Stage>& stages, std::function<void(int64_t)> f) {
@@ -218,16 +221,19 @@ class DecodeSteps {
         }
     }
 
-    // items [lo, hi) of (token, head) pairs: each token over its own row's slots up to its own
+    // items [lo, hi) of (token, key head, part of its query heads): each token over its own row's
+    // slots up to its own
     void attend(const Layer& l, int t, int64_t lo, int64_t hi) {
         const LlmcliLayer& s = l.spec;
+        const int64_t G = H / KV;
         for (int64_t i = lo; i < hi; ++i) {
-            const int64_t m = i / H, h = i % H, g = h / (H / KV), row = rows_[m], slot = slots_[m];
+            const int64_t m = i / (KV * parts), g = i / parts % KV, h = g * G + i % parts * per_part;
+            const int64_t row = rows_[m], slot = slots_[m];
             const int64_t first = s.window > 0 ? std::max<int64_t>(0, slot - s.window + 1) : 0, S = slot + 1 - first;
             const float* k = s.k_cache + row * s.k_strides[0] + g * s.k_strides[1] + first * s.k_strides[2];
             const float* v = s.v_cache + row * s.v_strides[0] + g * s.v_strides[1] + first * s.v_strides[2];
-            attend_head(qkv.data() + m * QKV + h * D, k, s.k_strides[2], v, s.v_strides[2], S, D, nullptr, scale,
-                        scores[t].data(), a_attn.row(m) + h * D);
+            attend_heads(qkv.data() + m * QKV + h * D, std::min(per_part, (g + 1) * G - h), k, s.k_strides[2], v,
+                         s.v_strides[2], S, D, nullptr, scale, scores[t].data(), a_attn.row(m) + h * D);
         }
     }
 };

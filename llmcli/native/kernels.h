@@ -58,11 +58,17 @@ struct Q8Rows {
 void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
              float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone);
 
-// One head's attention for one query: scores against S keys (rows `ks` floats apart), softmax,
-// weighted sum of S values (rows `vs` apart) into out[0..D). p: S floats of scratch; keys where
-// mask[s] is 0 get no weight (mask may be null).
-void attend_head(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S, int64_t D,
-                 const uint8_t* mask, float scale, float* p, float* out);
+// Attention for one query of n heads that share a key and value head (q and out: n rows of D):
+// scores against S keys (rows `ks` floats apart), softmax, weighted sum of S values (rows `vs`
+// apart). p: kHeadsAtOnce * S floats of scratch; keys where mask[s] is 0 get no weight (mask may be
+// null). Each head's numbers are those it gets alone.
+constexpr int64_t kHeadsAtOnce = 4;
+void attend_heads(const float* q, int64_t n, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S,
+                  int64_t D, const uint8_t* mask, float scale, float* p, float* out);
+
+// Heads a work item takes of a group of G sharing a key head, with `groups` groups for `threads`
+// threads: whole groups (up to kHeadsAtOnce) where there are groups enough to go round
+int64_t heads_a_part(int64_t G, int64_t groups, int threads);
 
 // The team of `threads` threads the one-off calls (mm, dequantize, attention) share
 std::shared_ptr<Team> shared_team(int threads);

@@ -2,6 +2,7 @@
 // NEON and in the portable build), a handful of primitives per instruction set, and the
 // element-wise work written once over them: dot products, e^x, SiLU, GELU, RMSNorm, RoPE.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -104,15 +105,11 @@ static inline float dot_f32(const float* a, const float* b, int64_t n) {
     return s;
 }
 
-// out[j] = a . b_j for four rows b_j = b + j * stride (n floats each): one chain a row, the four
-// reduced together (AVX-512: a transpose's adds, as the block kernels reduce four rows)
-static inline void dot4_f32(const float* a, const float* b, int64_t stride, int64_t n, float out[4]) {
-    vf acc[4] = {vset1(0.f), vset1(0.f), vset1(0.f), vset1(0.f)};
-    int64_t i = 0;
-    for (; i + kVW <= n; i += kVW) {
-        const vf x = vload(a + i);
-        for (int j = 0; j < 4; ++j) acc[j] = vfma(x, vload(b + j * stride + i), acc[j]);
-    }
+// out[h][j] = a_h . b_j for NH rows a_h = a + h * lda and four rows b_j = b + j * stride (n floats
+// each): each b row loaded once for the NH (attention's query heads that share a key head), one
+// chain a pair, a row's four reduced together (AVX-512: a transpose's adds, as the block kernels
+// reduce four rows). Each a_h's results do not depend on NH.
+static inline void reduce4(const vf acc[4], float out[4]) {
 #if defined(LLMCLI_AVX512VNNI)
     const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
     const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
@@ -122,38 +119,95 @@ static inline void dot4_f32(const float* a, const float* b, int64_t stride, int6
 #else
     for (int j = 0; j < 4; ++j) out[j] = vsum(acc[j]);
 #endif
-    for (; i < n; ++i)
-        for (int j = 0; j < 4; ++j) out[j] += a[i] * b[j * stride + i];
 }
 
-// o[0..D) = sum over s of w[s] * V[s * stride + 0..D): 64 columns at a time held in registers, even
-// and odd slots in two sets of accumulators (one set waited on each multiply-add's latency)
-static inline void weighted_rows(const float* w, const float* V, int64_t stride, int64_t S, int64_t D, float* o) {
-    constexpr int R = 64 / kVW;
+template <int NH>
+static inline void dot4_f32_heads(const float* a, int64_t lda, const float* b, int64_t stride, int64_t n, float out[][4]) {
+    vf acc[NH][4];
+    for (int h = 0; h < NH; ++h)
+        for (int j = 0; j < 4; ++j) acc[h][j] = vset1(0.f);
+    int64_t i = 0;
+    for (; i + kVW <= n; i += kVW) {
+        const vf k[4] = {vload(b + i), vload(b + stride + i), vload(b + 2 * stride + i), vload(b + 3 * stride + i)};
+        for (int h = 0; h < NH; ++h) {
+            const vf x = vload(a + h * lda + i);
+            for (int j = 0; j < 4; ++j) acc[h][j] = vfma(x, k[j], acc[h][j]);
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        reduce4(acc[h], out[h]);
+        for (int64_t t = i; t < n; ++t)
+            for (int j = 0; j < 4; ++j) out[h][j] += a[h * lda + t] * b[j * stride + t];
+    }
+}
+
+// Columns [c, c + W * kVW) of weighted_rows_heads, held in registers: NH * W chains of multiply-adds,
+// each over the slots in order
+template <int NH, int W>
+static inline void weighted_columns(const float* w, int64_t ldw, const float* V, int64_t stride, int64_t S, int64_t c,
+                                    float* o, int64_t ldo) {
+    vf acc[NH][W];
+    for (int h = 0; h < NH; ++h)
+        for (int j = 0; j < W; ++j) acc[h][j] = vset1(0.f);
+    for (int64_t s = 0; s < S; ++s) {
+        const float* vs = V + s * stride + c;
+        vf x[W];
+        for (int j = 0; j < W; ++j) x[j] = vload(vs + kVW * j);
+        for (int h = 0; h < NH; ++h) {
+            const vf ws = vset1(w[h * ldw + s]);
+            for (int j = 0; j < W; ++j) acc[h][j] = vfma(ws, x[j], acc[h][j]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int j = 0; j < W; ++j) vstore(o + h * ldo + c + kVW * j, acc[h][j]);
+}
+
+// o_h[0..D) = sum over s of w_h[s] * V[s * stride + 0..D), for NH weight rows w_h = w + h * ldw into
+// o_h = o + h * ldo: each V row loaded once for the NH (the query heads sharing a value head), and
+// each weight broadcast once for up to 64 columns, in chunks of columns whose NH * W accumulators
+// fit the registers (16 on 32-register machines, 8 on AVX2's 16). Each column's sum is the same
+// whatever NH: one chain over the slots in order.
+template <int NH>
+static inline void weighted_rows_heads(const float* w, int64_t ldw, const float* V, int64_t stride, int64_t S, int64_t D,
+                                       float* o, int64_t ldo) {
+#if defined(LLMCLI_AVX512VNNI) || defined(LLMCLI_NEON)
+    constexpr int accs = 16;
+#else
+    constexpr int accs = 8;
+#endif
+    constexpr int most = 64 / kVW < accs / NH ? 64 / kVW : accs / NH;
+    constexpr int W = most > 0 ? most : 1;
     int64_t c = 0;
-    for (; c + 64 <= D; c += 64) {
-        vf acc[R], acc2[R];
-        for (int j = 0; j < R; ++j) acc[j] = acc2[j] = vset1(0.f);
-        int64_t s = 0;
-        for (; s + 2 <= S; s += 2) {
-            const vf w0 = vset1(w[s]), w1 = vset1(w[s + 1]);
-            const float* v0 = V + s * stride + c;
-            for (int j = 0; j < R; ++j) {
-                acc[j] = vfma(w0, vload(v0 + kVW * j), acc[j]);
-                acc2[j] = vfma(w1, vload(v0 + stride + kVW * j), acc2[j]);
-            }
+    for (; c + W * kVW <= D; c += W * kVW) weighted_columns<NH, W>(w, ldw, V, stride, S, c, o, ldo);
+    for (; c + kVW <= D; c += kVW) weighted_columns<NH, 1>(w, ldw, V, stride, S, c, o, ldo);
+    for (; c < D; ++c)  // a head size that is not a multiple of the vector
+        for (int h = 0; h < NH; ++h) {
+            float sum = 0.f;
+            for (int64_t s = 0; s < S; ++s) sum += w[h * ldw + s] * V[s * stride + c];
+            o[h * ldo + c] = sum;
         }
-        if (s < S) {
-            const vf ws = vset1(w[s]);
-            for (int j = 0; j < R; ++j) acc[j] = vfma(ws, vload(V + s * stride + c + kVW * j), acc[j]);
+}
+
+// Scales p[0..S) (keys where mask[s] is 0: -inf; mask may be null) and returns their largest
+static inline float scale_and_max(float* p, int64_t S, const uint8_t* mask, float scale) {
+    int64_t s = 0;
+    float mx = -INFINITY;
+    if (!mask) {
+        vf m = vset1(-INFINITY);
+        for (; s + kVW <= S; s += kVW) {
+            const vf x = vload(p + s) * vset1(scale);
+            vstore(p + s, x);
+            m = vmax(m, x);
         }
-        for (int j = 0; j < R; ++j) vstore(o + c + kVW * j, acc[j] + acc2[j]);
+        float lanes[kVW];
+        vstore(lanes, m);
+        for (int j = 0; j < kVW; ++j) mx = std::max(mx, lanes[j]);
     }
-    for (; c < D; ++c) {
-        float acc = 0.f;
-        for (int64_t s = 0; s < S; ++s) acc += w[s] * V[s * stride + c];
-        o[c] = acc;
+    for (; s < S; ++s) {
+        p[s] = (mask && !mask[s]) ? -INFINITY : p[s] * scale;
+        mx = std::max(mx, p[s]);
     }
+    return mx;
 }
 
 // p[0..S) = exp(p - mx); returns their sum
