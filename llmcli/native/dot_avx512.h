@@ -1,7 +1,7 @@
 // Block dot products with AVX-512 VNNI (Zen 4/5, Ice Lake and later): vpdpbusd multiplies 64
-// unsigned weight codes by 64 signed activation codes into 16 int32 lanes: two 32-blocks (Q8_0), or
-// quarters of eight blocks or sub-blocks (the nibble types, Q4_K), four vpdpbusd summing into one
-// vector that is converted and scaled once. Codes with a zero point (Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's
+// unsigned weight codes by 64 signed activation codes into 16 int32 lanes: halves of four 32-blocks
+// (Q8_0), or quarters of eight blocks or sub-blocks (the nibble types, Q4_K), two or four vpdpbusd
+// summing into one vector that is converted and scaled once. Codes with a zero point (Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's
 // q as q + 128) go in unsigned as stored, and the accumulator starts at -zero * (each 4 activation
 // codes' sum): the offset costs one shift, where the sign trick of the 256-bit variants costs two
 // instructions per vector (and AVX-512 has no vpsignb).
@@ -25,12 +25,6 @@ static inline __m512i nibble_start(const int32_t* ni) {
     else return _mm512_setzero_si512();
 }
 
-// Two Q8_0 blocks' codes as 64 unsigned bytes (q + 128), block a's 32 then b's
-static inline __m512i q8_0_codes2(const uint8_t* a, const uint8_t* b) {
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a + 2)), load256(b + 2), 1);
-    return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
-}
-
 // The block of a group of 8 whose codes qword q of the nibble vectors holds: the weights' two halves
 // (blocks 0-3 and 4-7) meet in unpacklo/unpackhi_epi64, which alternate them qword by qword
 constexpr int nibble_block(int q) { return q / 2 + 4 * (q % 2); }
@@ -42,6 +36,27 @@ constexpr int nibble_block(int q) { return q / 2 + 4 * (q % 2); }
 // to meet the weights' (d, m) in one multiply. A last group of 5 to 7 blocks is padded with zeros
 // to 8; one of 1 to 4 to 4, in the quad order (nibble_quad_unpack's): codes 0-15 of each block, then
 // 16-31, 4 lanes a block (a group of 8 half empty cost a K of 640 a fifth of its time).
+// Blocks 4j..4j+3 (zeros past nb) in the quad order: q8 codes 0-15 of each block, then 16-31 (128
+// bytes); lane 4b + t of the 16 (block 4j + b's codes 4t..4t+3 and 16 + 4t..16 + 4t + 3): n its
+// -zero_times * (sum of those codes), d the block's d
+static inline void quad_order(const Q8& x, int64_t nb, int64_t j, int zero_times, int8_t* q8, int32_t* n, float* d) {
+    for (int b = 0; b < 4; ++b) {
+        const int64_t i = 4 * j + b;
+        const bool real = i < nb;
+        if (real) {
+            std::memcpy(q8 + 16 * b, x.q + 32 * i, 16);
+            std::memcpy(q8 + 64 + 16 * b, x.q + 32 * i + 16, 16);
+        } else {
+            std::memset(q8 + 16 * b, 0, 16);
+            std::memset(q8 + 64 + 16 * b, 0, 16);
+        }
+        for (int t = 0; t < 4; ++t) {
+            n[4 * b + t] = real ? zero_times * (x.n4[8 * i + t] + x.n4[8 * i + 4 + t]) : 0;
+            d[4 * b + t] = real ? x.d[i] : 0.f;
+        }
+    }
+}
+
 static inline void nibble_order(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni, float* ds, float* d16) {
     for (int64_t g = 0; g < (nb + 7) / 8; ++g) {
         for (int64_t i = 8 * g; i < 8 * g + 8; ++i) {
@@ -52,19 +67,8 @@ static inline void nibble_order(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni
         int32_t* n = ni + 16 * g;
         float* d = d16 + 16 * g;
         if (nb - 8 * g <= 4) {  // the quad
-            std::memset(q8, 0, 256);
-            for (int j = 0; j < 4; ++j) {
-                const int64_t i = 8 * g + j;
-                const bool real = i < nb;
-                if (real) {
-                    std::memcpy(q8 + 16 * j, x.q + 32 * i, 16);
-                    std::memcpy(q8 + 64 + 16 * j, x.q + 32 * i + 16, 16);
-                }
-                for (int t = 0; t < 4; ++t) {
-                    n[4 * j + t] = real ? 16 * (x.n4[8 * i + t] + x.n4[8 * i + 4 + t]) : 0;
-                    d[4 * j + t] = real ? x.d[i] : 0.f;
-                }
-            }
+            std::memset(q8 + 128, 0, 128);
+            quad_order(x, nb, 2 * g, 16, q8, n, d);
             continue;
         }
         for (int q = 0; q < 8; ++q) {
@@ -84,11 +88,10 @@ static inline void nibble_order(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni
     }
 }
 
-// The scales again for Q8_0, per pair of blocks (Q8's d8, z8): each block's d in 8 lanes, and the
-// accumulators' start for codes q + 128
-static inline void q8_0_spread(const Q8& x, int64_t nb, float* d8, int32_t* z8) {
-    for (int64_t i = 0; i < nb; ++i)
-        for (int l = 0; l < 8; ++l) { d8[8 * i + l] = x.d[i]; z8[8 * i + l] = x.n4[8 * i + l] * 128; }
+// The activations again for Q8_0 (Q8's qq, zq, dq): every group of 4 blocks in the quad order, the
+// accumulators' start for codes q + 128 (-128 * each lane's sum) and each lane's block's d
+static inline void q8_0_order(const Q8& x, int64_t nb, int8_t* qq, int32_t* zq, float* dq) {
+    for (int64_t j = 0; j < (nb + 3) / 4; ++j) quad_order(x, nb, j, 128, qq + 128 * j, zq + 16 * j, dq + 16 * j);
 }
 
 // The activations again for Q4_K (Q8's qk, d2): per block of 256, the codes in the order of Q4KBlock's
@@ -118,7 +121,8 @@ static inline void q6k_order(const Q8& x, int64_t nb, int8_t* q6, int32_t* z6, f
 
 // The N blocks from k on: in the row, or past its end, a zero block (scale 0: it adds nothing,
 // whatever activations it meets; Q8Rows has room for a last group of fewer than N)
-static const uint8_t kZeroBlock[64] = {};
+static const uint8_t kZeroBytes[96] = {};
+static const uint8_t* const kZeroBlock = kZeroBytes + 32;  // readable 32 bytes before too (q8_0_quad's masked loads)
 template <int bytes, int N = 4>
 static inline void group_of(const uint8_t* row, int64_t k, int64_t nb, const uint8_t* p[N]) {
     for (int j = 0; j < N; ++j) p[j] = k + j < nb ? row + (k + j) * bytes : kZeroBlock;
@@ -306,40 +310,47 @@ static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t
     nibble_sums<T, R>(acc, off, out);
 }
 
-// Four Q8_0 blocks' d spread as Q8's d8: blocks 0, 1 in w01's halves, 2, 3 in w23's
-static inline void q8_0_scales(const uint8_t* const p[4], __m512i lo2, __m512i hi2, __m512& w01, __m512& w23) {
+// Q8_0 in the quad order (Q8's qq, zq, dq): four blocks p[0..3] as two vectors, lo their codes
+// 0-15 and hi 16-31 (q + 128, as stored, from two 256-bit loads a pair), 4 lanes a block; wd block
+// b's d in lanes 4b..4b+3. Two vpdpbusd into one vector, converted and scaled once a 4 blocks (the
+// 2-block vectors before took a conversion and a multiply-add for each 2).
+static LLMCLI_INLINE void q8_0_quad(const uint8_t* const p[4], __m512i& lo, __m512i& hi, __m512& wd) {
+    // [block 0 | block 1]: the upper half by a merging masked load from 32 bytes before block 1's codes
+    // (a load and a blend, where an insert took the shuffle port the rest of this needs)
+    const __m512i a = _mm512_mask_loadu_epi64(_mm512_castsi256_si512(load256(p[0] + 2)), 0xF0, p[1] + 2 - 32);
+    const __m512i b = _mm512_mask_loadu_epi64(_mm512_castsi256_si512(load256(p[2] + 2)), 0xF0, p[3] + 2 - 32);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    lo = _mm512_xor_si512(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0)), flip);
+    hi = _mm512_xor_si512(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1)), flip);
     const uint64_t h = load_u16(p[0]) | load_u16(p[1]) << 16 | load_u16(p[2]) << 32 | load_u16(p[3]) << 48;
-    const __m512 wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)));
-    w01 = _mm512_permutexvar_ps(lo2, wd);
-    w23 = _mm512_permutexvar_ps(hi2, wd);
+    const __m512 d = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)));
+    wd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), d);
 }
 
-// Q8_0, R weight rows against one activation row, four blocks a step: two vectors of two blocks
-// (q + 128, as stored), their 8-lane halves scaled by d * dx of their block. A last group of fewer
-// than 4 reads past the row's activations (Q8Rows' slack), against zero blocks.
+// acc += quad j's products with activation row x, scaled
+static LLMCLI_INLINE void q8_0_quad_dot(__m512i lo, __m512i hi, __m512 wd, const Q8& x, int64_t j, __m512& acc) {
+    const int8_t* y = x.qq + 128 * j;
+    const __m512i prods = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(load512(x.zq + 16 * j), lo, load512(y)), hi, load512(y + 64));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, _mm512_loadu_ps(x.dq + 16 * j)), acc);
+}
+
+// Q8_0, R weight rows against one activation row, four blocks a step (a last group of fewer with zero
+// blocks after)
 template <int R>
 static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
     constexpr int bytes = Block<kQ8_0>::bytes;
-    const __m512i lo2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i hi2 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nb; k += 4) {
-        const __m512i st01 = load512(x.z8 + 8 * k), st23 = load512(x.z8 + 8 * k + 16);
-        const __m512i y01 = load512(x.q + 32 * k), y23 = load512(x.q + 32 * k + 64);
-        const __m512 dx01 = _mm512_loadu_ps(x.d8 + 8 * k), dx23 = _mm512_loadu_ps(x.d8 + 8 * k + 16);
+    for (int64_t j = 0; j < (nb + 3) / 4; ++j)
         for (int r = 0; r < R; ++r) {
-            const uint8_t* b = row + r * stride + k * bytes;
+            const uint8_t* b = row + r * stride + 4 * j * bytes;
             const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
-            if (k + 4 > nb) group_of<bytes>(row + r * stride, k, nb, p);  // the last, short group
-            const __m512i p01 = _mm512_dpbusd_epi32(st01, q8_0_codes2(p[0], p[1]), y01);
-            const __m512i p23 = _mm512_dpbusd_epi32(st23, q8_0_codes2(p[2], p[3]), y23);
-            __m512 w01, w23;
-            q8_0_scales(p, lo2, hi2, w01, w23);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), _mm512_mul_ps(w01, dx01), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), _mm512_mul_ps(w23, dx23), acc[r]);
+            if (4 * j + 4 > nb) group_of<bytes>(row + r * stride, 4 * j, nb, p);
+            __m512i lo, hi;
+            __m512 wd;
+            q8_0_quad(p, lo, hi, wd);
+            q8_0_quad_dot(lo, hi, wd, x, j, acc[r]);
         }
-    }
     reduce_rows<R>(acc, out);
 }
 

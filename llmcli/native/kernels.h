@@ -20,19 +20,20 @@ static inline unsigned layout_of(int type) {
 
 // Activation rows quantized as the dot products take them (blocks.h's Q8), owning their buffers
 struct Q8Rows {
-    std::vector<int8_t> q, qi, qk, q6;
-    std::vector<float> d, s, ds, d16, d8, d2, d6;
-    std::vector<int32_t> n4, ni, z8, z6;
-    int64_t K = 0, G = 0;  // G: groups of 8 blocks a row, the last one padded with zero blocks (qi, ni, ds, d16)
+    std::vector<int8_t> q, qi, qq, qk, q6;
+    std::vector<float> d, s, ds, d16, dq, d2, d6;
+    std::vector<int32_t> n4, ni, zq, z6;
+    int64_t K = 0, G = 0, Q = 0;  // groups of 8 blocks a row (qi, ni, ds, d16), of 4 (qq, zq, dq): the last padded with zero blocks
 
     void resize(int64_t rows, int64_t k) {
         K = k;
         G = (k / 32 + 7) / 8;
+        Q = (k / 32 + 3) / 4;
         // slack after the last row: a padded group's codes, sums and scales read past it (times d = 0)
         q.resize(rows * k + 128); d.resize(rows * k / 32 + 4); s.resize(rows * k / 32 + 4); n4.resize(rows * k / 4 + 32);
 #if defined(LLMCLI_AVX512VNNI)
         qi.resize(rows * G * 256); ni.resize(rows * G * 16); ds.resize(rows * G * 16); d16.resize(rows * G * 16);
-        d8.resize(rows * k / 4 + 32); z8.resize(rows * k / 4 + 32);  // slack as n4's: Q8_0's short last group reads past
+        qq.resize(rows * Q * 128); zq.resize(rows * Q * 16); dq.resize(rows * Q * 16);
         qk.resize(rows * k); d2.resize(rows * k / 16);
         q6.resize(rows * k); z6.resize(rows * k / 16); d6.resize(rows * k / 16);
 #endif
@@ -42,7 +43,8 @@ struct Q8Rows {
         return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4,
                 qi.data() + (qi.empty() ? 0 : m * G * 256), ni.data() + (ni.empty() ? 0 : m * G * 16),
                 ds.data() + (ds.empty() ? 0 : m * G * 16), d16.data() + (d16.empty() ? 0 : m * G * 16),
-                d8.data() + (d8.empty() ? 0 : m * K / 4), z8.data() + (z8.empty() ? 0 : m * K / 4),
+                qq.data() + (qq.empty() ? 0 : m * Q * 128), zq.data() + (zq.empty() ? 0 : m * Q * 16),
+                dq.data() + (dq.empty() ? 0 : m * Q * 16),
                 qk.data() + (qk.empty() ? 0 : m * K), d2.data() + (d2.empty() ? 0 : m * K / 16),
                 q6.data() + (q6.empty() ? 0 : m * K), z6.data() + (z6.empty() ? 0 : m * K / 16),
                 d6.data() + (d6.empty() ? 0 : m * K / 16)};

@@ -21,7 +21,7 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
         if (layouts & kNibbleLayout)
             nibble_order(x, nb, const_cast<int8_t*>(x.qi), const_cast<int32_t*>(x.ni), const_cast<float*>(x.ds),
                          const_cast<float*>(x.d16));
-        if (layouts & kQ8_0Layout) q8_0_spread(x, nb, const_cast<float*>(x.d8), const_cast<int32_t*>(x.z8));
+        if (layouts & kQ8_0Layout) q8_0_order(x, nb, const_cast<int8_t*>(x.qq), const_cast<int32_t*>(x.zq), const_cast<float*>(x.dq));
         if (K % 256 == 0 && (layouts & kQ4KLayout)) q4k_order(x, nb, const_cast<int8_t*>(x.qk), const_cast<float*>(x.d2));
         if (K % 256 == 0 && (layouts & kQ6KLayout))
             q6k_order(x, nb, const_cast<int8_t*>(x.q6), const_cast<int32_t*>(x.z6), const_cast<float*>(x.d6));
