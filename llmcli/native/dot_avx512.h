@@ -29,13 +29,6 @@ static inline __m512i nibble_start(const int32_t* ni) {
 // (blocks 0-3 and 4-7) meet in unpacklo/unpackhi_epi64, which alternate them qword by qword
 constexpr int nibble_block(int q) { return q / 2 + 4 * (q % 2); }
 
-// The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds, d16), per group of 8
-// blocks: 4 vectors c of 64 bytes, qword q holding codes 8c..8c+7 of block nibble_block(q), as the
-// weights' nibbles come out of nibble_unpack; lanes 2q, 2q + 1 are that block's: its d twice (d16) and
-// -16 * the sums of the 16 codes each lane multiplies (ni, nibble_start's). ds: every block's (d, s) side by side,
-// to meet the weights' (d, m) in one multiply. A last group of 5 to 7 blocks is padded with zeros
-// to 8; one of 1 to 4 to 4, in the quad order (nibble_quad_unpack's): codes 0-15 of each block, then
-// 16-31, 4 lanes a block (a group of 8 half empty cost a K of 640 a fifth of its time).
 // Blocks 4j..4j+3 (zeros past nb) in the quad order: q8 codes 0-15 of each block, then 16-31 (128
 // bytes); lane 4b + t of the 16 (block 4j + b's codes 4t..4t+3 and 16 + 4t..16 + 4t + 3): n its
 // -zero_times * (sum of those codes), d the block's d
@@ -57,6 +50,13 @@ static inline void quad_order(const Q8& x, int64_t nb, int64_t j, int zero_times
     }
 }
 
+// The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds, d16), per group of 8
+// blocks: 4 vectors c of 64 bytes, qword q holding codes 8c..8c+7 of block nibble_block(q), as the
+// weights' nibbles come out of nibble_unpack; lanes 2q, 2q + 1 are that block's: its d twice (d16) and
+// -16 * the sums of the 16 codes each lane multiplies (ni, nibble_start's). ds: every block's (d, s) side by side,
+// to meet the weights' (d, m) in one multiply. A last group of 5 to 7 blocks is padded with zeros
+// to 8; one of 1 to 4 to 4, in the quad order (nibble_quad_unpack's): codes 0-15 of each block, then
+// 16-31, 4 lanes a block (a group of 8 half empty cost a K of 640 a fifth of its time).
 static inline void nibble_order(const Q8& x, int64_t nb, int8_t* qi, int32_t* ni, float* ds, float* d16) {
     for (int64_t g = 0; g < (nb + 7) / 8; ++g) {
         for (int64_t i = 8 * g; i < 8 * g + 8; ++i) {
