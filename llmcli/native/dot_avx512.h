@@ -327,6 +327,15 @@ static LLMCLI_INLINE void q8_0_quad(const uint8_t* const p[4], __m512i& lo, __m5
     wd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), d);
 }
 
+// Blocks 4j..4j+3 of a Q8_0 row of nb blocks (zero blocks past its end), q8_0_quad's vectors
+static LLMCLI_INLINE void q8_0_group(const uint8_t* w, int64_t nb, int64_t j, __m512i& lo, __m512i& hi, __m512& wd) {
+    constexpr int bytes = Block<kQ8_0>::bytes;
+    const uint8_t* b = w + 4 * j * bytes;
+    const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
+    if (4 * j + 4 > nb) group_of<bytes>(w, 4 * j, nb, p);
+    q8_0_quad(p, lo, hi, wd);
+}
+
 // acc += quad j's products with activation row x, scaled
 static LLMCLI_INLINE void q8_0_quad_dot(__m512i lo, __m512i hi, __m512 wd, const Q8& x, int64_t j, __m512& acc) {
     const int8_t* y = x.qq + 128 * j;
@@ -338,17 +347,13 @@ static LLMCLI_INLINE void q8_0_quad_dot(__m512i lo, __m512i hi, __m512 wd, const
 // blocks after)
 template <int R>
 static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
-    constexpr int bytes = Block<kQ8_0>::bytes;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t j = 0; j < (nb + 3) / 4; ++j)
         for (int r = 0; r < R; ++r) {
-            const uint8_t* b = row + r * stride + 4 * j * bytes;
-            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
-            if (4 * j + 4 > nb) group_of<bytes>(row + r * stride, 4 * j, nb, p);
             __m512i lo, hi;
             __m512 wd;
-            q8_0_quad(p, lo, hi, wd);
+            q8_0_group(row + r * stride, nb, j, lo, hi, wd);
             q8_0_quad_dot(lo, hi, wd, x, j, acc[r]);
         }
     reduce_rows<R>(acc, out);

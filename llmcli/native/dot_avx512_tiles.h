@@ -76,29 +76,35 @@ static void nibble_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
         x, nb, out);
 }
 
-template <int C>
-static void q8_0_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
-    constexpr int bytes = Block<kQ8_0>::bytes;
+// Q8_0: `get(r, j, lo, hi, wd)` gives weight row r's blocks 4j..4j+3 (dot_avx512.h's q8_0_group)
+template <int C, typename Get>
+static LLMCLI_INLINE void q8_0_tile_from(Get&& get, const Q8* x, int64_t nb, float* out) {
     __m512 accs[C][4];
     for (int r = 0; r < 4; ++r) {
-        const uint8_t* w = row + r * stride;
         __m512 acc[C];
         for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
         for (int64_t j = 0; j < (nb + 3) / 4; ++j) {
-            const uint8_t* b = w + 4 * j * bytes;
-            const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
-            if (4 * j + 4 > nb) group_of<bytes>(w, 4 * j, nb, p);
-            fetch_ahead(ahead, r * stride + 4 * j * bytes);  // 4 blocks: 136 bytes
-            fetch_ahead(ahead, r * stride + 4 * j * bytes + 128);
             __m512i lo, hi;
             __m512 wd;
-            q8_0_quad(p, lo, hi, wd);
+            get(r, j, lo, hi, wd);
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) q8_0_quad_dot(lo, hi, wd, x[c], j, acc[c]);
         }
         for (int c = 0; c < C; ++c) accs[c][r] = acc[c];
     }
     for (int c = 0; c < C; ++c) reduce_rows<4>(accs[c], out + 4 * c);
+}
+
+template <int C>
+static void q8_0_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
+    constexpr int bytes = Block<kQ8_0>::bytes;
+    q8_0_tile_from<C>(
+        [&](int r, int64_t j, __m512i& lo, __m512i& hi, __m512& wd) __attribute__((always_inline)) {
+            fetch_ahead(ahead, r * stride + 4 * j * bytes);  // 4 blocks: 136 bytes
+            fetch_ahead(ahead, r * stride + 4 * j * bytes + 128);
+            q8_0_group(row + r * stride, nb, j, lo, hi, wd);
+        },
+        x, nb, out);
 }
 
 // kblock_rows for four weight rows against C activation rows, K in chunks of kChunk blocks taken by all
@@ -142,26 +148,35 @@ static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
 }
 
 // Many tiles against the same four weight rows (a prefill's tokens, 64 at a time): the rows unpacked
-// once into a buffer that every tile reads from L1 (nibble_group's vectors, Q4KBlock, Q6KBlock).
+// once into a buffer that every tile reads from L1 (nibble_group's vectors, q8_0_group's, Q4KBlock, Q6KBlock).
 // Unpacking the Q5_0 rows again for each tile of 8 took a third of the time (4864x896 at 64 tokens,
 // one thread: 5.5 -> 3.5 ms). The products and their order are the tiles'.
 struct NibbleGroup { __m512i v[4]; __m512 wd, wdm; };
+struct Q8_0Group { __m512i lo, hi; __m512 wd; };
 template <int T> struct Unpacked { using type = NibbleGroup; };  // what a group or block unpacks into
+template <> struct Unpacked<kQ8_0> { using type = Q8_0Group; };
 template <> struct Unpacked<kQ4_K> { using type = Q4KBlock; };
 template <> struct Unpacked<kQ6_K> { using type = Q6KBlock; };
-template <int T> constexpr bool unpacked_tiles = T != kQ8_0 && T != kQ5_K;  // Q8_0: codes as stored; Q5_K: floats
+template <int T> constexpr bool unpacked_tiles = T != kQ5_K;  // (Q5_K takes the float route)
 template <int T> constexpr bool is_kblock = T == kQ4_K || T == kQ6_K;
 template <int T>
-static int64_t unpacked_count(int64_t nb) { return 4 * (is_kblock<T> ? nb / 8 : (nb + 7) / 8); }
+static int64_t unpacked_count(int64_t nb) { return 4 * (is_kblock<T> ? nb / 8 : T == kQ8_0 ? (nb + 3) / 4 : (nb + 7) / 8); }
 
-// The four rows' groups (blocks of 256 for Q4_K, Q6_K) unpacked: row r's group g at u[4 * g + r]
+// The four rows' groups (blocks of 256 for Q4_K, Q6_K; of 4 for Q8_0) unpacked: row r's group g at u[4 * g + r]
 template <int T>
 static void unpack_4rows(const uint8_t* row, int64_t stride, int64_t nb, typename Unpacked<T>::type* u,
                          const uint8_t* ahead) {
     constexpr int bytes = Block<T>::bytes;
     for (int r = 0; r < 4; ++r) {
         const uint8_t* w = row + r * stride;
-        if constexpr (is_kblock<T>) {
+        if constexpr (T == kQ8_0) {
+            for (int64_t j = 0; j < (nb + 3) / 4; ++j) {
+                fetch_ahead(ahead, r * stride + 4 * j * bytes);
+                fetch_ahead(ahead, r * stride + 4 * j * bytes + 128);
+                Q8_0Group& q = u[4 * j + r];
+                q8_0_group(w, nb, j, q.lo, q.hi, q.wd);
+            }
+        } else if constexpr (is_kblock<T>) {
             for (int64_t k = 0; k < nb / 8; ++k) {
                 fetch_ahead(ahead, r * stride + k * bytes);
                 fetch_ahead(ahead, r * stride + k * bytes + 128);
@@ -181,7 +196,16 @@ static void unpack_4rows(const uint8_t* row, int64_t stride, int64_t nb, typenam
 
 template <int T, int C>
 static void tile_unpacked(const typename Unpacked<T>::type* u, const Q8* x, int64_t nb, float* out) {
-    if constexpr (is_kblock<T>) {
+    if constexpr (T == kQ8_0) {
+        q8_0_tile_from<C>(
+            [&](int r, int64_t j, __m512i& lo, __m512i& hi, __m512& wd) __attribute__((always_inline)) {
+                const Q8_0Group& q = u[4 * j + r];
+                lo = q.lo;
+                hi = q.hi;
+                wd = q.wd;
+            },
+            x, nb, out);
+    } else if constexpr (is_kblock<T>) {
         kblock_tile_from<typename Unpacked<T>::type, C>([&](int r, int64_t k) { return u[4 * k + r]; }, x, nb, out);
     } else {
         nibble_tile_from<T, C>(
