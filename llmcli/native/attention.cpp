@@ -48,8 +48,8 @@ void attend_heads(const float* q, int64_t n, const float* k, int64_t ks, const f
 }
 
 int64_t heads_a_part(int64_t G, int64_t groups, int threads) {
-    // parts enough for two items a thread (a third item for one of two threads left the other idle a
-    // third of the time), but two heads a part at least: sharing a key head's rows is the point
+    // parts enough for two items a thread (SmolLM2's 3 key heads as 3 items would leave one of 2
+    // threads idle half the time), but two heads a part at least: sharing a key head's rows is the point
     const int64_t parts = std::max<int64_t>(1, (2 * threads + groups - 1) / groups);
     return std::clamp<int64_t>((G + parts - 1) / parts, std::min<int64_t>(G, 2), kHeadsAtOnce);
 }
