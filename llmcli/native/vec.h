@@ -105,10 +105,8 @@ static inline float dot_f32(const float* a, const float* b, int64_t n) {
     return s;
 }
 
-// out[h][j] = a_h . b_j for NH rows a_h = a + h * lda and four rows b_j = b + j * stride (n floats
-// each): each b row loaded once for the NH (attention's query heads that share a key head), one
-// chain a pair, a row's four reduced together (AVX-512: a transpose's adds, as the block kernels
-// reduce four rows). Each a_h's results do not depend on NH.
+// out[j] = the sum of acc[j]'s lanes, the four reduced together (AVX-512: a transpose's adds, as the
+// block kernels reduce four rows)
 static inline void reduce4(const vf acc[4], float out[4]) {
 #if defined(LLMCLI_AVX512VNNI)
     const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
@@ -121,6 +119,9 @@ static inline void reduce4(const vf acc[4], float out[4]) {
 #endif
 }
 
+// out[h][j] = a_h . b_j for NH rows a_h = a + h * lda and four rows b_j = b + j * stride (n floats
+// each): each b row loaded once for the NH (attention's query heads that share a key head), one
+// chain a pair, reduced by reduce4. Each a_h's results do not depend on NH.
 template <int NH>
 static inline void dot4_f32_heads(const float* a, int64_t lda, const float* b, int64_t stride, int64_t n, float out[][4]) {
     vf acc[NH][4];
