@@ -13,6 +13,10 @@ LLMCLI_API const char* llmcli_source_hash();  // build.py's hash of the sources 
 
 // y (M, N) = x (M, K) @ W.T, W (N, row bytes) uint8: GGUF blocks of `type` (quant/gguf_blocks.py's TYPE_IDS)
 LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
+// The same through the 16-row kernels a decode step takes (where this variant has them for this
+// type and N: else 2, nothing written), each row's numbers as with that row alone
+LLMCLI_API int llmcli_mm_rows16(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
+                                int threads);
 // y (N, K) = W's rows dequantized
 LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
 // x (M, K) -> q (M, K) int8, d and s (M, K/32): the activations as mm's integer dot products take them

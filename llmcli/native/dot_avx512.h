@@ -472,3 +472,4 @@ static void dot_4rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t n
 }
 
 #include "dot_avx512_tiles.h"  // the same products for several activation rows at once
+#include "dot_avx512_rows16.h"  // and from a copy of the weights interleaved 16 rows at a time

@@ -22,7 +22,7 @@ static inline unsigned layout_of(int type) {
 struct Q8Rows {
     std::vector<int8_t> q, qi, qq, qk, q6;
     std::vector<float> d, s, ds, d16, dq, d2, d6;
-    std::vector<int32_t> n4, ni, zq, z6;
+    std::vector<int32_t> n4, n32, ni, zq, z6;
     int64_t K = 0, G = 0, Q = 0;  // groups of 8 blocks a row (qi, ni, ds, d16), of 4 (qq, zq, dq): the last padded with zero blocks
 
     void resize(int64_t rows, int64_t k) {
@@ -31,6 +31,7 @@ struct Q8Rows {
         Q = (k / 32 + 3) / 4;
         // slack after the last row: a padded group's codes, sums and scales read past it (times d = 0)
         q.resize(rows * k + 128); d.resize(rows * k / 32 + 4); s.resize(rows * k / 32 + 4); n4.resize(rows * k / 4 + 32);
+        n32.resize(rows * k / 32 + 4);
 #if defined(LLMCLI_AVX512VNNI)
         qi.resize(rows * G * 256); ni.resize(rows * G * 16); ds.resize(rows * G * 16); d16.resize(rows * G * 16);
         qq.resize(rows * Q * 128); zq.resize(rows * Q * 16); dq.resize(rows * Q * 16);
@@ -40,7 +41,7 @@ struct Q8Rows {
     }
     Q8 row(int64_t m) const {
         const int64_t nb = K / 32;
-        return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4,
+        return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4, n32.data() + m * nb,
                 qi.data() + (qi.empty() ? 0 : m * G * 256), ni.data() + (ni.empty() ? 0 : m * G * 16),
                 ds.data() + (ds.empty() ? 0 : m * G * 16), d16.data() + (d16.empty() ? 0 : m * G * 16),
                 qq.data() + (qq.empty() ? 0 : m * Q * 128), zq.data() + (zq.empty() ? 0 : m * Q * 16),
@@ -57,8 +58,14 @@ struct Q8Rows {
 // [n0, n1) and m in [0, M). xq: the rows quantized; xf: the rows as floats (Q5_K's float route).
 // `alone`: each value exactly as with its activation row alone (M = 1), for any M and any [n0, n1)
 // of whole groups of 4 rows (the decode step's promise that a batch does not change a row's numbers).
+// `rows16`: W is rows16_interleave's copy ([n0, n1) whole groups of 16); each value is then as alone.
 void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
-             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone);
+             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool rows16 = false);
+
+// Whether this variant has 16-row kernels (dot_avx512_rows16.h) for N rows of `type`; then
+// rows16_interleave writes W's copy for them (N * row bytes at out) and project(..., rows16) reads it
+bool rows16_takes(int type, int64_t N);
+void rows16_interleave(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out);
 
 // Attention for one query of n heads that share a key and value head (q and out: n rows of D):
 // scores against S keys (rows `ks` floats apart), softmax, weighted sum of S values (rows `vs`

@@ -89,6 +89,7 @@ class Kernels:
         self.variant = _fn(lib, "llmcli_variant", ctypes.c_char_p)().decode()
         self.source_hash = _fn(lib, "llmcli_source_hash", ctypes.c_char_p)().decode()
         self._mm = _fn(lib, "llmcli_mm", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
+        self._mm_rows16 = _fn(lib, "llmcli_mm_rows16", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
         self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
         self._top_k = _fn(lib, "llmcli_top_k", _I32, _P, _I64, _I64, _P, _P)
@@ -115,6 +116,19 @@ class Kernels:
         y = torch.empty(M, N)
         self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads())
         return y
+
+    def mm_rows16(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor | None:
+        """mm through the 16-row kernels a decode step takes (on a copy of the blocks interleaved for
+        them), or None where this variant has none for this type or row count."""
+        x = x.to(torch.float32).contiguous()
+        blocks = blocks.contiguous()
+        check_blocks(blocks, type_id, K)
+        if x.shape[1] != K:
+            raise ValueError(f"x has {x.shape[1]} columns, the weight {K}")
+        y = torch.empty(x.shape[0], blocks.shape[0])
+        rc = self._mm_rows16(x.data_ptr(), x.shape[0], blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(),
+                             torch.get_num_threads())
+        return None if rc == 2 else y
 
     def dequantize(self, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
         """(N, row bytes) uint8 -> (N, K) float32."""

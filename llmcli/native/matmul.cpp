@@ -14,6 +14,9 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
     for (int64_t i = m0 * nb; i < m1 * nb; ++i) {
         quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i]);
         sums_of_four(q.data() + 32 * i, n4.data() + 8 * i);
+        int32_t sum = 0;
+        for (int g = 0; g < 8; ++g) sum += n4[8 * i + g];
+        n32[i] = sum;
     }
 #if defined(LLMCLI_AVX512VNNI)
     for (int64_t m = m0; m < m1; ++m) {
@@ -114,6 +117,52 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
     }
 }
 
+#ifdef LLMCLI_ROWS16
+// rows16_interleave's copy W of rows [n0, n1) (whole groups of 16) against activation rows m0.., 8 at a time
+template <int T>
+static void rows16_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
+                       int64_t n0, int64_t n1) {
+    const int64_t nb = K / 32, group = 16 * nb * Block<T>::bytes;
+    Q8 xs[8];
+    float o[16 * 8];
+    for (int64_t n = n0; n < n1; n += 16)
+        for (int64_t m = 0; m < M; m += 8) {
+            const int C = (int)std::min<int64_t>(8, M - m);
+            for (int c = 0; c < C; ++c) xs[c] = xq.row(m0 + m + c);
+            const uint8_t* ahead = m == 0 && n + 16 < n1 ? W + (n / 16 + 1) * group : nullptr;
+            with_width(C, [&](auto c) { rows16_tile<T, decltype(c)::value>(W + n / 16 * group, nb, xs, o, ahead); });
+            for (int c = 0; c < C; ++c)
+                for (int r = 0; r < 16; ++r) y[(m + c) * ldy + n + r] = o[16 * c + r];
+        }
+}
+#endif
+
+bool rows16_takes(int type, int64_t N) {
+    bool takes = false;
+#ifdef LLMCLI_ROWS16
+    with_type(type, [&](auto t) { takes = rows16_type<decltype(t)::value> && N % 16 == 0; });
+#endif
+    return takes && N > 0;
+}
+
+void rows16_interleave(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out) {
+#ifdef LLMCLI_ROWS16
+    with_type(type, [&](auto t) {
+        constexpr int T = decltype(t)::value;
+        if constexpr (rows16_type<T>) {
+            const int64_t nb = K / 32, rb = nb * Block<T>::bytes;
+            for (int64_t n = 0; n < N; n += 16) {
+                const uint8_t* rows[16];
+                for (int r = 0; r < 16; ++r) rows[r] = W + (n + r) * rb;
+                rows16_interleave<T>(rows, nb, out + n * rb);
+            }
+        }
+    });
+#else
+    (void)type, (void)W, (void)N, (void)K, (void)out;
+#endif
+}
+
 template <int T>
 static void float_rows(const uint8_t* W, int64_t K, const float* X, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
     using Bk = Block<T>;
@@ -131,9 +180,13 @@ static void float_rows(const uint8_t* W, int64_t K, const float* X, int64_t M, f
 }
 
 void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
-             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone) {
+             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool rows16) {
     with_type(type, [&](auto t) {
         constexpr int T = decltype(t)::value;
+#ifdef LLMCLI_ROWS16
+        if constexpr (rows16_type<T>)
+            if (rows16) return rows16_dot<T>(W, K, xq, m0, M, y, ldy, n0, n1);
+#endif
         if constexpr (T == kQ5_K) float_rows<T>(W, K, xf + m0 * K, M, y, ldy, n0, n1);
         else dot_rows<T>(W, K, xq, m0, M, y, ldy, n0, n1, alone);
     });
@@ -162,6 +215,21 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
         else stages.push_back({M, 1, [&](int, int64_t lo, int64_t hi) { xq.quantize(x, lo, hi, layouts); }, {}});
     }
     stages.push_back({N, 16, [&](int, int64_t lo, int64_t hi) { project(type, w, K, xq, x, 0, M, y, N, lo, hi, false); }, {}});
+    shared_team(threads)->run(stages);
+    return 0;
+}
+
+LLMCLI_API int llmcli_mm_rows16(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
+                                int threads) {
+    if (type < 0 || type >= kTypes || K % block_size(type) || M < 0 || N < 0) return 1;
+    if (!rows16_takes(type, N)) return 2;
+    if (M == 0) return 0;
+    std::vector<uint8_t> copy(N * (K / 32) * block_bytes(type));
+    rows16_interleave(type, w, N, K, copy.data());
+    Q8Rows xq;
+    xq.resize(M, K);
+    xq.quantize(x, 0, M, 0);
+    std::vector<Stage> stages{{N, 16, [&](int, int64_t lo, int64_t hi) { project(type, copy.data(), K, xq, x, 0, M, y, N, lo, hi, true, true); }, {}}};
     shared_team(threads)->run(stages);
     return 0;
 }
