@@ -90,30 +90,40 @@ static inline __m512i rows16_start(const Q8& x, int64_t b) {
 
 // The interleaved group of 16 rows at w (nb blocks) against activation rows x[0..C): out[16 * c + r]
 // = row r . x[c]. Each (row, activation row) lane: for each block in order, the 32 products summed
-// in int32, times (d * the activation's d) added to its sum (and m * the activation's s to another).
-// `ahead`: bytes to fetch meanwhile, as many a block as it takes (the next group's, or null)
+// in int32, times (d * the activation's d) added to its sum; Q4_1's and Q5_1's m * the activation's
+// s added to another sum, block by block, then to the first. The activation rows' sums go side by
+// side, a vpdpbusd of each in turn: one row's 8 in a row wait on each other (5 cycles each), and the
+// scheduler did not look far enough ahead to overlap the rows (8 rows: 1.3x slower so).
+// `ahead`: bytes to fetch meanwhile, as many a block as it takes (the next group's, or null).
 template <int T, int C>
 static void rows16_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, const uint8_t* ahead) {
     constexpr int bytes = 16 * Block<T>::bytes;
-    __m512 acc[C], off[C];
-    for (int c = 0; c < C; ++c) acc[c] = off[c] = _mm512_setzero_ps();
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* o = w + b * bytes;
         if (ahead)
             for (int at = 0; at < bytes; at += 64) __builtin_prefetch(ahead + b * bytes + at);
-        __m512i u[8];
+        __m512i u[8], s[C];
         rows16_codes<T>(o, u);
+        for (int c = 0; c < C; ++c) s[c] = rows16_start<T>(x[c], b);
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; ++p)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], u[p], broadcast4(x[c].q + 32 * b + 4 * (p % 4) + 16 * (p / 4)));
         const __m512 d = _mm512_cvtph_ps(load256(o));
-        const __m512 m = has_min<T> ? _mm512_cvtph_ps(load256(o + rows16_min_at<T>)) : d;
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) {
-            const int8_t* q = x[c].q + 32 * b;
-            __m512i s = rows16_start<T>(x[c], b);
-#pragma GCC unroll 8
-            for (int p = 0; p < 8; ++p) s = _mm512_dpbusd_epi32(s, u[p], broadcast4(q + 4 * (p % 4) + 16 * (p / 4)));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), acc[c]);
-            if constexpr (has_min<T>) off[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[c].s[b]), off[c]);
-        }
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), acc[c]);
     }
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, has_min<T> ? _mm512_add_ps(acc[c], off[c]) : acc[c]);
+    if constexpr (has_min<T>) {
+        __m512 off[C];
+        for (int c = 0; c < C; ++c) off[c] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const __m512 m = _mm512_cvtph_ps(load256(w + b * bytes + rows16_min_at<T>));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c) off[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[c].s[b]), off[c]);
+        }
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_add_ps(acc[c], off[c]);
+    }
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
