@@ -90,19 +90,20 @@ def test_int8_dot_products_equal_float64_on_the_same_activations(kernels, type_n
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K"])
 def test_16_row_kernels_equal_float64_and_give_each_row_what_it_gets_alone(kernels, type_name):
-    """The kernels a decode step takes on its interleaved copy of the 32-block types (AVX-512): the
-    float64 products of the same int8 activations, and each activation row's values those of that
-    row alone, whatever rows come with it (1, 3, 8 a tile, 9 and 17 over tiles)."""
+    """The kernels a decode step takes on its interleaved copy of the weights (AVX-512): the float64
+    products of the same int8 activations, and each activation row's values those of that row
+    alone, whatever rows come with it (1, 3, 8 a tile, 9 and 17 over tiles)."""
     from gguf.quants import dequantize
 
     type_id = TYPE_IDS[type_name]
-    if kernels.mm_rows16(torch.zeros(1, 32), torch.zeros(16, BLOCKS[type_name][1], dtype=torch.uint8), type_id, 32) is None:
+    size, nbytes = BLOCKS[type_name]
+    if kernels.mm_rows16(torch.zeros(1, size), torch.zeros(16, nbytes, dtype=torch.uint8), type_id, size) is None:
         pytest.skip(f"the {kernels.variant} kernels have no 16-row layout (AVX-512 VNNI's)")
-    assert kernels.mm_rows16(torch.zeros(1, 32), torch.zeros(8, BLOCKS[type_name][1], dtype=torch.uint8), type_id, 32) is None
+    assert kernels.mm_rows16(torch.zeros(1, size), torch.zeros(8, nbytes, dtype=torch.uint8), type_id, size) is None
     for raw in (False, True):
-        for K in (512, 544, 96):
+        for K in (256, 768) if type_name.endswith("_K") else (512, 544, 96):
             blocks = _blocks(type_name, 48, K, seed=K, raw=raw)
             w = dequantize(blocks, _ggml(type_name)).reshape(48, K).astype(np.float64)
             b = torch.from_numpy(blocks.copy())

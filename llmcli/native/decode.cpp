@@ -184,8 +184,7 @@ class DecodeSteps {
             static_cast<LlmcliProjection&>(p) = ps[i];
             base += p.N;
             if (rows16_takes((int)p.type, p.N) && (base - p.N) % 16 == 0) {
-                const int64_t bytes = p.N * (p.K / block_size((int)p.type)) * block_bytes((int)p.type);
-                copies.emplace_back(new uint8_t[bytes]);
+                copies.emplace_back(new uint8_t[rows16_bytes((int)p.type, p.N, p.K)]);
                 rows16_interleave((int)p.type, p.blocks, p.N, p.K, copies.back().get());
                 p.blocks = copies.back().get();
                 p.rows16 = true;

@@ -1,8 +1,8 @@
 // AVX-512 VNNI, 16 weight rows at a time from a copy of the weights interleaved for it (included at
-// the end of dot_avx512.h). A decode step keeps such a copy of each projection of the 32-block types
-// (the nibble types and Q8_0): vector lane r is weight row r, so one vpdpbusd multiplies 4 codes of
-// 16 rows by 4 activation codes broadcast from memory, a block's 8 of them sum its 32 products in
-// each lane, and one conversion and one multiply-add scale them, with no sums across lanes at all.
+// the end of dot_avx512.h). A decode step keeps such a copy of each projection of the nibble types,
+// Q8_0 and Q4_K: vector lane r is weight row r, so one vpdpbusd multiplies 4 codes of 16 rows by 4
+// activation codes broadcast from memory, 8 of them sum a block's (Q4_K: a sub-block's) 32 products
+// in each lane, and one conversion and one multiply-add scale them, with no sums across lanes at all.
 // The same code serves one activation row and several (a batch, a prompt), each row through the
 // same operations in the same order, so a row's numbers never depend on the rows beside it.
 // Against the blocks as stored (dot_avx512.h), one thread: Q4_1 3072x576 1 row 70 -> 22 us,
@@ -10,7 +10,9 @@
 #pragma once
 
 #define LLMCLI_ROWS16 1
-template <int T> constexpr bool rows16_type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0;
+template <int T>
+constexpr bool rows16_type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0 || T == kQ4_K;
+template <int T> constexpr bool rows16_min = has_min<T> || T == kQ4_K;  // a second sum: m * the activation's s
 
 // A block of 16 rows, interleaved (the same bytes as their 16 blocks, laid out again):
 //   d[16] f16 | m[16] f16 (Q4_1, Q5_1) | 5th bits (Q5_0, Q5_1): 8 masks of 64 bits | codes
@@ -18,13 +20,51 @@ template <int T> constexpr bool rows16_type = T == kQ4_0 || T == kQ4_1 || T == k
 // (so codes 4p..4p+3 in the low nibbles, 16 + 4p.. in the high ones); Q8_0's as 8 vectors, lane r
 // row r's codes 4p..4p+3, stored + 128 (unsigned, vpdpbusd's weights side). Mask p (p < 4: codes
 // 4p.., else 16 + 4(p - 4)..) has bit 4r + t set where row r's code 4p + t (or 16 + ..) has its 5th bit.
+// Q4_K, per block of 256: d[16] f16 | dmin[16] f16 | then each sub-block of 32: sc[16] | m[16] (the
+// 6-bit scales and mins, a byte each) | its codes as Q4_1's (low nibbles codes 0-15, high 16-31):
+// 16 * 148 bytes, 4 more a row than stored.
 template <int T> constexpr int rows16_min_at = 32;  // the offsets of the parts above
 template <int T> constexpr int rows16_bits_at = has_min<T> ? 64 : 32;
 template <int T> constexpr int rows16_codes_at = rows16_bits_at<T> + (T == kQ5_0 || T == kQ5_1 ? 64 : 0);
+constexpr int kQ4KSub = 32 + 256;         // a Q4_K sub-block's bytes: sc, m, codes
+constexpr int kQ4KGroup = 64 + 8 * kQ4KSub;  // a Q4_K block's: d, dmin, 8 sub-blocks
+// The copy's bytes a group of 16 rows takes per 32 weights (and nb 32-blocks a row: bytes a group)
+template <int T> constexpr int64_t rows16_stride = T == kQ4_K ? kQ4KGroup / 8 : 16 * Block<T>::bytes;
+template <int T> static inline int64_t rows16_group_bytes(int64_t nb) { return nb * rows16_stride<T>; }
 
-// Rows row[0..15] (blocks of T, nb a row) -> their interleaved blocks at out (16 * row bytes)
+// Q4_K's rows row[0..15] (nb 32-blocks a row) -> their interleaved blocks at out
+static void rows16_interleave_q4k(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
+    for (int64_t k = 0; k < nb / 8; ++k) {
+        uint8_t* o = out + k * kQ4KGroup;
+        for (int r = 0; r < 16; ++r) {
+            const uint8_t* blk = row[r] + k * Block<kQ4_K>::bytes;
+            std::memcpy(o + 2 * r, blk, 2);
+            std::memcpy(o + 32 + 2 * r, blk + 2, 2);
+            uint8_t sc[8], mn[8];
+            k_scales(blk + 4, sc, mn);
+            for (int j = 0; j < 8; ++j) {
+                uint8_t* sub = o + 64 + j * kQ4KSub;
+                sub[r] = sc[j];
+                sub[16 + r] = mn[j];
+                const uint8_t* qs = blk + 16 + 32 * (j / 2);  // sub-block j: nibble j % 2 of these 32 bytes
+                uint8_t packed[16];
+                for (int i = 0; i < 16; ++i) {
+                    const int lo = j % 2 ? qs[i] >> 4 : qs[i] & 15, hi = j % 2 ? qs[16 + i] >> 4 : qs[16 + i] & 15;
+                    packed[i] = (uint8_t)(lo | hi << 4);
+                }
+                for (int p = 0; p < 4; ++p) std::memcpy(sub + 32 + 64 * p + 4 * r, packed + 4 * p, 4);
+            }
+        }
+    }
+}
+
+// Rows row[0..15] (blocks of T, nb 32-blocks a row) -> their interleaved blocks at out
 template <int T>
 static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
+    if constexpr (T == kQ4_K) {
+        rows16_interleave_q4k(row, nb, out);
+        return;
+    }
     constexpr int bytes = Block<T>::bytes, qs_at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : T == kQ5_1 ? 8 : 2;
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t* o = out + b * 16 * bytes;
@@ -54,13 +94,39 @@ static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t*
     }
 }
 
+// 32-block b of the group at w: where its codes are, its 16 rows' scales d (and for rows16_min
+// types their m, as they add: Q4_K's -dmin * m)
+template <int T>
+static inline const uint8_t* rows16_block(const uint8_t* w, int64_t b) {
+    if constexpr (T == kQ4_K) return w + b / 8 * kQ4KGroup + 64 + b % 8 * kQ4KSub;
+    else return w + b * rows16_stride<T>;
+}
+static inline __m512 bytes_times(const uint8_t* p, const uint8_t* half) {  // 16 bytes times 16 float16
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
+                         _mm512_cvtph_ps(load256(half)));
+}
+template <int T>
+static inline __m512 rows16_d(const uint8_t* w, int64_t b) {
+    if constexpr (T == kQ4_K) return bytes_times(rows16_block<T>(w, b), w + b / 8 * kQ4KGroup);
+    else return _mm512_cvtph_ps(load256(rows16_block<T>(w, b)));
+}
+template <int T>
+static inline __m512 rows16_m(const uint8_t* w, int64_t b) {
+    if constexpr (T == kQ4_K) {
+        const __m512 m = bytes_times(rows16_block<T>(w, b) + 16, w + b / 8 * kQ4KGroup + 32);
+        return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), _mm512_set1_epi32(INT32_MIN)));  // -m, exactly
+    } else {
+        return _mm512_cvtph_ps(load256(rows16_block<T>(w, b) + rows16_min_at<T>));
+    }
+}
+
 static inline __m512i broadcast4(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 
 // Block b's codes for the 16 rows (o: the interleaved block): u[p] lane r holds row r's codes
 // 4p..4p+3 (p < 4) or 16 + 4(p - 4).. (p >= 4), unsigned
 template <int T>
 static LLMCLI_INLINE void rows16_codes(const uint8_t* o, __m512i u[8]) {
-    const uint8_t* codes = o + rows16_codes_at<T>;
+    const uint8_t* codes = o + (T == kQ4_K ? 32 : rows16_codes_at<T>);
     if constexpr (T == kQ8_0) {
         for (int p = 0; p < 8; ++p) u[p] = load512(codes + 64 * p);
     } else {
@@ -90,18 +156,18 @@ static inline __m512i rows16_start(const Q8& x, int64_t b) {
 
 // The interleaved group of 16 rows at w (nb blocks) against activation rows x[0..C): out[16 * c + r]
 // = row r . x[c]. Each (row, activation row) lane: for each block in order, the 32 products summed
-// in int32, times (d * the activation's d) added to its sum; Q4_1's and Q5_1's m * the activation's
-// s added to another sum, block by block, then to the first. The activation rows' sums go side by
+// in int32, times (d * the activation's d) added to its sum; Q4_1's, Q5_1's and Q4_K's m * the
+// activation's s added to another sum, block by block, then to the first. The activation rows' sums go side by
 // side, a vpdpbusd of each in turn: one row's 8 in a row wait on each other (5 cycles each), and the
 // scheduler did not look far enough ahead to overlap the rows (8 rows: 1.3x slower so).
 // `ahead`: bytes to fetch meanwhile, as many a block as it takes (the next group's, or null).
 template <int T, int C>
 static void rows16_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, const uint8_t* ahead) {
-    constexpr int bytes = 16 * Block<T>::bytes;
+    constexpr int bytes = rows16_stride<T>;
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* o = w + b * bytes;
+        const uint8_t* o = rows16_block<T>(w, b);
         if (ahead)
             for (int at = 0; at < bytes; at += 64) __builtin_prefetch(ahead + b * bytes + at);
         __m512i u[8], s[C];
@@ -111,15 +177,15 @@ static void rows16_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, c
         for (int p = 0; p < 8; ++p)
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], u[p], broadcast4(x[c].q + 32 * b + 4 * (p % 4) + 16 * (p / 4)));
-        const __m512 d = _mm512_cvtph_ps(load256(o));
+        const __m512 d = rows16_d<T>(w, b);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), acc[c]);
     }
-    if constexpr (has_min<T>) {
+    if constexpr (rows16_min<T>) {
         __m512 off[C];
         for (int c = 0; c < C; ++c) off[c] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
-            const __m512 m = _mm512_cvtph_ps(load256(w + b * bytes + rows16_min_at<T>));
+            const __m512 m = rows16_m<T>(w, b);
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) off[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[c].s[b]), off[c]);
         }

@@ -63,8 +63,9 @@ void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const floa
              float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool rows16 = false);
 
 // Whether this variant has 16-row kernels (dot_avx512_rows16.h) for N rows of `type`; then
-// rows16_interleave writes W's copy for them (N * row bytes at out) and project(..., rows16) reads it
+// rows16_interleave writes W's copy for them (rows16_bytes at out) and project(..., rows16) reads it
 bool rows16_takes(int type, int64_t N);
+int64_t rows16_bytes(int type, int64_t N, int64_t K);
 void rows16_interleave(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out);
 
 // Attention for one query of n heads that share a key and value head (q and out: n rows of D):

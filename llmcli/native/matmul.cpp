@@ -122,7 +122,7 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
 template <int T>
 static void rows16_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1) {
-    const int64_t nb = K / 32, group = 16 * nb * Block<T>::bytes;
+    const int64_t nb = K / 32, group = rows16_group_bytes<T>(nb);
     Q8 xs[8];
     float o[16 * 8];
     for (int64_t n = n0; n < n1; n += 16)
@@ -145,16 +145,28 @@ bool rows16_takes(int type, int64_t N) {
     return takes && N > 0;
 }
 
+int64_t rows16_bytes(int type, int64_t N, int64_t K) {
+    int64_t bytes = 0;
+#ifdef LLMCLI_ROWS16
+    with_type(type, [&](auto t) {
+        if constexpr (rows16_type<decltype(t)::value>) bytes = N / 16 * rows16_group_bytes<decltype(t)::value>(K / 32);
+    });
+#else
+    (void)type, (void)N, (void)K;
+#endif
+    return bytes;
+}
+
 void rows16_interleave(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out) {
 #ifdef LLMCLI_ROWS16
     with_type(type, [&](auto t) {
         constexpr int T = decltype(t)::value;
         if constexpr (rows16_type<T>) {
-            const int64_t nb = K / 32, rb = nb * Block<T>::bytes;
+            const int64_t nb = K / 32, rb = K / Block<T>::size * Block<T>::bytes;
             for (int64_t n = 0; n < N; n += 16) {
                 const uint8_t* rows[16];
                 for (int r = 0; r < 16; ++r) rows[r] = W + (n + r) * rb;
-                rows16_interleave<T>(rows, nb, out + n * rb);
+                rows16_interleave<T>(rows, nb, out + n / 16 * rows16_group_bytes<T>(nb));
             }
         }
     });
@@ -224,7 +236,7 @@ LLMCLI_API int llmcli_mm_rows16(const float* x, int64_t M, const uint8_t* w, int
     if (type < 0 || type >= kTypes || K % block_size(type) || M < 0 || N < 0) return 1;
     if (!rows16_takes(type, N)) return 2;
     if (M == 0) return 0;
-    std::vector<uint8_t> copy(N * (K / 32) * block_bytes(type));
+    std::vector<uint8_t> copy(rows16_bytes(type, N, K));
     rows16_interleave(type, w, N, K, copy.data());
     Q8Rows xq;
     xq.resize(M, K);
