@@ -11,7 +11,7 @@
 
 #define LLMCLI_ROWS16 1
 template <int T>
-constexpr bool rows16_type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0 || T == kQ4_K;
+constexpr bool rows16_type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0 || T == kQ4_K || T == kQ6_K;
 template <int T> constexpr bool rows16_min = has_min<T> || T == kQ4_K;  // a second sum: m * the activation's s
 
 // A block of 16 rows, interleaved (the same bytes as their 16 blocks, laid out again):
@@ -23,13 +23,19 @@ template <int T> constexpr bool rows16_min = has_min<T> || T == kQ4_K;  // a sec
 // Q4_K, per block of 256: d[16] f16 | dmin[16] f16 | then each sub-block of 32: sc[16] | m[16] (the
 // 6-bit scales and mins, a byte each) | its codes as Q4_1's (low nibbles codes 0-15, high 16-31):
 // 16 * 148 bytes, 4 more a row than stored.
+// Q6_K, per block of 256: d[16] f16 | then each 32: sc[2][16] (the int8 scales of its two 16s) |
+// the low 4 bits of its codes as Q4_1's | their top 2 bits as 2 vectors H_a: lane r byte t has in
+// bits 2k, 2k + 1 those of code 16a + 4k + t (so u[4a + k]'s): 16 * 210 bytes, as stored.
 template <int T> constexpr int rows16_min_at = 32;  // the offsets of the parts above
 template <int T> constexpr int rows16_bits_at = has_min<T> ? 64 : 32;
 template <int T> constexpr int rows16_codes_at = rows16_bits_at<T> + (T == kQ5_0 || T == kQ5_1 ? 64 : 0);
 constexpr int kQ4KSub = 32 + 256;         // a Q4_K sub-block's bytes: sc, m, codes
 constexpr int kQ4KGroup = 64 + 8 * kQ4KSub;  // a Q4_K block's: d, dmin, 8 sub-blocks
+constexpr int kQ6KSub = 32 + 256 + 128;     // a Q6_K 32's bytes: sc, low bits, top bits
+constexpr int kQ6KGroup = 32 + 8 * kQ6KSub;  // a Q6_K block's: d, 8 32s
 // The copy's bytes a group of 16 rows takes per 32 weights (and nb 32-blocks a row: bytes a group)
-template <int T> constexpr int64_t rows16_stride = T == kQ4_K ? kQ4KGroup / 8 : 16 * Block<T>::bytes;
+template <int T>
+constexpr int64_t rows16_stride = T == kQ4_K ? kQ4KGroup / 8 : T == kQ6_K ? kQ6KGroup / 8 : 16 * Block<T>::bytes;
 template <int T> static inline int64_t rows16_group_bytes(int64_t nb) { return nb * rows16_stride<T>; }
 
 // Q4_K's rows row[0..15] (nb 32-blocks a row) -> their interleaved blocks at out
@@ -58,11 +64,45 @@ static void rows16_interleave_q4k(const uint8_t* const row[16], int64_t nb, uint
     }
 }
 
+// Q6_K's rows row[0..15] (nb 32-blocks a row) -> their interleaved blocks at out
+static void rows16_interleave_q6k(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
+    for (int64_t k = 0; k < nb / 8; ++k) {
+        uint8_t* o = out + k * kQ6KGroup;
+        for (int r = 0; r < 16; ++r) {
+            const uint8_t* blk = row[r] + k * Block<kQ6_K>::bytes;
+            std::memcpy(o + 2 * r, blk + 208, 2);
+            uint8_t q[256];  // the 6-bit codes in order (Block<kQ6_K>::deq's)
+            for (int h = 0; h < 2; ++h) {
+                const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+                for (int l = 0; l < 32; ++l) {
+                    q[128 * h + l] = (uint8_t)((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4);
+                    q[128 * h + l + 32] = (uint8_t)((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4);
+                    q[128 * h + l + 64] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+                    q[128 * h + l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+                }
+            }
+            for (int j = 0; j < 8; ++j) {
+                uint8_t* sub = o + 32 + j * kQ6KSub;
+                const uint8_t* c = q + 32 * j;
+                sub[r] = blk[192 + 2 * j];
+                sub[16 + r] = blk[192 + 2 * j + 1];
+                for (int i = 0; i < 16; ++i) sub[32 + 64 * (i / 4) + 4 * r + i % 4] = (uint8_t)((c[i] & 15) | (c[16 + i] & 15) << 4);
+                for (int a = 0; a < 2; ++a)
+                    for (int t = 0; t < 4; ++t) {
+                        uint8_t top = 0;
+                        for (int kk = 0; kk < 4; ++kk) top |= (uint8_t)((c[16 * a + 4 * kk + t] >> 4) << 2 * kk);
+                        sub[288 + 64 * a + 4 * r + t] = top;
+                    }
+            }
+        }
+    }
+}
+
 // Rows row[0..15] (blocks of T, nb 32-blocks a row) -> their interleaved blocks at out
 template <int T>
 static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
-    if constexpr (T == kQ4_K) {
-        rows16_interleave_q4k(row, nb, out);
+    if constexpr (T == kQ4_K || T == kQ6_K) {
+        (T == kQ4_K ? rows16_interleave_q4k : rows16_interleave_q6k)(row, nb, out);
         return;
     }
     constexpr int bytes = Block<T>::bytes, qs_at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : T == kQ5_1 ? 8 : 2;
@@ -99,15 +139,18 @@ static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t*
 template <int T>
 static inline const uint8_t* rows16_block(const uint8_t* w, int64_t b) {
     if constexpr (T == kQ4_K) return w + b / 8 * kQ4KGroup + 64 + b % 8 * kQ4KSub;
+    else if constexpr (T == kQ6_K) return w + b / 8 * kQ6KGroup + 32 + b % 8 * kQ6KSub;
     else return w + b * rows16_stride<T>;
 }
-static inline __m512 bytes_times(const uint8_t* p, const uint8_t* half) {  // 16 bytes times 16 float16
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
-                         _mm512_cvtph_ps(load256(half)));
+static inline __m512 bytes_times(const uint8_t* p, const uint8_t* half, bool sign = false) {  // 16 bytes times 16 float16
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v)), _mm512_cvtph_ps(load256(half)));
 }
+// (Q6_K: half h's, the scale of codes 16h..16h + 15)
 template <int T>
-static inline __m512 rows16_d(const uint8_t* w, int64_t b) {
+static inline __m512 rows16_d(const uint8_t* w, int64_t b, int h = 0) {
     if constexpr (T == kQ4_K) return bytes_times(rows16_block<T>(w, b), w + b / 8 * kQ4KGroup);
+    else if constexpr (T == kQ6_K) return bytes_times(rows16_block<T>(w, b) + 16 * h, w + b / 8 * kQ6KGroup, true);
     else return _mm512_cvtph_ps(load256(rows16_block<T>(w, b)));
 }
 template <int T>
@@ -126,7 +169,7 @@ static inline __m512i broadcast4(const int8_t* p) { int32_t v; std::memcpy(&v, p
 // 4p..4p+3 (p < 4) or 16 + 4(p - 4).. (p >= 4), unsigned
 template <int T>
 static LLMCLI_INLINE void rows16_codes(const uint8_t* o, __m512i u[8]) {
-    const uint8_t* codes = o + (T == kQ4_K ? 32 : rows16_codes_at<T>);
+    const uint8_t* codes = o + (T == kQ4_K || T == kQ6_K ? 32 : rows16_codes_at<T>);
     if constexpr (T == kQ8_0) {
         for (int p = 0; p < 8; ++p) u[p] = load512(codes + 64 * p);
     } else {
@@ -135,6 +178,14 @@ static LLMCLI_INLINE void rows16_codes(const uint8_t* o, __m512i u[8]) {
             const __m512i v = load512(codes + 64 * p);
             u[p] = _mm512_and_si512(v, low4);
             u[p + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+        if constexpr (T == kQ6_K) {  // the top 2 bits to bits 4, 5: u | (H_a shifted & 0x30)
+            const __m512i top2 = _mm512_set1_epi8(0x30);
+            for (int a = 0; a < 2; ++a) {
+                const __m512i h = load512(codes + 256 + 64 * a);
+                const __m512i at[4] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 2), h, _mm512_srli_epi16(h, 2)};
+                for (int k = 0; k < 4; ++k) u[4 * a + k] = _mm512_ternarylogic_epi32(u[4 * a + k], at[k], top2, 0xF8);  // A | (B & C)
+            }
         }
         if constexpr (T == kQ5_0 || T == kQ5_1) {
             const __m512i fifth = _mm512_set1_epi8(16);
@@ -147,10 +198,13 @@ static LLMCLI_INLINE void rows16_codes(const uint8_t* o, __m512i u[8]) {
     }
 }
 
-// The accumulator's start for codes stored with a zero point z (q - z): -z * (the block's codes' sum)
+// The accumulator's start for codes stored with a zero point z (q - z): -z * (the block's codes' sum;
+// Q6_K's, whose scales go by 16: half h's)
+template <int T> constexpr int rows16_halves = T == kQ6_K ? 2 : 1;
 template <int T>
-static inline __m512i rows16_start(const Q8& x, int64_t b) {
-    constexpr int z = T == kQ4_0 ? 8 : T == kQ5_0 ? 16 : T == kQ8_0 ? 128 : 0;
+static inline __m512i rows16_start(const Q8& x, int64_t b, int h) {
+    constexpr int z = T == kQ4_0 ? 8 : T == kQ5_0 ? 16 : T == kQ8_0 ? 128 : T == kQ6_K ? 32 : 0;
+    if constexpr (T == kQ6_K) return _mm512_set1_epi32(z * x.n16[2 * b + h]);
     return z ? _mm512_set1_epi32(z * x.n32[b]) : _mm512_setzero_si512();
 }
 
@@ -172,14 +226,18 @@ static void rows16_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, c
             for (int at = 0; at < bytes; at += 64) __builtin_prefetch(ahead + b * bytes + at);
         __m512i u[8], s[C];
         rows16_codes<T>(o, u);
-        for (int c = 0; c < C; ++c) s[c] = rows16_start<T>(x[c], b);
+        constexpr int H = rows16_halves<T>, P = 8 / H;  // (Q6_K: codes 0-15, then 16-31, each half scaled alone)
+#pragma GCC unroll 2
+        for (int h = 0; h < H; ++h) {
+            for (int c = 0; c < C; ++c) s[c] = rows16_start<T>(x[c], b, h);
 #pragma GCC unroll 8
-        for (int p = 0; p < 8; ++p)
+            for (int p = P * h; p < P * h + P; ++p)
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], u[p], broadcast4(x[c].q + 32 * b + 4 * (p % 4) + 16 * (p / 4)));
-        const __m512 d = rows16_d<T>(w, b);
+                for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], u[p], broadcast4(x[c].q + 32 * b + 4 * (p % 4) + 16 * (p / 4)));
+            const __m512 d = rows16_d<T>(w, b, h);
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), acc[c]);
+            for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), acc[c]);
+        }
     }
     if constexpr (rows16_min<T>) {
         __m512 off[C];

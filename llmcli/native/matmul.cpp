@@ -14,9 +14,10 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
     for (int64_t i = m0 * nb; i < m1 * nb; ++i) {
         quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i]);
         sums_of_four(q.data() + 32 * i, n4.data() + 8 * i);
-        int32_t sum = 0;
-        for (int g = 0; g < 8; ++g) sum += n4[8 * i + g];
-        n32[i] = sum;
+        const int32_t* f = n4.data() + 8 * i;
+        n16[2 * i] = f[0] + f[1] + f[2] + f[3];
+        n16[2 * i + 1] = f[4] + f[5] + f[6] + f[7];
+        n32[i] = n16[2 * i] + n16[2 * i + 1];
     }
 #if defined(LLMCLI_AVX512VNNI)
     for (int64_t m = m0; m < m1; ++m) {
