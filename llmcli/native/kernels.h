@@ -63,10 +63,11 @@ void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const floa
              float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool rows16 = false);
 
 // Whether this variant has 16-row kernels (dot_avx512_rows16.h) for N rows of `type`; then
-// rows16_interleave writes W's copy for them (rows16_bytes at out) and project(..., rows16) reads it
+// rows16_interleave writes W's copy for them (rows16_bytes at out; groups of 16 rows [g0, g1), all
+// for g1 < 0) and project(..., rows16) reads it
 bool rows16_takes(int type, int64_t N);
 int64_t rows16_bytes(int type, int64_t N, int64_t K);
-void rows16_interleave(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out);
+void rows16_interleave(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0 = 0, int64_t g1 = -1);
 
 // Attention for one query of n heads that share a key and value head (q and out: n rows of D):
 // scores against S keys (rows `ks` floats apart), softmax, weighted sum of S values (rows `vs`
