@@ -173,23 +173,32 @@ def test_several_tokens_a_call_give_what_one_at_a_time_gives(loaded):
     assert all(torch.equal(a[..., :len(ids), :], b[..., :len(ids), :]) for a, b in zip(one.k + one.v, many.k + many.v))
 
 
-def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded):
-    """`batch` and `serve` rows share each weight read (one C++ call a step), and every greedy
+@pytest.mark.parametrize("joined", [256, 8, 0], ids=["prompts-in-steps", "long-prompts-alone", "prompts-alone"])
+def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded, joined, monkeypatch):
+    """`batch` and `serve` rows share each weight read (one C++ call a step), new prompts going into
+    the running rows' step (up to `joined` tokens a step, else prefilled alone), and every greedy
     sequence is token for token what `run` (generate() through the same step) makes of it alone."""
+    from llmcli.decode import batched
     from llmcli.decode.batched import Request
     from llmcli.decode.generate import generate
     from llmcli.decode.sampling import SamplingParams
     from llmcli.runtime.native_step import NativeStep
 
+    monkeypatch.setattr(batched, "JOINED_TOKENS", joined)
     g = torch.Generator().manual_seed(2)
     reqs = [Request(torch.randint(3, 250, (int(n),), generator=g).tolist(), SamplingParams(temperature=0), int(m), tag=i)
             for i, (n, m) in enumerate([(3, 20), (11, 9), (6, 25), (20, 14), (2, 30), (9, 17)])]
     engine = loaded.batch_engine(4, 64, prompt_cache=0)
     assert isinstance(engine.step_fn, NativeStep)
+    calls = {"pieces": 0}
+    pieces = engine.step_fn.pieces
+    monkeypatch.setattr(engine.step_fn, "pieces", lambda *a: calls.__setitem__("pieces", calls["pieces"] + 1) or pieces(*a))
     got: dict = {}
     for req, chunk in engine.run(reqs):
         got.setdefault(req.tag, []).extend(chunk.tokens)
     assert engine.row_steps / engine.steps > 2  # rows were decoded together
+    # every prompt joined a step, some did (the short ones), or none
+    assert calls["pieces"] >= (2 if joined == 256 else 1) if joined else calls["pieces"] == 0
     step = loaded.decode_step(compile=False)
     for r in reqs:
         alone = generate(loaded.loaded.model, loaded.loaded.tokenizer, r.prompt, r.params, loaded.new_cache(),

@@ -107,6 +107,31 @@ class NativeStep:
         logits, h = logits.view(*shape, -1), h[first:].view(*shape, -1)
         return (logits, h) if hidden else logits
 
+    def pieces(self, pieces: list[tuple[int, int, list[int]]], cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Several rows of several tokens in one call: pieces (row, slot, token ids), each row's tokens
+        at consecutive slots from `slot`, which are their positions too (batched.py's rows: a decode
+        step's one token a row beside a new sequence's prompt). -> (logits (P, V), final normed
+        hidden states (P, H)) of each piece's last token, or None where this call is not the step's
+        (another kind of cache, a row outside it, more than MAX_TOKENS tokens). Each token's numbers
+        are those it gets alone, as in any call."""
+        n = sum(len(ids) for _, _, ids in pieces)
+        if not self.fits(cache) or not pieces or n > MAX_TOKENS or any(not ids for _, _, ids in pieces) \
+                or any(not 0 <= row < cache.k[0].shape[0] or at + len(ids) > cache.max_len for row, at, ids in pieces):
+            return None
+        if cache is not self._cache:
+            self._steps, self._cache = self._build(cache), cache
+        # the pieces' earlier tokens first, then each one's last: the logits are the last P rows'
+        order = [(row, at + i, t) for row, at, ids in pieces for i, t in enumerate(ids[:-1])]
+        order += [(row, at + len(ids) - 1, ids[-1]) for row, at, ids in pieces]
+        rows, at, tokens = (torch.tensor(c, dtype=torch.long) for c in zip(*order))
+        x = self.model.embed(tokens.view(1, -1)).reshape(n, -1)
+        first = n - len(pieces)
+        logits, h = self._steps.run(x, rows, at, *self._rope(at, cache), logits_from=first)
+        cap = getattr(self.model.args, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits, h[first:]
+
     def _rows(self, B: int, T: int, cache, slots):
         """(the cache row of each of the B * T tokens, the cache the C++ side writes: `cache`, or the
         cache whose row `cache` is a view of), or (None, None) where this call is not the step's."""
