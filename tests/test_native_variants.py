@@ -90,7 +90,7 @@ def test_int8_dot_products_equal_float64_on_the_same_activations(kernels, type_n
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_16_row_kernels_equal_float64_and_give_each_row_what_it_gets_alone(kernels, type_name):
     """The kernels a decode step takes on its interleaved copy of the weights (AVX-512): the float64
     products of the same int8 activations, and each activation row's values those of that row

@@ -11,8 +11,12 @@ extern "C" {
 LLMCLI_API const char* llmcli_variant();      // "avx512vnni", "avxvnni", "avx2", "neon" or "portable"
 LLMCLI_API const char* llmcli_source_hash();  // build.py's hash of the sources and flags it was built from
 
-// y (M, N) = x (M, K) @ W.T, W (N, row bytes) uint8: GGUF blocks of `type` (quant/gguf_blocks.py's TYPE_IDS)
+// y (M, N) = x (M, K) @ W.T, W (N, row bytes) uint8: GGUF blocks of `type` (quant/gguf_blocks.py's TYPE_IDS);
+// Q5_K through the 16-row kernels where this variant has them (int8 activations, as the decode step
+// takes it), else the float route
 LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
+// Whether this variant has 16-row kernels for N rows of `type` (1) or not (0)
+LLMCLI_API int llmcli_rows16_takes(int type, int64_t N);
 // The same through the 16-row kernels a decode step takes (where this variant has them for this
 // type and N: else 2, nothing written), each row's numbers as with that row alone
 LLMCLI_API int llmcli_mm_rows16(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,

@@ -1,7 +1,7 @@
 // AVX-512 VNNI, 16 weight rows at a time from a copy of the weights interleaved for it (included at
 // the end of dot_avx512.h). A decode step keeps such a copy of each projection of the nibble types,
-// Q8_0 and Q4_K: vector lane r is weight row r, so one vpdpbusd multiplies 4 codes of 16 rows by 4
-// activation codes broadcast from memory, 8 of them sum a block's (Q4_K: a sub-block's) 32 products
+// Q8_0 and the K-quants: vector lane r is weight row r, so one vpdpbusd multiplies 4 codes of 16 rows
+// by 4 activation codes broadcast from memory, 8 of them sum a block's (K: a sub-block's) 32 products
 // in each lane, and one conversion and one multiply-add scale them, with no sums across lanes at all.
 // The same code serves one activation row and several (a batch, a prompt), each row through the
 // same operations in the same order, so a row's numbers never depend on the rows beside it.
@@ -11,8 +11,8 @@
 
 #define LLMCLI_ROWS16 1
 template <int T>
-constexpr bool rows16_type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0 || T == kQ4_K || T == kQ6_K;
-template <int T> constexpr bool rows16_min = has_min<T> || T == kQ4_K;  // a second sum: m * the activation's s
+constexpr bool rows16_type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0 || T == kQ4_K || T == kQ5_K || T == kQ6_K;
+template <int T> constexpr bool rows16_min = has_min<T> || T == kQ4_K || T == kQ5_K;  // a second sum: m * the activation's s
 
 // A block of 16 rows, interleaved (the same bytes as their 16 blocks, laid out again):
 //   d[16] f16 | m[16] f16 (Q4_1, Q5_1) | 5th bits (Q5_0, Q5_1): 8 masks of 64 bits | codes
@@ -22,45 +22,54 @@ template <int T> constexpr bool rows16_min = has_min<T> || T == kQ4_K;  // a sec
 // 4p.., else 16 + 4(p - 4)..) has bit 4r + t set where row r's code 4p + t (or 16 + ..) has its 5th bit.
 // Q4_K, per block of 256: d[16] f16 | dmin[16] f16 | then each sub-block of 32: sc[16] | m[16] (the
 // 6-bit scales and mins, a byte each) | its codes as Q4_1's (low nibbles codes 0-15, high 16-31):
-// 16 * 148 bytes, 4 more a row than stored.
+// 16 * 148 bytes, 4 more a row than stored. Q5_K as Q4_K, with each sub-block's 5th bits as masks
+// (Q5_0's) between its mins and its codes: 16 * 180 bytes, 4 more a row than stored.
 // Q6_K, per block of 256: d[16] f16 | then each 32: sc[2][16] (the int8 scales of its two 16s) |
 // the low 4 bits of its codes as Q4_1's | their top 2 bits as 2 vectors H_a: lane r byte t has in
 // bits 2k, 2k + 1 those of code 16a + 4k + t (so u[4a + k]'s): 16 * 210 bytes, as stored.
 template <int T> constexpr int rows16_min_at = 32;  // the offsets of the parts above
 template <int T> constexpr int rows16_bits_at = has_min<T> ? 64 : 32;
 template <int T> constexpr int rows16_codes_at = rows16_bits_at<T> + (T == kQ5_0 || T == kQ5_1 ? 64 : 0);
-constexpr int kQ4KSub = 32 + 256;         // a Q4_K sub-block's bytes: sc, m, codes
-constexpr int kQ4KGroup = 64 + 8 * kQ4KSub;  // a Q4_K block's: d, dmin, 8 sub-blocks
+template <int T> constexpr int kKSub = T == kQ5_K ? 32 + 64 + 256 : 32 + 256;  // Q4_K's, Q5_K's sub-block: sc, m, (5th bits,) codes
+template <int T> constexpr int kKGroup = 64 + 8 * kKSub<T>;  // their block's: d, dmin, 8 sub-blocks
+template <int T> constexpr bool is_k45 = T == kQ4_K || T == kQ5_K;
 constexpr int kQ6KSub = 32 + 256 + 128;     // a Q6_K 32's bytes: sc, low bits, top bits
 constexpr int kQ6KGroup = 32 + 8 * kQ6KSub;  // a Q6_K block's: d, 8 32s
 // The copy's bytes a group of 16 rows takes per 32 weights (and nb 32-blocks a row: bytes a group)
 template <int T>
-constexpr int64_t rows16_stride = T == kQ4_K ? kQ4KGroup / 8 : T == kQ6_K ? kQ6KGroup / 8 : 16 * Block<T>::bytes;
+constexpr int64_t rows16_stride = is_k45<T> ? kKGroup<T> / 8 : T == kQ6_K ? kQ6KGroup / 8 : 16 * Block<T>::bytes;
 template <int T> static inline int64_t rows16_group_bytes(int64_t nb) { return nb * rows16_stride<T>; }
 
-// Q4_K's rows row[0..15] (nb 32-blocks a row) -> their interleaved blocks at out
-static void rows16_interleave_q4k(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
+// Q4_K's or Q5_K's rows row[0..15] (nb 32-blocks a row) -> their interleaved blocks at out
+template <int T>
+static void rows16_interleave_k45(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
+    constexpr int qs_at = T == kQ5_K ? 48 : 16;
     for (int64_t k = 0; k < nb / 8; ++k) {
-        uint8_t* o = out + k * kQ4KGroup;
+        uint8_t* o = out + k * kKGroup<T>;
+        uint64_t masks[8][8] = {};  // Q5_K: sub-block j's mask p
         for (int r = 0; r < 16; ++r) {
-            const uint8_t* blk = row[r] + k * Block<kQ4_K>::bytes;
+            const uint8_t* blk = row[r] + k * Block<T>::bytes;
             std::memcpy(o + 2 * r, blk, 2);
             std::memcpy(o + 32 + 2 * r, blk + 2, 2);
             uint8_t sc[8], mn[8];
             k_scales(blk + 4, sc, mn);
             for (int j = 0; j < 8; ++j) {
-                uint8_t* sub = o + 64 + j * kQ4KSub;
+                uint8_t* sub = o + 64 + j * kKSub<T>;
                 sub[r] = sc[j];
                 sub[16 + r] = mn[j];
-                const uint8_t* qs = blk + 16 + 32 * (j / 2);  // sub-block j: nibble j % 2 of these 32 bytes
+                const uint8_t* qs = blk + qs_at + 32 * (j / 2);  // sub-block j: nibble j % 2 of these 32 bytes
                 uint8_t packed[16];
                 for (int i = 0; i < 16; ++i) {
                     const int lo = j % 2 ? qs[i] >> 4 : qs[i] & 15, hi = j % 2 ? qs[16 + i] >> 4 : qs[16 + i] & 15;
                     packed[i] = (uint8_t)(lo | hi << 4);
                 }
-                for (int p = 0; p < 4; ++p) std::memcpy(sub + 32 + 64 * p + 4 * r, packed + 4 * p, 4);
+                for (int p = 0; p < 4; ++p) std::memcpy(sub + kKSub<T> - 256 + 64 * p + 4 * r, packed + 4 * p, 4);
+                if constexpr (T == kQ5_K)  // code l's 5th bit: bit j of qh[l]; mask p bit 4r + t for code 4p + t
+                    for (int l = 0; l < 32; ++l) masks[j][l / 4] |= (uint64_t)(blk[16 + l] >> j & 1) << (4 * r + l % 4);
             }
         }
+        if constexpr (T == kQ5_K)
+            for (int j = 0; j < 8; ++j) std::memcpy(o + 64 + j * kKSub<T> + 32, masks[j], sizeof masks[j]);
     }
 }
 
@@ -101,8 +110,11 @@ static void rows16_interleave_q6k(const uint8_t* const row[16], int64_t nb, uint
 // Rows row[0..15] (blocks of T, nb 32-blocks a row) -> their interleaved blocks at out
 template <int T>
 static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
-    if constexpr (T == kQ4_K || T == kQ6_K) {
-        (T == kQ4_K ? rows16_interleave_q4k : rows16_interleave_q6k)(row, nb, out);
+    if constexpr (is_k45<T>) {
+        rows16_interleave_k45<T>(row, nb, out);
+        return;
+    } else if constexpr (T == kQ6_K) {
+        rows16_interleave_q6k(row, nb, out);
         return;
     }
     constexpr int bytes = Block<T>::bytes, qs_at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : T == kQ5_1 ? 8 : 2;
@@ -138,7 +150,7 @@ static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t*
 // types their m, as they add: Q4_K's -dmin * m)
 template <int T>
 static inline const uint8_t* rows16_block(const uint8_t* w, int64_t b) {
-    if constexpr (T == kQ4_K) return w + b / 8 * kQ4KGroup + 64 + b % 8 * kQ4KSub;
+    if constexpr (is_k45<T>) return w + b / 8 * kKGroup<T> + 64 + b % 8 * kKSub<T>;
     else if constexpr (T == kQ6_K) return w + b / 8 * kQ6KGroup + 32 + b % 8 * kQ6KSub;
     else return w + b * rows16_stride<T>;
 }
@@ -149,14 +161,14 @@ static inline __m512 bytes_times(const uint8_t* p, const uint8_t* half, bool sig
 // (Q6_K: half h's, the scale of codes 16h..16h + 15)
 template <int T>
 static inline __m512 rows16_d(const uint8_t* w, int64_t b, int h = 0) {
-    if constexpr (T == kQ4_K) return bytes_times(rows16_block<T>(w, b), w + b / 8 * kQ4KGroup);
+    if constexpr (is_k45<T>) return bytes_times(rows16_block<T>(w, b), w + b / 8 * kKGroup<T>);
     else if constexpr (T == kQ6_K) return bytes_times(rows16_block<T>(w, b) + 16 * h, w + b / 8 * kQ6KGroup, true);
     else return _mm512_cvtph_ps(load256(rows16_block<T>(w, b)));
 }
 template <int T>
 static inline __m512 rows16_m(const uint8_t* w, int64_t b) {
-    if constexpr (T == kQ4_K) {
-        const __m512 m = bytes_times(rows16_block<T>(w, b) + 16, w + b / 8 * kQ4KGroup + 32);
+    if constexpr (is_k45<T>) {
+        const __m512 m = bytes_times(rows16_block<T>(w, b) + 16, w + b / 8 * kKGroup<T> + 32);
         return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), _mm512_set1_epi32(INT32_MIN)));  // -m, exactly
     } else {
         return _mm512_cvtph_ps(load256(rows16_block<T>(w, b) + rows16_min_at<T>));
@@ -169,7 +181,7 @@ static inline __m512i broadcast4(const int8_t* p) { int32_t v; std::memcpy(&v, p
 // 4p..4p+3 (p < 4) or 16 + 4(p - 4).. (p >= 4), unsigned
 template <int T>
 static LLMCLI_INLINE void rows16_codes(const uint8_t* o, __m512i u[8]) {
-    const uint8_t* codes = o + (T == kQ4_K || T == kQ6_K ? 32 : rows16_codes_at<T>);
+    const uint8_t* codes = o + (is_k45<T> ? kKSub<T> - 256 : T == kQ6_K ? 32 : rows16_codes_at<T>);
     if constexpr (T == kQ8_0) {
         for (int p = 0; p < 8; ++p) u[p] = load512(codes + 64 * p);
     } else {
@@ -187,11 +199,11 @@ static LLMCLI_INLINE void rows16_codes(const uint8_t* o, __m512i u[8]) {
                 for (int k = 0; k < 4; ++k) u[4 * a + k] = _mm512_ternarylogic_epi32(u[4 * a + k], at[k], top2, 0xF8);  // A | (B & C)
             }
         }
-        if constexpr (T == kQ5_0 || T == kQ5_1) {
+        if constexpr (T == kQ5_0 || T == kQ5_1 || T == kQ5_K) {
             const __m512i fifth = _mm512_set1_epi8(16);
             for (int p = 0; p < 8; ++p) {
                 uint64_t m;
-                std::memcpy(&m, o + rows16_bits_at<T> + 8 * p, 8);
+                std::memcpy(&m, o + (T == kQ5_K ? 32 : rows16_bits_at<T>) + 8 * p, 8);
                 u[p] = _mm512_mask_add_epi8(u[p], (__mmask64)m, u[p], fifth);
             }
         }

@@ -90,6 +90,7 @@ class Kernels:
         self.source_hash = _fn(lib, "llmcli_source_hash", ctypes.c_char_p)().decode()
         self._mm = _fn(lib, "llmcli_mm", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
         self._mm_rows16 = _fn(lib, "llmcli_mm_rows16", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
+        self._rows16_takes = _fn(lib, "llmcli_rows16_takes", _I32, _I32, _I64)
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
         self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
         self._top_k = _fn(lib, "llmcli_top_k", _I32, _P, _I64, _I64, _P, _P)
@@ -116,6 +117,11 @@ class Kernels:
         y = torch.empty(M, N)
         self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads())
         return y
+
+    def rows16_takes(self, type_id: int, N: int) -> bool:
+        """Whether this variant has 16-row kernels for N rows of the type (then mm takes Q5_K through
+        them, with int8 activations, as the decode step does)."""
+        return bool(self._rows16_takes(type_id, N))
 
     def mm_rows16(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor | None:
         """mm through the 16-row kernels a decode step takes (on a copy of the blocks interleaved for

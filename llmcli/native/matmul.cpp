@@ -217,11 +217,28 @@ std::shared_ptr<Team> shared_team(int threads) {
     return *team;
 }
 
+// y = x @ W.T through the 16-row kernels, on a copy of W interleaved for this call (rows16_takes(type, N))
+static void mm_rows16(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads) {
+    if (M == 0) return;
+    std::vector<uint8_t> copy(rows16_bytes(type, N, K));
+    Q8Rows xq;
+    xq.resize(M, K);
+    xq.quantize(x, 0, M, 0);
+    std::vector<Stage> stages{
+        {N / 16, 1, [&](int, int64_t lo, int64_t hi) { rows16_interleave(type, w, N, K, copy.data(), lo, hi); }, {}},
+        {N, 16, [&](int, int64_t lo, int64_t hi) { project(type, copy.data(), K, xq, x, 0, M, y, N, lo, hi, true, true); }, {}}};
+    shared_team(threads)->run(stages);
+}
+
 extern "C" {
 
 LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads) {
     if (type < 0 || type >= kTypes || K % block_size(type) || M < 0 || N < 0) return 1;
     if (M == 0 || N == 0) return 0;
+    if (type == kQ5_K && rows16_takes(type, N)) {  // as the decode step takes it (int8 activations), not the float route
+        mm_rows16(x, M, w, N, K, type, y, threads);
+        return 0;
+    }
     static thread_local Q8Rows mine;  // the calling thread's: no allocation per call
     Q8Rows& xq = mine;  // (a thread_local named in the lambdas would be each worker's own)
     std::vector<Stage> stages;
@@ -236,18 +253,13 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
     return 0;
 }
 
+LLMCLI_API int llmcli_rows16_takes(int type, int64_t N) { return type >= 0 && type < kTypes && rows16_takes(type, N); }
+
 LLMCLI_API int llmcli_mm_rows16(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
                                 int threads) {
     if (type < 0 || type >= kTypes || K % block_size(type) || M < 0 || N < 0) return 1;
     if (!rows16_takes(type, N)) return 2;
-    if (M == 0) return 0;
-    std::vector<uint8_t> copy(rows16_bytes(type, N, K));
-    rows16_interleave(type, w, N, K, copy.data());
-    Q8Rows xq;
-    xq.resize(M, K);
-    xq.quantize(x, 0, M, 0);
-    std::vector<Stage> stages{{N, 16, [&](int, int64_t lo, int64_t hi) { project(type, copy.data(), K, xq, x, 0, M, y, N, lo, hi, true, true); }, {}}};
-    shared_team(threads)->run(stages);
+    mm_rows16(x, M, w, N, K, type, y, threads);
     return 0;
 }
 
