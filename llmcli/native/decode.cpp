@@ -10,7 +10,8 @@
 // before for one token, a stage of its own over the tokens for several.
 //
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
-// and project(..., alone) takes the one-row kernels, so a batch never changes what a row decodes.
+// and project(..., alone) takes the one-row kernels, or the 16-row kernels that give each row the
+// same operations whatever rows come with it, so a batch never changes what a row decodes.
 #include <map>
 #include <memory>
 #include <mutex>

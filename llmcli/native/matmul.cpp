@@ -4,6 +4,8 @@
 // (blocks.h's Q8), and each block's dot product is integer multiply-adds of the variant (dot.h),
 // scaled once per block. Q5_K takes the float route: each weight block dequantized once into a
 // register-sized buffer and dotted with every activation row. Either way the weights are read once.
+// Where the variant has 16-row kernels (AVX-512: dot_avx512_rows16.h), a decode step reads a copy
+// of the weights interleaved for them (rows16_*), Q5_K included, and llmcli_mm takes Q5_K so too.
 #include "api.h"
 #include "dot.h"
 #include "kernels.h"
