@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -128,6 +130,33 @@ def tiny_gguf(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+
+
+_SIGNALS = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+_DEFAULT_SIGNALS = {s: signal.getsignal(s) for s in _SIGNALS}
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_they_were(request):
+    """After each test, this process's signal handlers and mask as they were at the start, with a
+    warning naming a test that left a signal ignored or blocked: children inherit both across exec,
+    and the signal tests' children (Ctrl-C and SIGTERM to `run`, `quantize`, `serve`) once all
+    timed out on one xdist worker. A test calling `main` in-process leaves its SIGTERM handler, which
+    sets SIGTERM and SIGHUP to ignored once it has run."""
+    yield
+    try:
+        ignored = [signal.Signals(s).name for s in _SIGNALS
+                   if signal.getsignal(s) is signal.SIG_IGN and _DEFAULT_SIGNALS[s] is not signal.SIG_IGN]
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, []) if hasattr(signal, "pthread_sigmask") else set()
+        for s in _SIGNALS:
+            signal.signal(s, _DEFAULT_SIGNALS[s])
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+    except ValueError:  # not the main thread: nothing to restore from here
+        return
+    if ignored or blocked:
+        warnings.warn(f"{request.node.nodeid} left signals ignored {ignored} or blocked "
+                      f"{sorted(signal.Signals(s).name for s in blocked)} (restored)")
 
 
 def run_cli(*args: str, input: str | None = None, env: dict | None = None, timeout: float = 300,
