@@ -172,7 +172,7 @@ class BatchEngine:
             self.running.append(seq)
             return
         hidden = seq.picker.wants_hidden
-        out = prefill(self.prefill_fn, req.prompt[reuse:], view, self.device, hidden=hidden)
+        out = prefill(self.prefill_fn, rest, view, self.device, hidden=hidden)
         logits, h = out if hidden else (out, None)
         seq.length = len(req.prompt)
         self.running.append(seq)

@@ -107,16 +107,9 @@ static void rows16_interleave_q6k(const uint8_t* const row[16], int64_t nb, uint
     }
 }
 
-// Rows row[0..15] (blocks of T, nb 32-blocks a row) -> their interleaved blocks at out
+// The 32-block types' rows row[0..15] (nb blocks a row) -> their interleaved blocks at out
 template <int T>
-static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
-    if constexpr (is_k45<T>) {
-        rows16_interleave_k45<T>(row, nb, out);
-        return;
-    } else if constexpr (T == kQ6_K) {
-        rows16_interleave_q6k(row, nb, out);
-        return;
-    }
+static void rows16_interleave_32(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
     constexpr int bytes = Block<T>::bytes, qs_at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : T == kQ5_1 ? 8 : 2;
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t* o = out + b * 16 * bytes;
@@ -144,6 +137,14 @@ static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t*
         }
         if constexpr (T == kQ5_0 || T == kQ5_1) std::memcpy(o + rows16_bits_at<T>, masks, sizeof masks);
     }
+}
+
+// Rows row[0..15] (blocks of T, nb 32-blocks a row) -> their interleaved blocks at out
+template <int T>
+static void rows16_interleave(const uint8_t* const row[16], int64_t nb, uint8_t* out) {
+    if constexpr (is_k45<T>) rows16_interleave_k45<T>(row, nb, out);
+    else if constexpr (T == kQ6_K) rows16_interleave_q6k(row, nb, out);
+    else rows16_interleave_32<T>(row, nb, out);
 }
 
 // 32-block b of the group at w: where its codes are, its 16 rows' scales d (and for rows16_min

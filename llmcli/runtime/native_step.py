@@ -88,8 +88,6 @@ class NativeStep:
         rows, target = self._rows(B, T, cache, slots)
         if rows is None:
             return self.model(tokens, cache, positions, last_only, hidden, slots=slots)
-        if target is not self._cache:
-            self._steps, self._cache = self._build(target), target
         if slots is None:  # one row, T tokens at the next slots
             at = torch.arange(cache.length, cache.length + T)
             positions = at if positions is None else positions.reshape(T)
@@ -97,12 +95,9 @@ class NativeStep:
             at = positions = slots.reshape(B)
         x = self.model.embed(tokens).reshape(B * T, -1)
         first = B * T - 1 if last_only and slots is None else 0
-        logits, h = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first)
+        logits, h = self._run(target, cache, x, rows, at, positions, first)
         if slots is None:
             cache.length += T
-        cap = getattr(self.model.args, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
         shape = (B, 1) if slots is not None or last_only else (B, T)
         logits, h = logits.view(*shape, -1), h[first:].view(*shape, -1)
         return (logits, h) if hidden else logits
@@ -118,19 +113,26 @@ class NativeStep:
         if not self.fits(cache) or not pieces or n > MAX_TOKENS or any(not ids for _, _, ids in pieces) \
                 or any(not 0 <= row < cache.k[0].shape[0] or at + len(ids) > cache.max_len for row, at, ids in pieces):
             return None
-        if cache is not self._cache:
-            self._steps, self._cache = self._build(cache), cache
         # the pieces' earlier tokens first, then each one's last: the logits are the last P rows'
         order = [(row, at + i, t) for row, at, ids in pieces for i, t in enumerate(ids[:-1])]
         order += [(row, at + len(ids) - 1, ids[-1]) for row, at, ids in pieces]
         rows, at, tokens = (torch.tensor(c, dtype=torch.long) for c in zip(*order))
         x = self.model.embed(tokens.view(1, -1)).reshape(n, -1)
         first = n - len(pieces)
-        logits, h = self._steps.run(x, rows, at, *self._rope(at, cache), logits_from=first)
+        logits, h = self._run(cache, cache, x, rows, at, at, first)
+        return logits, h[first:]
+
+    def _run(self, target, cache, x, rows, at, positions, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The C++ step on `target` (built again for a cache it has not seen): tokens x at cache rows
+        `rows`, slots `at`, RoPE `positions` -> (logits of tokens `first`.., soft-capped for Gemma;
+        the final normed hidden states of every token)."""
+        if target is not self._cache:
+            self._steps, self._cache = self._build(target), target
+        logits, h = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first)
         cap = getattr(self.model.args, "final_logit_softcapping", None)
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        return logits, h[first:]
+        return logits, h
 
     def _rows(self, B: int, T: int, cache, slots):
         """(the cache row of each of the B * T tokens, the cache the C++ side writes: `cache`, or the
