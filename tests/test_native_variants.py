@@ -91,17 +91,20 @@ def test_int8_dot_products_equal_float64_on_the_same_activations(kernels, type_n
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
-def test_16_row_kernels_equal_float64_and_give_each_row_what_it_gets_alone(kernels, type_name):
-    """The kernels a decode step takes on its interleaved copy of the weights (AVX-512): the float64
-    products of the same int8 activations, and each activation row's values those of that row
-    alone, whatever rows come with it (1, 3, 8 a tile, 9 and 17 over tiles)."""
+def test_row_group_kernels_equal_float64_and_give_each_row_what_it_gets_alone(kernels, type_name):
+    """The kernels a decode step takes on its copy of the weights interleaved in groups of rows (16
+    with AVX-512, 8 with AVX2 and AVX-VNNI): the float64 products of the same int8 activations, and
+    each activation row's values those of that row alone, whatever rows come with it (1, 3, 8 and 9
+    and 17 over tiles)."""
     from gguf.quants import dequantize
 
     type_id = TYPE_IDS[type_name]
     size, nbytes = BLOCKS[type_name]
-    if kernels.mm_rows16(torch.zeros(1, size), torch.zeros(16, nbytes, dtype=torch.uint8), type_id, size) is None:
-        pytest.skip(f"the {kernels.variant} kernels have no 16-row layout (AVX-512 VNNI's)")
-    assert kernels.mm_rows16(torch.zeros(1, size), torch.zeros(8, nbytes, dtype=torch.uint8), type_id, size) is None
+    R = kernels.group_rows
+    if R == 0:
+        pytest.skip(f"the {kernels.variant} kernels have no row-group layout (x86's)")
+    assert kernels.mm_grouped(torch.zeros(1, size), torch.zeros(R, nbytes, dtype=torch.uint8), type_id, size) is not None
+    assert kernels.mm_grouped(torch.zeros(1, size), torch.zeros(R // 2, nbytes, dtype=torch.uint8), type_id, size) is None
     for raw in (False, True):
         for K in (256, 768) if type_name.endswith("_K") else (512, 544, 96):
             blocks = _blocks(type_name, 48, K, seed=K, raw=raw)
@@ -110,17 +113,17 @@ def test_16_row_kernels_equal_float64_and_give_each_row_what_it_gets_alone(kerne
             x = torch.randn(17, K, generator=torch.Generator().manual_seed(K))
             q, d, _ = kernels.quantize_rows(x)
             want = (q.double().view(17, -1, 32) * d.double()[..., None]).view(17, K).numpy() @ w.T
-            alone = torch.cat([kernels.mm_rows16(x[i:i + 1], b, type_id, K) for i in range(17)])
+            alone = torch.cat([kernels.mm_grouped(x[i:i + 1], b, type_id, K) for i in range(17)])
             np.testing.assert_allclose(alone.double().numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
             for M in (3, 8, 9, 17):
-                assert torch.equal(kernels.mm_rows16(x[:M], b, type_id, K), alone[:M]), (raw, K, M)
+                assert torch.equal(kernels.mm_grouped(x[:M], b, type_id, K), alone[:M]), (raw, K, M)
 
 
 def test_q5_k_takes_the_float_route(kernels):
     from gguf.quants import dequantize
 
-    blocks = _blocks("Q5_K", 40, 512, seed=3, raw=False)
-    w = dequantize(blocks, _ggml("Q5_K")).reshape(40, 512).astype(np.float64)
+    blocks = _blocks("Q5_K", 36, 512, seed=3, raw=False)  # (not whole groups of rows: no int8 kernels)
+    w = dequantize(blocks, _ggml("Q5_K")).reshape(36, 512).astype(np.float64)
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0))
     got = kernels.mm(x, torch.from_numpy(blocks.copy()), TYPE_IDS["Q5_K"], 512).double().numpy()
     np.testing.assert_allclose(got, x.double().numpy() @ w.T, rtol=1e-5, atol=1e-5)

@@ -15,12 +15,14 @@ LLMCLI_API const char* llmcli_source_hash();  // build.py's hash of the sources 
 // Q5_K through the 16-row kernels where this variant has them (int8 activations, as the decode step
 // takes it), else the float route
 LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
-// Whether this variant has 16-row kernels for N rows of `type` (1) or not (0)
-LLMCLI_API int llmcli_rows16_takes(int type, int64_t N);
-// The same through the 16-row kernels a decode step takes (where this variant has them for this
+// The weight rows a group of this variant's row-group kernels takes (16, 8, or 0: none), and
+// whether they take N rows of `type` (1) or not (0)
+LLMCLI_API int llmcli_group_rows(void);
+LLMCLI_API int llmcli_grouped_takes(int type, int64_t N);
+// The same through the row-group kernels a decode step takes (where this variant has them for this
 // type and N: else 2, nothing written), each row's numbers as with that row alone
-LLMCLI_API int llmcli_mm_rows16(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
-                                int threads);
+LLMCLI_API int llmcli_mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
+                                 int threads);
 // y (N, K) = W's rows dequantized
 LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
 // x (M, K) -> q (M, K) int8, d and s (M, K/32): the activations as mm's integer dot products take them

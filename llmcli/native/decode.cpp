@@ -10,7 +10,7 @@
 // before for one token, a stage of its own over the tokens for several.
 //
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
-// and project(..., alone) takes the one-row kernels, or the 16-row kernels that give each row the
+// and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
 // same operations whatever rows come with it, so a batch never changes what a row decodes.
 #include <map>
 #include <memory>
@@ -23,9 +23,9 @@
 #include "vec.h"
 
 // A projection as the step reads it: its blocks, or a copy of them interleaved for the variant's
-// 16-row kernels (rows16_interleave: 1.7-3x faster, one row or eight)
+// row-group kernels (row_groups.h; AVX-512's: 1.7-3x faster, one row or eight)
 struct Projection : LlmcliProjection {
-    bool rows16 = false;
+    bool grouped = false;
 };
 
 // The interleaved copies, one a weight for every step that reads it: a step is built again for each
@@ -37,7 +37,7 @@ class Copies {
     static std::shared_ptr<const uint8_t> of(const LlmcliProjection& p, Team& team) {
         static std::mutex m;
         static auto* made = new std::map<Key, Made>();  // never destroyed, as shared_team's
-        const int64_t bytes = rows16_bytes((int)p.type, p.N, p.K);
+        const int64_t bytes = grouped_bytes((int)p.type, p.N, p.K);
         const int64_t stored = p.N * (p.K / block_size((int)p.type)) * block_bytes((int)p.type);
         Made want{{}, ends(p.blocks, stored)};
         std::lock_guard<std::mutex> g(m);
@@ -47,8 +47,8 @@ class Copies {
             if (auto copy = it->second.copy.lock(); copy && it->second.ends == want.ends) return copy;
         }
         std::shared_ptr<uint8_t> copy(new uint8_t[bytes], std::default_delete<uint8_t[]>());
-        std::vector<Stage> stages{{p.N / 16, 1, [&](int, int64_t lo, int64_t hi) {
-            rows16_interleave((int)p.type, p.blocks, p.N, p.K, copy.get(), lo, hi);
+        std::vector<Stage> stages{{p.N / group_rows(), 1, [&](int, int64_t lo, int64_t hi) {
+            interleave_groups((int)p.type, p.blocks, p.N, p.K, copy.get(), lo, hi);
         }, {}}};
         team.run(stages);
         want.copy = copy;
@@ -77,7 +77,7 @@ static int64_t rows_of(const Group& g) {
 
 static unsigned layouts_of(const Group& g) {  // the activation layouts the group's weights read
     unsigned l = 0;
-    for (const auto& p : g) l |= p.rows16 ? 0u : layout_of((int)p.type);  // (the 16-row kernels read q, d, s, n32)
+    for (const auto& p : g) l |= p.grouped ? 0u : layout_of((int)p.type);  // (the row-group kernels read q, d, s, n16, n32)
     return l;
 }
 
@@ -89,7 +89,7 @@ static void project_rows(const Group& g, const Q8Rows& xq, const float* xf, int6
     for (const auto& p : g) {
         const int64_t b = std::max(lo, base) - base, e = std::min(hi, base + p.N) - base;
         if (b < e) {
-            project((int)p.type, p.blocks, p.K, xq, xf, m0, M, out + base, ldo, b, e, true, p.rows16);
+            project((int)p.type, p.blocks, p.K, xq, xf, m0, M, out + base, ldo, b, e, true, p.grouped);
             if (p.bias)
                 for (int64_t m = 0; m < M; ++m)
                     for (int64_t n = b; n < e; ++n) out[m * ldo + base + n] += p.bias[n];
@@ -218,8 +218,8 @@ class DecodeSteps {
     int64_t per_part = 1, parts = 1;  // query heads an attention item takes, items a key head's group makes
 
     // The group of n projections at ps, each read from its interleaved copy where the variant has
-    // 16-row kernels for it and its rows start at a multiple of 16 in the group (the stages split
-    // at multiples of 16); the caller's blocks are then no longer read
+    // row-group kernels for it and its rows start at a multiple of a group in the group (the stages
+    // split at multiples of 16); the caller's blocks are then no longer read
     Group own(const LlmcliProjection* ps, int64_t n) {
         Group g;
         int64_t base = 0;
@@ -227,10 +227,10 @@ class DecodeSteps {
             Projection p;
             static_cast<LlmcliProjection&>(p) = ps[i];
             base += p.N;
-            if (rows16_takes((int)p.type, p.N) && (base - p.N) % 16 == 0) {
+            if (grouped_takes((int)p.type, p.N) && (base - p.N) % group_rows() == 0) {
                 copies.push_back(Copies::of(p, team));
                 p.blocks = copies.back().get();
-                p.rows16 = true;
+                p.grouped = true;
             }
             g.push_back(p);
         }

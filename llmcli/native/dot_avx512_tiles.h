@@ -1,5 +1,6 @@
 // AVX-512 VNNI tiles (included at the end of dot_avx512.h, whose one-row kernels they mirror).
 #pragma once
+#include "row_groups.h"  // (with_cols)
 
 // Tiles: four weight rows against C activation rows (a batch's rows, a speculative pass's tokens),
 // each weight block unpacked once for the C of them. Every (weight row, activation row) pair goes
@@ -227,30 +228,15 @@ static void dot_4rows_tile_c(const uint8_t* row, int64_t stride, const Q8* x, in
     else nibble_tile<T, C>(row, stride, x, nb, out, ahead);
 }
 
-// f(std::integral_constant<int, C>) for C = 1 .. 8
-template <typename F>
-static void with_width(int C, F&& f) {
-    switch (C) {
-        case 1: f(std::integral_constant<int, 1>()); break;
-        case 2: f(std::integral_constant<int, 2>()); break;
-        case 3: f(std::integral_constant<int, 3>()); break;
-        case 4: f(std::integral_constant<int, 4>()); break;
-        case 5: f(std::integral_constant<int, 5>()); break;
-        case 6: f(std::integral_constant<int, 6>()); break;
-        case 7: f(std::integral_constant<int, 7>()); break;
-        default: f(std::integral_constant<int, 8>()); break;
-    }
-}
-
 // Four weight rows against C <= tile_width<T> activation rows; `ahead`: the rows to fetch meanwhile (or null)
 template <int T>
 static void dot_4rows_tile(const uint8_t* row, int64_t stride, const Q8* x, int C, int64_t nb, float* out,
                            const uint8_t* ahead) {
-    with_width(C, [&](auto c) { dot_4rows_tile_c<T, decltype(c)::value>(row, stride, x, nb, out, ahead); });
+    with_cols<8>(C, [&](auto c) { dot_4rows_tile_c<T, decltype(c)::value>(row, stride, x, nb, out, ahead); });
 }
 
 // The same from four rows unpack_4rows has unpacked into u
 template <int T>
 static void dot_4rows_tile_unpacked(const typename Unpacked<T>::type* u, const Q8* x, int C, int64_t nb, float* out) {
-    with_width(C, [&](auto c) { tile_unpacked<T, decltype(c)::value>(u, x, nb, out); });
+    with_cols<8>(C, [&](auto c) { tile_unpacked<T, decltype(c)::value>(u, x, nb, out); });
 }

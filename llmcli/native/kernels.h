@@ -58,16 +58,18 @@ struct Q8Rows {
 // [n0, n1) and m in [0, M). xq: the rows quantized; xf: the rows as floats (Q5_K's float route).
 // `alone`: each value exactly as with its activation row alone (M = 1), for any M and any [n0, n1)
 // of whole groups of 4 rows (the decode step's promise that a batch does not change a row's numbers).
-// `rows16`: W is rows16_interleave's copy ([n0, n1) whole groups of 16); each value is then as alone.
+// `grouped`: W is interleave_groups' copy ([n0, n1) whole groups); each value is then as alone.
 void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
-             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool rows16 = false);
+             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool grouped = false);
 
-// Whether this variant has 16-row kernels (dot_avx512_rows16.h) for N rows of `type`; then
-// rows16_interleave writes W's copy for them (rows16_bytes at out; groups of 16 rows [g0, g1), all
-// for g1 < 0) and project(..., rows16) reads it
-bool rows16_takes(int type, int64_t N);
-int64_t rows16_bytes(int type, int64_t N, int64_t K);
-void rows16_interleave(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0 = 0, int64_t g1 = -1);
+// The weight rows in a group of this variant's row-group kernels (row_groups.h: 16 with AVX-512,
+// 8 with AVX2 and AVX-VNNI; 0: none); whether they take N rows of `type`. Then interleave_groups
+// writes W's copy for them (grouped_bytes at out; groups [g0, g1), all for g1 < 0), and
+// project(..., grouped) reads it.
+int group_rows();
+bool grouped_takes(int type, int64_t N);
+int64_t grouped_bytes(int type, int64_t N, int64_t K);
+void interleave_groups(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0 = 0, int64_t g1 = -1);
 
 // Attention for one query of n heads that share a key and value head (q and out: n rows of D):
 // scores against S keys (rows `ks` floats apart), softmax, weighted sum of S values (rows `vs`

@@ -89,8 +89,9 @@ class Kernels:
         self.variant = _fn(lib, "llmcli_variant", ctypes.c_char_p)().decode()
         self.source_hash = _fn(lib, "llmcli_source_hash", ctypes.c_char_p)().decode()
         self._mm = _fn(lib, "llmcli_mm", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
-        self._mm_rows16 = _fn(lib, "llmcli_mm_rows16", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
-        self._rows16_takes = _fn(lib, "llmcli_rows16_takes", _I32, _I32, _I64)
+        self._mm_grouped = _fn(lib, "llmcli_mm_grouped", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
+        self._grouped_takes = _fn(lib, "llmcli_grouped_takes", _I32, _I32, _I64)
+        self.group_rows = _fn(lib, "llmcli_group_rows", _I32)()
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
         self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
         self._top_k = _fn(lib, "llmcli_top_k", _I32, _P, _I64, _I64, _P, _P)
@@ -118,13 +119,14 @@ class Kernels:
         self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads())
         return y
 
-    def rows16_takes(self, type_id: int, N: int) -> bool:
-        """Whether this variant has 16-row kernels for N rows of the type (then mm takes Q5_K through
-        them, with int8 activations, as the decode step does)."""
-        return bool(self._rows16_takes(type_id, N))
+    def grouped_takes(self, type_id: int, N: int) -> bool:
+        """Whether this variant's row-group kernels (groups of `group_rows` weight rows: 16 with AVX-512,
+        8 with AVX2 and AVX-VNNI) take N rows of the type (then mm takes Q5_K through them, with int8
+        activations, as the decode step does)."""
+        return bool(self._grouped_takes(type_id, N))
 
-    def mm_rows16(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor | None:
-        """mm through the 16-row kernels a decode step takes (on a copy of the blocks interleaved for
+    def mm_grouped(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor | None:
+        """mm through the row-group kernels a decode step takes (on a copy of the blocks interleaved for
         them), or None where this variant has none for this type or row count."""
         x = x.to(torch.float32).contiguous()
         blocks = blocks.contiguous()
@@ -132,7 +134,7 @@ class Kernels:
         if x.shape[1] != K:
             raise ValueError(f"x has {x.shape[1]} columns, the weight {K}")
         y = torch.empty(x.shape[0], blocks.shape[0])
-        rc = self._mm_rows16(x.data_ptr(), x.shape[0], blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(),
+        rc = self._mm_grouped(x.data_ptr(), x.shape[0], blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(),
                              torch.get_num_threads())
         return None if rc == 2 else y
 

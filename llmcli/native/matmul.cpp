@@ -4,8 +4,9 @@
 // (blocks.h's Q8), and each block's dot product is integer multiply-adds of the variant (dot.h),
 // scaled once per block. Q5_K takes the float route: each weight block dequantized once into a
 // register-sized buffer and dotted with every activation row. Either way the weights are read once.
-// Where the variant has 16-row kernels (AVX-512: dot_avx512_rows16.h), a decode step reads a copy
-// of the weights interleaved for them (rows16_*), Q5_K included, and llmcli_mm takes Q5_K so too.
+// Where the variant has row-group kernels (AVX-512: 16 rows, dot_avx512_rows16.h; AVX2 and AVX-VNNI:
+// 8 rows, dot_avx2_rows8.h), a decode step reads a copy of the weights interleaved for them
+// (row_groups.h), Q5_K included, and llmcli_mm takes Q5_K so too.
 #include "api.h"
 #include "dot.h"
 #include "kernels.h"
@@ -120,43 +121,53 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
     }
 }
 
-#ifdef LLMCLI_ROWS16
-// rows16_interleave's copy W of rows [n0, n1) (whole groups of 16) against activation rows m0.., 8 at
-// a time; many rows (a prompt's) kRowsAtOnce at a time, each group's weights read once for them
-// from L2 while their activations stay there (all the rows against each group in turn streamed
-// the activations again for every group: pp512 1.4x slower)
+#ifdef LLMCLI_GROUPED
+// interleave_groups' copy W of rows [n0, n1) (whole groups of kGroupRows) against activation rows
+// m0.., kGroupCols at a time; many rows (a prompt's) kRowsAtOnce at a time, each group's weights
+// read once for them from L2 while their activations stay there (all the rows against each group
+// in turn streamed the activations again for every group: pp512 1.4x slower)
 template <int T>
-static void rows16_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
-                       int64_t n0, int64_t n1) {
-    const int64_t nb = K / 32, group = rows16_group_bytes<T>(nb);
-    Q8 xs[8];
-    float o[16 * 8];
+static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
+                        int64_t n0, int64_t n1) {
+    constexpr int R = kGroupRows;
+    const int64_t nb = K / 32, group = group_bytes<T, R>(nb);
+    Q8 xs[kGroupCols];
+    float o[R * kGroupCols];
     for (int64_t mb = 0; mb < M; mb += kRowsAtOnce)
-        for (int64_t n = n0; n < n1; n += 16)
-            for (int64_t m = mb; m < std::min(M, mb + kRowsAtOnce); m += 8) {
-                const int C = (int)std::min<int64_t>(8, M - m);
+        for (int64_t n = n0; n < n1; n += R)
+            for (int64_t m = mb; m < std::min(M, mb + kRowsAtOnce); m += kGroupCols) {
+                const int C = (int)std::min<int64_t>(kGroupCols, M - m);
                 for (int c = 0; c < C; ++c) xs[c] = xq.row(m0 + m + c);
-                const uint8_t* ahead = m == mb && n + 16 < n1 ? W + (n / 16 + 1) * group : nullptr;
-                with_width(C, [&](auto c) { rows16_tile<T, decltype(c)::value>(W + n / 16 * group, nb, xs, o, ahead); });
+                const uint8_t* ahead = m == mb && n + R < n1 ? W + (n / R + 1) * group : nullptr;
+                with_cols<kGroupCols>(C, [&](auto c) { group_tile<T, decltype(c)::value>(W + n / R * group, nb, xs, o, ahead); });
                 for (int c = 0; c < C; ++c)
-                    for (int r = 0; r < 16; ++r) y[(m + c) * ldy + n + r] = o[16 * c + r];
+                    for (int r = 0; r < R; ++r) y[(m + c) * ldy + n + r] = o[R * c + r];
             }
 }
 #endif
 
-bool rows16_takes(int type, int64_t N) {
+int group_rows() {
+#ifdef LLMCLI_GROUPED
+    return kGroupRows;
+#else
+    return 0;
+#endif
+}
+
+bool grouped_takes(int type, int64_t N) {
     bool takes = false;
-#ifdef LLMCLI_ROWS16
-    with_type(type, [&](auto t) { takes = rows16_type<decltype(t)::value> && N % 16 == 0; });
+#ifdef LLMCLI_GROUPED
+    with_type(type, [&](auto t) { takes = grouped_type<decltype(t)::value> && N % kGroupRows == 0; });
 #endif
     return takes && N > 0;
 }
 
-int64_t rows16_bytes(int type, int64_t N, int64_t K) {
+int64_t grouped_bytes(int type, int64_t N, int64_t K) {
     int64_t bytes = 0;
-#ifdef LLMCLI_ROWS16
+#ifdef LLMCLI_GROUPED
     with_type(type, [&](auto t) {
-        if constexpr (rows16_type<decltype(t)::value>) bytes = N / 16 * rows16_group_bytes<decltype(t)::value>(K / 32);
+        constexpr int T = decltype(t)::value;
+        if constexpr (grouped_type<T>) bytes = N / kGroupRows * group_bytes<T, kGroupRows>(K / 32);
     });
 #else
     (void)type, (void)N, (void)K;
@@ -164,16 +175,17 @@ int64_t rows16_bytes(int type, int64_t N, int64_t K) {
     return bytes;
 }
 
-void rows16_interleave(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0, int64_t g1) {
-#ifdef LLMCLI_ROWS16
+void interleave_groups(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0, int64_t g1) {
+#ifdef LLMCLI_GROUPED
+    constexpr int R = kGroupRows;
     with_type(type, [&](auto t) {
         constexpr int T = decltype(t)::value;
-        if constexpr (rows16_type<T>) {
+        if constexpr (grouped_type<T>) {
             const int64_t nb = K / 32, rb = K / Block<T>::size * Block<T>::bytes;
-            for (int64_t n = 16 * g0; n < (g1 < 0 ? N : 16 * g1); n += 16) {
-                const uint8_t* rows[16];
-                for (int r = 0; r < 16; ++r) rows[r] = W + (n + r) * rb;
-                rows16_interleave<T>(rows, nb, out + n / 16 * rows16_group_bytes<T>(nb));
+            for (int64_t n = R * g0; n < (g1 < 0 ? N : R * g1); n += R) {
+                const uint8_t* rows[R];
+                for (int r = 0; r < R; ++r) rows[r] = W + (n + r) * rb;
+                interleave_group<T, R>(rows, nb, out + n / R * group_bytes<T, R>(nb));
             }
         }
     });
@@ -199,12 +211,12 @@ static void float_rows(const uint8_t* W, int64_t K, const float* X, int64_t M, f
 }
 
 void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
-             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool rows16) {
+             float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool grouped) {
     with_type(type, [&](auto t) {
         constexpr int T = decltype(t)::value;
-#ifdef LLMCLI_ROWS16
-        if constexpr (rows16_type<T>)
-            if (rows16) return rows16_dot<T>(W, K, xq, m0, M, y, ldy, n0, n1);
+#ifdef LLMCLI_GROUPED
+        if constexpr (grouped_type<T>)
+            if (grouped) return grouped_dot<T>(W, K, xq, m0, M, y, ldy, n0, n1);
 #endif
         if constexpr (T == kQ5_K) float_rows<T>(W, K, xf + m0 * K, M, y, ldy, n0, n1);
         else dot_rows<T>(W, K, xq, m0, M, y, ldy, n0, n1, alone);
@@ -219,16 +231,16 @@ std::shared_ptr<Team> shared_team(int threads) {
     return *team;
 }
 
-// y = x @ W.T through the 16-row kernels, on a copy of W interleaved for this call (rows16_takes(type, N))
-static void mm_rows16(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads) {
+// y = x @ W.T through the row-group kernels, on a copy of W interleaved for this call (grouped_takes(type, N))
+static void mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads) {
     if (M == 0) return;
-    std::vector<uint8_t> copy(rows16_bytes(type, N, K));
+    std::vector<uint8_t> copy(grouped_bytes(type, N, K));
     Q8Rows xq;
     xq.resize(M, K);
     xq.quantize(x, 0, M, 0);
     std::vector<Stage> stages{
-        {N / 16, 1, [&](int, int64_t lo, int64_t hi) { rows16_interleave(type, w, N, K, copy.data(), lo, hi); }, {}},
-        {N, 16, [&](int, int64_t lo, int64_t hi) { project(type, copy.data(), K, xq, x, 0, M, y, N, lo, hi, true, true); }, {}}};
+        {N / group_rows(), 1, [&](int, int64_t lo, int64_t hi) { interleave_groups(type, w, N, K, copy.data(), lo, hi); }, {}},
+        {N, group_rows(), [&](int, int64_t lo, int64_t hi) { project(type, copy.data(), K, xq, x, 0, M, y, N, lo, hi, true, true); }, {}}};
     shared_team(threads)->run(stages);
 }
 
@@ -237,8 +249,8 @@ extern "C" {
 LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads) {
     if (type < 0 || type >= kTypes || K % block_size(type) || M < 0 || N < 0) return 1;
     if (M == 0 || N == 0) return 0;
-    if (type == kQ5_K && rows16_takes(type, N)) {  // as the decode step takes it (int8 activations), not the float route
-        mm_rows16(x, M, w, N, K, type, y, threads);
+    if (type == kQ5_K && grouped_takes(type, N)) {  // as the decode step takes it (int8 activations), not the float route
+        mm_grouped(x, M, w, N, K, type, y, threads);
         return 0;
     }
     static thread_local Q8Rows mine;  // the calling thread's: no allocation per call
@@ -255,13 +267,15 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
     return 0;
 }
 
-LLMCLI_API int llmcli_rows16_takes(int type, int64_t N) { return type >= 0 && type < kTypes && rows16_takes(type, N); }
+LLMCLI_API int llmcli_group_rows() { return group_rows(); }
 
-LLMCLI_API int llmcli_mm_rows16(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
+LLMCLI_API int llmcli_grouped_takes(int type, int64_t N) { return type >= 0 && type < kTypes && grouped_takes(type, N); }
+
+LLMCLI_API int llmcli_mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
                                 int threads) {
     if (type < 0 || type >= kTypes || K % block_size(type) || M < 0 || N < 0) return 1;
-    if (!rows16_takes(type, N)) return 2;
-    mm_rows16(x, M, w, N, K, type, y, threads);
+    if (!grouped_takes(type, N)) return 2;
+    mm_grouped(x, M, w, N, K, type, y, threads);
     return 0;
 }
 
