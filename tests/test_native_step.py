@@ -131,6 +131,35 @@ def test_native_steps_keep_a_sliding_window(loaded, variant, monkeypatch):
     _compare(loaded)
 
 
+def test_a_float16_cache_holds_the_float32_values_rounded_and_gives_nearly_the_same_logits(loaded, variant):
+    """--kv-type f16 through the step: the first layer's keys and values (computed before any
+    attention) are the float32 cache's rounded to nearest even, bit for bit; the logits stay near the
+    float32 cache's (float16's rounding, ~5e-4 of a value, moves an int8 code of the next projection's
+    input across a boundary now and then, as in _compare: a few percent of the largest logit on this
+    random model, where a wrong offset or stride is of its order); and tokens in one call equal
+    tokens one at a time, as with float32."""
+    from llmcli.cache import new_cache
+    from llmcli.runtime.native_step import NativeStep
+
+    args = loaded.loaded.args
+    step = NativeStep(loaded.loaded.model, threads=2)
+    c32, c16, many = (new_cache(args, 64, torch.device("cpu"), torch.float32, kv) for kv in (None, "f16", "f16"))
+    assert c16.k[0].dtype == torch.float16 and NativeStep.fits(c16)
+    ids = [5, 17, 80, 3, 200, 41, 9, 150, 7, 99]
+    with torch.inference_mode():
+        l32 = torch.cat([step(torch.tensor([[t]]), c32, last_only=True) for t in ids], 1)
+        l16 = torch.cat([step(torch.tensor([[t]]), c16, last_only=True) for t in ids], 1)
+        together = step(torch.tensor([ids]), many)
+    n = len(ids)
+    for a, b in ((c16.k[0], c32.k[0]), (c16.v[0], c32.v[0])):
+        assert torch.equal(a[:, :, :n], b[:, :, :n].to(torch.float16))
+    errors = [_relative(l16[0, i], l32[0, i]) for i in range(n)]  # 0.02-0.03 here: every token has a flip or two
+    assert max(errors) < 0.1 and sum(errors) / n < 0.05, errors
+    assert torch.equal(together, l16)
+    assert all(torch.equal(a[:, :, :n], b[:, :, :n]) for a, b in zip(c16.k + c16.v, many.k + many.v))
+    assert c16.out is not None and c16.nbytes > many.nbytes  # the conversion buffers only once the model asks
+
+
 def test_what_the_native_step_does_not_cover_runs_the_model(loaded):
     from llmcli.cache import StaticKVCache, new_cache
 

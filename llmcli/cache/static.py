@@ -37,7 +37,8 @@ class StaticKVCache(CacheSlots):
     """Preallocated for the whole context: (B, KV, max_len, D) per layer.
 
     Stored in `dtype`; when the model computes in another `compute_dtype` (a bf16 cache under a
-    float32 model), update() converts the valid part into one buffer shared by all layers."""
+    float32 model), update() converts the valid part into one buffer shared by all layers, made at
+    the first update() (the native step reads a float16 cache as it is, and never needs it)."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int,
                  device: torch.device, dtype: torch.dtype, batch: int = 1, compute_dtype: torch.dtype | None = None):
@@ -47,16 +48,26 @@ class StaticKVCache(CacheSlots):
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.max_len = max_len
         self.length = 0
-        self.out = None  # (k, v) conversion buffers when the storage dtype is not the compute dtype
-        if compute_dtype is not None and compute_dtype != dtype:
-            self.out = (torch.empty(shape, device=device, dtype=compute_dtype),
-                        torch.empty(shape, device=device, dtype=compute_dtype))
+        self._out = None
+        self._out_dtype = compute_dtype if compute_dtype is not None and compute_dtype != dtype else None
 
     @classmethod
     def for_model(cls, args, max_len: int, device: torch.device, dtype: torch.dtype, batch: int = 1,
                   compute_dtype: torch.dtype | None = None):
         return cls(args.num_hidden_layers, args.num_key_value_heads, args.head_dim, max_len, device, dtype, batch,
                    compute_dtype)
+
+    @property
+    def out(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(k, v) conversion buffers when the storage dtype is not the compute dtype, else None."""
+        if self._out is None and self._out_dtype is not None:
+            if self.parent is not None:  # a row view: that row of its cache's buffers
+                self._out = tuple(t[self.index:self.index + 1] for t in self.parent.out)
+            else:
+                k = self.k[0]
+                self._out = (torch.empty(k.shape, device=k.device, dtype=self._out_dtype),
+                             torch.empty(k.shape, device=k.device, dtype=self._out_dtype))
+        return self._out
 
     def update(self, layer: int, start, k: torch.Tensor, v: torch.Tensor):
         if isinstance(start, torch.Tensor):
@@ -82,9 +93,9 @@ class StaticKVCache(CacheSlots):
         kl, vl = self.k[layer][:B], self.v[layer][:B]
         kl[rows, :, slots] = k[:, :, 0].to(kl.dtype)
         vl[rows, :, slots] = v[:, :, 0].to(vl.dtype)
-        if self.out is None:
+        if self._out_dtype is None:
             return kl[:, :, :n], vl[:, :, :n]
-        return kl[:, :, :n].to(self.out[0].dtype), vl[:, :, :n].to(self.out[1].dtype)
+        return kl[:, :, :n].to(self._out_dtype), vl[:, :, :n].to(self._out_dtype)
 
     def move_row(self, src: int, dst: int, n: int) -> None:
         """Row dst takes row src's first n slots (batched.py keeps its live rows at the front)."""
@@ -108,14 +119,14 @@ class StaticKVCache(CacheSlots):
         """A batch-1 view of row i sharing this cache's storage (writes land in that row)."""
         view = object.__new__(StaticKVCache)
         view.k, view.v = [t[i:i + 1] for t in self.k], [t[i:i + 1] for t in self.v]
-        view.out = None if self.out is None else tuple(t[i:i + 1] for t in self.out)
+        view._out, view._out_dtype = None, self._out_dtype
         view.max_len, view.length = self.max_len, self.length
         view.parent, view.index = self, i
         return view
 
     @property
     def nbytes(self) -> int:
-        out = list(self.out) if self.out is not None else []
+        out = list(self._out) if self._out is not None else []
         return sum(t.numel() * t.element_size() for t in self.k + self.v + out)
 
 

@@ -50,10 +50,11 @@ struct LlmcliLayer {
     const float *attn_out_norm, *mlp_out_norm;  // (hidden,) or null: gemma3's norms of attention's and the MLP's outputs
     const LlmcliProjection *qkv, *o, *gate_up, *down;  // groups: projections of one input, outputs side by side
     int64_t n_qkv, n_o, n_gate_up, n_down;
-    float *k_cache, *v_cache;  // (rows, KV, max_len, D), rows of D contiguous
-    int64_t k_strides[3], v_strides[3];  // {row, head, slot}
+    void *k_cache, *v_cache;  // (rows, KV, max_len, D), rows of D contiguous: float32, or float16 where kv_half
+    int64_t k_strides[3], v_strides[3];  // {row, head, slot}, in elements
     int64_t rows, max_len, window;  // window: attend to this many most recent slots (0: all)
     int64_t local_rope;  // 1: q and k turn by the second RoPE table (gemma3's local layers), 0: the first
+    int64_t kv_half;  // 1: the cache holds float16 (keys and values rounded to nearest even as they are written)
 };
 
 // act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)

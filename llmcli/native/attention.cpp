@@ -11,9 +11,10 @@
 #include "kernels.h"
 #include "vec.h"
 
-// NH query heads (q rows D apart, outputs likewise) against one key and value head
-template <int NH>
-static void attend_n(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S, int64_t D,
+// NH query heads (q rows D apart, outputs likewise) against one key and value head (E: float, or
+// uint16_t for float16 bits)
+template <int NH, typename E>
+static void attend_n(const float* q, const E* k, int64_t ks, const E* v, int64_t vs, int64_t S, int64_t D,
                      const uint8_t* mask, float scale, float* p, float* out) {
     int64_t s = 0;
     for (; s + 4 <= S; s += 4) {  // four keys at a time: half the work of one by one
@@ -23,7 +24,7 @@ static void attend_n(const float* q, const float* k, int64_t ks, const float* v,
             for (int j = 0; j < 4; ++j) p[h * S + s + j] = t[h][j];
     }
     for (; s < S; ++s)
-        for (int h = 0; h < NH; ++h) p[h * S + s] = dot_f32(q + h * D, k + s * ks, D);
+        for (int h = 0; h < NH; ++h) p[h * S + s] = dot_kv(q + h * D, k + s * ks, D);
     for (int h = 0; h < NH; ++h) {
         float* ph = p + h * S;
         const float mx = scale_and_max(ph, S, mask, scale);
@@ -33,8 +34,9 @@ static void attend_n(const float* q, const float* k, int64_t ks, const float* v,
     weighted_rows_heads<NH>(p, S, v, vs, S, D, out, D);
 }
 
-void attend_heads(const float* q, int64_t n, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S,
-                  int64_t D, const uint8_t* mask, float scale, float* p, float* out) {
+template <typename E>
+static void attend_all(const float* q, int64_t n, const E* k, int64_t ks, const E* v, int64_t vs, int64_t S,
+                       int64_t D, const uint8_t* mask, float scale, float* p, float* out) {
     for (int64_t h = 0; h < n; h += kHeadsAtOnce) {
         const float* qh = q + h * D;
         float* oh = out + h * D;
@@ -45,6 +47,16 @@ void attend_heads(const float* q, int64_t n, const float* k, int64_t ks, const f
             default: attend_n<4>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
         }
     }
+}
+
+void attend_heads(const float* q, int64_t n, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S,
+                  int64_t D, const uint8_t* mask, float scale, float* p, float* out) {
+    attend_all(q, n, k, ks, v, vs, S, D, mask, scale, p, out);
+}
+
+void attend_heads(const float* q, int64_t n, const uint16_t* k, int64_t ks, const uint16_t* v, int64_t vs, int64_t S,
+                  int64_t D, const uint8_t* mask, float scale, float* p, float* out) {
+    attend_all(q, n, k, ks, v, vs, S, D, mask, scale, p, out);
 }
 
 int64_t heads_a_part(int64_t G, int64_t groups, int threads) {

@@ -282,10 +282,16 @@ class DecodeSteps {
             if (norm) rms_norm(v, norm, D, eps, v);
             rope(v, c, sn_m, R);
             if (h >= H) {
-                const int64_t g = h - H;
-                std::copy(v, v + D, s.k_cache + row * s.k_strides[0] + g * s.k_strides[1] + slot * s.k_strides[2]);
+                const int64_t g = h - H, ko = row * s.k_strides[0] + g * s.k_strides[1] + slot * s.k_strides[2];
+                const int64_t vo = row * s.v_strides[0] + g * s.v_strides[1] + slot * s.v_strides[2];
                 const float* vv = t + (H + KV + g) * D;
-                std::copy(vv, vv + D, s.v_cache + row * s.v_strides[0] + g * s.v_strides[1] + slot * s.v_strides[2]);
+                if (s.kv_half) {
+                    to_halves(v, static_cast<uint16_t*>(s.k_cache) + ko, D);
+                    to_halves(vv, static_cast<uint16_t*>(s.v_cache) + vo, D);
+                } else {
+                    std::copy(v, v + D, static_cast<float*>(s.k_cache) + ko);
+                    std::copy(vv, vv + D, static_cast<float*>(s.v_cache) + vo);
+                }
             }
         }
     }
@@ -299,10 +305,18 @@ class DecodeSteps {
             const int64_t m = i / (KV * parts), g = i / parts % KV, h = g * G + i % parts * per_part;
             const int64_t row = rows_[m], slot = slots_[m];
             const int64_t first = s.window > 0 ? std::max<int64_t>(0, slot - s.window + 1) : 0, S = slot + 1 - first;
-            const float* k = s.k_cache + row * s.k_strides[0] + g * s.k_strides[1] + first * s.k_strides[2];
-            const float* v = s.v_cache + row * s.v_strides[0] + g * s.v_strides[1] + first * s.v_strides[2];
-            attend_heads(qkv.data() + m * QKV + h * D, std::min(per_part, (g + 1) * G - h), k, s.k_strides[2], v,
-                         s.v_strides[2], S, D, nullptr, scale, scores[t].data(), a_attn.row(m) + h * D);
+            const int64_t ko = row * s.k_strides[0] + g * s.k_strides[1] + first * s.k_strides[2];
+            const int64_t vo = row * s.v_strides[0] + g * s.v_strides[1] + first * s.v_strides[2];
+            const float* qh = qkv.data() + m * QKV + h * D;
+            const int64_t n = std::min(per_part, (g + 1) * G - h);
+            if (s.kv_half)
+                attend_heads(qh, n, static_cast<const uint16_t*>(s.k_cache) + ko, s.k_strides[2],
+                             static_cast<const uint16_t*>(s.v_cache) + vo, s.v_strides[2], S, D, nullptr, scale,
+                             scores[t].data(), a_attn.row(m) + h * D);
+            else
+                attend_heads(qh, n, static_cast<const float*>(s.k_cache) + ko, s.k_strides[2],
+                             static_cast<const float*>(s.v_cache) + vo, s.v_strides[2], S, D, nullptr, scale,
+                             scores[t].data(), a_attn.row(m) + h * D);
         }
     }
 };

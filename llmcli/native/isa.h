@@ -3,6 +3,7 @@
 // so one build serves every CPU of its kind). Here: its name, float16 loads, the spin-wait hint,
 // and a float vector as wide as the variant's registers for the element-wise code (vec.h).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -60,6 +61,24 @@ static inline float half_to_float(uint16_t h) {
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
+}
+
+// float -> float16 bits, rounded to nearest even as torch's .to(torch.float16) and F16C round
+// (overflow to infinity, subnormals kept): the portable build's way
+static inline uint16_t float_to_half(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0);  // infinity, NaN
+    if (ax >= 0x477ff000u) return sign | 0x7c00;  // 65520 and above round to infinity
+    if (ax < 0x38800000u) {  // below 2^-14: a subnormal half, a multiple of 2^-24 (exact in float, then rounded to even)
+        float a;
+        std::memcpy(&a, &ax, 4);
+        return sign | (uint16_t)std::nearbyint(a * 16777216.f);
+    }
+    const uint32_t r = ax - 0x38000000u;  // exponent rebiased 127 -> 15; then 23 -> 10 bits, ties to even
+    return sign | (uint16_t)((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
 }
 
 // A little-endian float16 at p (blocks store their scales so)

@@ -24,10 +24,11 @@ class Layer(ctypes.Structure):  # api.h's LlmcliLayer
                 ("gate_up", ctypes.POINTER(Projection)), ("down", ctypes.POINTER(Projection)),
                 ("n_qkv", _I64), ("n_o", _I64), ("n_gate_up", _I64), ("n_down", _I64),
                 ("k_cache", _P), ("v_cache", _P), ("k_strides", _I64 * 3), ("v_strides", _I64 * 3),
-                ("rows", _I64), ("max_len", _I64), ("window", _I64), ("local_rope", _I64)]
+                ("rows", _I64), ("max_len", _I64), ("window", _I64), ("local_rope", _I64), ("kv_half", _I64)]
 
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # api.h's act
+KV_DTYPES = (torch.float32, torch.float16)  # a cache the step reads and writes
 
 
 def declare(lib) -> None:
@@ -89,7 +90,7 @@ class DecodeSteps:
                   window: int, attn_out_norm=None, mlp_out_norm=None, local_rope: bool = False) -> None:
         """The norms are (hidden,) float32 vectors as the C side multiplies by them (a model that scales
         by 1 + w passes 1 + w); q_norm, k_norm, attn_out_norm, mlp_out_norm may be empty or None.
-        k_cache, v_cache: (rows, KV, max_len, D) float32 with rows of D contiguous."""
+        k_cache, v_cache: (rows, KV, max_len, D) float32, or both float16, with rows of D contiguous."""
         H, KV, D = self.H, self.KV, self.D
         hidden = in_norm.numel()
         groups = [self._group(g) for g in (qkv, o, gate_up, down)]
@@ -103,9 +104,9 @@ class DecodeSteps:
         if self.hidden is not None and (hidden != self.hidden or gu_n // 2 != self.inter):
             raise ValueError("layers differ in shape")
         for c in (k_cache, v_cache):
-            if (c.dtype != torch.float32 or c.dim() != 4 or c.shape[1] != KV or c.shape[3] != D or c.stride(3) != 1
-                    or c.device.type != "cpu" or c.shape != k_cache.shape):
-                raise ValueError("the KV cache must be float32 (rows, KV, max_len, D) on the CPU")
+            if (c.dtype not in KV_DTYPES or c.dtype != k_cache.dtype or c.dim() != 4 or c.shape[1] != KV
+                    or c.shape[3] != D or c.stride(3) != 1 or c.device.type != "cpu" or c.shape != k_cache.shape):
+                raise ValueError("the KV cache must be float32 or float16 (rows, KV, max_len, D) on the CPU")
         for norm, n in ((q_norm, D), (k_norm, D), (post_norm, hidden), (attn_out_norm, hidden), (mlp_out_norm, hidden)):
             if norm is not None and norm.numel() not in (0, n):
                 raise ValueError("a norm does not match its vector")
@@ -115,7 +116,8 @@ class DecodeSteps:
                       self._floats(attn_out_norm), self._floats(mlp_out_norm),
                       qkv_a, o_a, gu_a, down_a, len(qkv), len(o), len(gate_up), len(down),
                       k_cache.data_ptr(), v_cache.data_ptr(), (_I64 * 3)(*k_cache.stride()[:3]),
-                      (_I64 * 3)(*v_cache.stride()[:3]), k_cache.shape[0], k_cache.shape[2], window, int(local_rope))
+                      (_I64 * 3)(*v_cache.stride()[:3]), k_cache.shape[0], k_cache.shape[2], window, int(local_rope),
+                      int(k_cache.dtype == torch.float16))
         self.max_len = layer.max_len if self.max_len is None else min(self.max_len, layer.max_len)
         self.rows = layer.rows if self.rows is None else min(self.rows, layer.rows)
         self.local |= bool(local_rope)

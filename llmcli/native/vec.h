@@ -75,6 +75,35 @@ static inline bool vany_above(vf v, float t) {
 
 constexpr int kVW = sizeof(vf) / sizeof(float);
 
+// kVW float16 (bits) -> floats, exactly; n floats -> float16, rounded to nearest even (a float16 KV cache)
+static inline vf vload_half(const uint16_t* p) {
+#if defined(LLMCLI_AVX512VNNI)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(LLMCLI_X86)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(LLMCLI_NEON)
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+#else
+    return vf{half_to_float(p[0]), half_to_float(p[1]), half_to_float(p[2]), half_to_float(p[3])};
+#endif
+}
+static inline void to_halves(const float* x, uint16_t* h, int64_t n) {
+    int64_t i = 0;
+#if defined(LLMCLI_X86)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#elif defined(LLMCLI_NEON)
+    for (; i + 4 <= n; i += 4) vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+#endif
+    for (; i < n; ++i) h[i] = float_to_half(x[i]);
+}
+
+// A KV cache's rows as floats: float32 as they are, float16 converted
+static inline vf vload_kv(const float* p) { return vload(p); }
+static inline vf vload_kv(const uint16_t* p) { return vload_half(p); }
+static inline float kv_at(const float* p) { return *p; }
+static inline float kv_at(const uint16_t* p) { return half_to_float(*p); }
+
 // vany_above(v, t): some lane of v is above t, or NaN
 
 // e^x lane by lane (Cephes' polynomial, as in avx_mathfun): relative error ~1e-7; below -87, ~1e-38
@@ -105,6 +134,17 @@ static inline float dot_f32(const float* a, const float* b, int64_t n) {
     return s;
 }
 
+// a . b for a row of a KV cache: float32 as dot_f32, float16 converted a vector at a time
+static inline float dot_kv(const float* a, const float* b, int64_t n) { return dot_f32(a, b, n); }
+static inline float dot_kv(const float* a, const uint16_t* b, int64_t n) {
+    vf acc = vset1(0.f);
+    int64_t i = 0;
+    for (; i + kVW <= n; i += kVW) acc = vfma(vload(a + i), vload_half(b + i), acc);
+    float s = vsum(acc);
+    for (; i < n; ++i) s += a[i] * half_to_float(b[i]);
+    return s;
+}
+
 // out[j] = the sum of acc[j]'s lanes, the four reduced together (AVX-512: a transpose's adds, as the
 // block kernels reduce four rows)
 static inline void reduce4(const vf acc[4], float out[4]) {
@@ -122,14 +162,14 @@ static inline void reduce4(const vf acc[4], float out[4]) {
 // out[h][j] = a_h . b_j for NH rows a_h = a + h * lda and four rows b_j = b + j * stride (n floats
 // each): each b row loaded once for the NH (attention's query heads that share a key head), one
 // chain a pair, reduced by reduce4. Each a_h's results do not depend on NH.
-template <int NH>
-static inline void dot4_f32_heads(const float* a, int64_t lda, const float* b, int64_t stride, int64_t n, float out[][4]) {
+template <int NH, typename E>
+static inline void dot4_f32_heads(const float* a, int64_t lda, const E* b, int64_t stride, int64_t n, float out[][4]) {
     vf acc[NH][4];
     for (int h = 0; h < NH; ++h)
         for (int j = 0; j < 4; ++j) acc[h][j] = vset1(0.f);
     int64_t i = 0;
     for (; i + kVW <= n; i += kVW) {
-        const vf k[4] = {vload(b + i), vload(b + stride + i), vload(b + 2 * stride + i), vload(b + 3 * stride + i)};
+        const vf k[4] = {vload_kv(b + i), vload_kv(b + stride + i), vload_kv(b + 2 * stride + i), vload_kv(b + 3 * stride + i)};
         for (int h = 0; h < NH; ++h) {
             const vf x = vload(a + h * lda + i);
             for (int j = 0; j < 4; ++j) acc[h][j] = vfma(x, k[j], acc[h][j]);
@@ -138,22 +178,22 @@ static inline void dot4_f32_heads(const float* a, int64_t lda, const float* b, i
     for (int h = 0; h < NH; ++h) {
         reduce4(acc[h], out[h]);
         for (int64_t t = i; t < n; ++t)
-            for (int j = 0; j < 4; ++j) out[h][j] += a[h * lda + t] * b[j * stride + t];
+            for (int j = 0; j < 4; ++j) out[h][j] += a[h * lda + t] * kv_at(b + j * stride + t);
     }
 }
 
 // Columns [c, c + W * kVW) of weighted_rows_heads, held in registers: NH * W chains of multiply-adds,
 // each over the slots in order
-template <int NH, int W>
-static inline void weighted_columns(const float* w, int64_t ldw, const float* V, int64_t stride, int64_t S, int64_t c,
+template <int NH, int W, typename E>
+static inline void weighted_columns(const float* w, int64_t ldw, const E* V, int64_t stride, int64_t S, int64_t c,
                                     float* o, int64_t ldo) {
     vf acc[NH][W];
     for (int h = 0; h < NH; ++h)
         for (int j = 0; j < W; ++j) acc[h][j] = vset1(0.f);
     for (int64_t s = 0; s < S; ++s) {
-        const float* vs = V + s * stride + c;
+        const E* vs = V + s * stride + c;
         vf x[W];
-        for (int j = 0; j < W; ++j) x[j] = vload(vs + kVW * j);
+        for (int j = 0; j < W; ++j) x[j] = vload_kv(vs + kVW * j);
         for (int h = 0; h < NH; ++h) {
             const vf ws = vset1(w[h * ldw + s]);
             for (int j = 0; j < W; ++j) acc[h][j] = vfma(ws, x[j], acc[h][j]);
@@ -168,8 +208,8 @@ static inline void weighted_columns(const float* w, int64_t ldw, const float* V,
 // each weight broadcast once for up to 64 columns, in chunks of columns whose NH * W accumulators
 // fit the registers (16 on 32-register machines, 8 on AVX2's 16). Each column's sum is the same
 // whatever NH: one chain over the slots in order.
-template <int NH>
-static inline void weighted_rows_heads(const float* w, int64_t ldw, const float* V, int64_t stride, int64_t S, int64_t D,
+template <int NH, typename E>
+static inline void weighted_rows_heads(const float* w, int64_t ldw, const E* V, int64_t stride, int64_t S, int64_t D,
                                        float* o, int64_t ldo) {
 #if defined(LLMCLI_AVX512VNNI) || defined(LLMCLI_NEON)
     constexpr int accs = 16;
@@ -179,12 +219,12 @@ static inline void weighted_rows_heads(const float* w, int64_t ldw, const float*
     constexpr int most = 64 / kVW < accs / NH ? 64 / kVW : accs / NH;
     constexpr int W = most > 0 ? most : 1;
     int64_t c = 0;
-    for (; c + W * kVW <= D; c += W * kVW) weighted_columns<NH, W>(w, ldw, V, stride, S, c, o, ldo);
-    for (; c + kVW <= D; c += kVW) weighted_columns<NH, 1>(w, ldw, V, stride, S, c, o, ldo);
+    for (; c + W * kVW <= D; c += W * kVW) weighted_columns<NH, W, E>(w, ldw, V, stride, S, c, o, ldo);
+    for (; c + kVW <= D; c += kVW) weighted_columns<NH, 1, E>(w, ldw, V, stride, S, c, o, ldo);
     for (; c < D; ++c)  // a head size that is not a multiple of the vector
         for (int h = 0; h < NH; ++h) {
             float sum = 0.f;
-            for (int64_t s = 0; s < S; ++s) sum += w[h * ldw + s] * V[s * stride + c];
+            for (int64_t s = 0; s < S; ++s) sum += w[h * ldw + s] * kv_at(V + s * stride + c);
             o[h * ldo + c] = sum;
         }
 }

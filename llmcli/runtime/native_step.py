@@ -5,7 +5,7 @@ A one-token step runs ~300 small operations. Compiled, their dispatch, graph wra
 guards still cost ~4.5 ms of SmolLM2's ~15 on 2 threads. Here everything from the tokens' embeddings
 to the logits runs in C++; only the embedding lookup and the RoPE tables (the model's own, so
 scaled or shifted positions come out as the model computes them) stay torch ops, and Gemma's final
-soft-capping. The cache is the model's own StaticKVCache (float32), written in place, so prefill,
+soft-capping. The cache is the model's own StaticKVCache (float32, or float16 with --kv-type f16), written in place, so prefill,
 rollback and context shift work on it as before. A cache other than the last one seen (a new
 conversation) rebuilds the C++ side's list of tensors, about a millisecond.
 
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from .. import native
 from ..cache.static import StaticKVCache
 from ..models import gemma3, llama
+from ..native.steps import KV_DTYPES
 from ..quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF general.architecture the step runs
@@ -78,10 +79,10 @@ class NativeStep:
 
     @staticmethod
     def fits(cache) -> bool:
-        """Whether `cache` is what the C++ step writes: a float32 static cache on the CPU, stored as
-        computed (no conversion buffers), of any number of rows."""
-        return (type(cache) is StaticKVCache and cache.out is None and cache.k[0].dtype == torch.float32
-                and cache.k[0].device.type == "cpu")
+        """Whether `cache` is what the C++ step writes: a static cache on the CPU, float32 or float16
+        (`--kv-type f16`: keys and values rounded as they are written, read back as float32), of any
+        number of rows."""
+        return (type(cache) is StaticKVCache and cache.k[0].dtype in KV_DTYPES and cache.k[0].device.type == "cpu")
 
     def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False, slots=None):
         B, T = tokens.shape
