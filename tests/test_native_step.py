@@ -46,6 +46,7 @@ def loaded(request, tmp_path_factory):
     write_gguf(_tiny(arch), path, qtype)
     rt = open_model(str(path), device="cpu", ctx_size=64)  # default flags: as stored, and float32 for the step
     assert rt.placement.dtype == torch.float32  # auto picks it on every CPU where the step runs
+    assert rt.kv_type == "f16" and rt.new_cache().k[0].dtype == torch.float16  # and a float16 cache
     return rt
 
 
@@ -69,12 +70,14 @@ def _compare(rt, positions: int | None = None):
     more than such a flip; a wrong rotation, bias, window or cache write breaks every step."""
     import copy
 
+    from llmcli.cache import new_cache
     from llmcli.runtime.native_step import NativeStep
 
     assert isinstance(rt.decode_step(compile=False), NativeStep)
     model = rt.loaded.model
     step = NativeStep(model, threads=3)  # more threads than CPUs here: uneven shares, threads that wait
-    cache = rt.new_cache()
+    # float32, where run's default is float16: the model's update() keeps the new tokens as computed
+    cache = new_cache(rt.loaded.args, rt.ctx_size, torch.device("cpu"), torch.float32)
     exact, worst = 0, 0.0
     with torch.inference_mode():
         model(torch.tensor([[5, 17, 80, 3, 200, 41, 9, 150]]), cache)

@@ -126,10 +126,13 @@ def _show_memory(found, json_out: bool, ctx_size, kv_type, kv_offload, quant, de
     """`show --memory`: the plan `run` would make on this machine, from the model's headers."""
     from ..quant.presets import check_preset_name
     from ..runtime.device import place
-    from ..runtime.runtime import plan_memory
+    from ..formats.open import open_model_file
+    from ..runtime.runtime import native_placement, plan_memory
 
     preset = check_preset_name(quant)
-    plan = plan_memory(found.path, place(device, dtype), preset, ctx_size, found.entry, kv_type, kv_offload)
+    model_file = open_model_file(found.path)
+    placement, float_kv = native_placement(model_file, place(device, dtype), preset)
+    plan = plan_memory(model_file, placement, preset, ctx_size, found.entry, kv_type, kv_offload, float_kv=float_kv)
     if json_out:
         sys.stdout.write(json.dumps(plan.as_dict(), indent=1) + "\n")
     else:

@@ -33,7 +33,7 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Timings and devi
 RegistryFile = Annotated[Optional[Path], typer.Option("--registry", help="A models.toml read on top of the shipped one (and the one in LLMCLI_HOME).", show_default=False)]
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already downloaded; never touch the network.")]
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="Compile the decode step with torch.compile (the first run compiles for ~30 s; later runs reuse the cache). Not with an int8/int4 or offloaded KV cache, where it does not pay.")]
-KvType = Annotated[str, typer.Option("--kv-type", help="KV cache type: auto | bf16 | f16 | int8 | int4 (auto: the compute dtype, quantized only when memory is short).")]
+KvType = Annotated[str, typer.Option("--kv-type", help="KV cache type: auto | bf16 | f16 | int8 | int4 (auto: f16 where the native CPU step decodes, else the compute dtype; quantized only when memory is short).")]
 KvOffload = Annotated[str, typer.Option("--kv-offload", help="KV cache of some layers in host memory: auto | on | off (auto: only when it fits no other way; CUDA and MPS).")]
 ContextShift = Annotated[bool, typer.Option("--context-shift", help="When the context is full, drop the oldest tokens after the system prompt and go on.")]
 JsonSchema = Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to JSON valid under this JSON Schema file.", show_default=False)]

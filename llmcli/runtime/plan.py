@@ -224,11 +224,15 @@ def _fits(parts: list[Part], budget: Budget) -> bool:
     return device <= budget.free and host <= budget.host_free
 
 
-def _choices(args, budget: Budget, kv_type: str | None, kv_offload: str, rows: int = 1) -> list[CacheChoice]:
+def _choices(args, budget: Budget, kv_type: str | None, kv_offload: str, rows: int = 1,
+             float_kv: str | None = None) -> list[CacheChoice]:
     """Cache kinds in the order the planner tries them (offloaded: as many layers on the device as
     possible, so each offloaded choice is tried from the most device layers down). Several rows
-    decode from one static cache (decode/batched.py): float kinds on the device only."""
-    floats = kv_type is None or kv_type in KV_DTYPES
+    decode from one static cache (decode/batched.py): float kinds on the device only. `float_kv`:
+    the float kind `--kv-type auto` stores (None: the compute dtype; "f16" where the native CPU step
+    decodes)."""
+    floats, auto = kv_type is None or kv_type in KV_DTYPES, kv_type is None
+    kv_type = kv_type or float_kv
     if rows > 1:
         if not floats or kv_offload == "on":
             raise InvalidParameterError(f"decoding {rows} rows at once needs a float KV cache on the device; "
@@ -236,7 +240,7 @@ def _choices(args, budget: Budget, kv_type: str | None, kv_offload: str, rows: i
         return [CacheChoice(kv_type)]
     if kv_offload == "on":
         return [CacheChoice(kv_type, 0)]
-    on_device = [CacheChoice(kv_type)] if kv_type else [CacheChoice(None), CacheChoice("int8"), CacheChoice("int4")]
+    on_device = [CacheChoice(kv_type), CacheChoice("int8"), CacheChoice("int4")] if auto else [CacheChoice(kv_type)]
     if kv_offload == "off" or not floats or budget.device == "cpu":
         return on_device
     L = args.num_hidden_layers
@@ -265,12 +269,12 @@ def _largest_context(args, weights, label, dtype, choice, budget, upto: int, row
 
 def plan(args, weights: int, weights_label: str, budget: Budget, dtype: torch.dtype, ctx: int, *,
          ctx_source: str = "the model's trained context", ctx_given: bool = False, kv_type: str | None = None,
-         kv_offload: str = "auto", rows: int = 1) -> Plan:
+         kv_offload: str = "auto", rows: int = 1, float_kv: str | None = None) -> Plan:
     """The first cache choice that keeps `ctx` (for each of `rows` sequences) in `budget`, or (when
     `ctx` was not asked for explicitly) the largest context that fits, with a note.
     NotEnoughMemoryError when nothing fits."""
     kv_offload = check_kv_offload(kv_offload, kv_type)
-    choices = _choices(args, budget, kv_type, kv_offload, rows)
+    choices = _choices(args, budget, kv_type, kv_offload, rows, float_kv)
     d = budget.device
     for choice in choices:
         parts = _parts(args, weights, weights_label, ctx, dtype, choice, budget, rows)
@@ -300,7 +304,7 @@ def plan(args, weights: int, weights_label: str, budget: Budget, dtype: torch.dt
             best, best_choice = n, choice
     best = best // 256 * 256 if best >= 512 else best
     need = min(sum(q.nbytes for q in _parts(args, weights, weights_label, ctx, dtype, c, budget, rows)) for c in compact)
-    flags = f" with --kv-type {best_choice.kv_type}" if best_choice.kv_type and not kv_type else ""
+    flags = f" with --kv-type {best_choice.kv_type}" if best_choice.kv_type not in (None, float_kv) and not kv_type else ""
     if ctx_given or best < min(MIN_CONTEXT, ctx):
         fit = f"--ctx-size {best}{flags} fits" if best >= 1 else "no context fits"
         each = f" for each of {rows} rows" if rows > 1 else ""

@@ -225,11 +225,24 @@ def locate(model: str, *, registry: Path | None = None, offline: bool = False, p
     return fetch.locate(model, registry_file=registry, offline=offline, progress=progress).path
 
 
+def native_placement(model_file: ModelFile, placement: Placement, preset) -> tuple[Placement, str | None]:
+    """Where the native CPU step will decode this file as stored: float32 compute, and a float16 KV
+    cache for `--kv-type auto` (the step reads half the bytes; llama.cpp's and ollama's default too).
+    Elsewhere the placement as it is and None (auto: the compute dtype)."""
+    if preset is None and placement.device.type == "cpu" and NativeStep.decodes(model_file):
+        placement = placement.with_fastest_dtype(torch.float32, "the native one-call step runs in float32")
+        if placement.dtype == torch.float32:
+            return placement, "f16"
+    return placement, None
+
+
 def plan_memory(model: ModelFile | Path, placement: Placement, preset=None, ctx_size: int | None = None, entry=None,
-                kv_type: str | None = None, kv_offload: str = "auto", rows: int = 1, ctx_cap: int | None = None) -> Plan:
+                kv_type: str | None = None, kv_offload: str = "auto", rows: int = 1, ctx_cap: int | None = None,
+                float_kv: str | None = None) -> Plan:
     """The memory plan for `model` (a ModelFile or a path; read from headers, nothing loaded): the
     context and the KV cache kind that fit what is free (plan.py), for `rows` sequences at once.
-    `entry`: the registry's, for its default context; `ctx_cap`: without `ctx_size`, at most this."""
+    `entry`: the registry's, for its default context; `ctx_cap`: without `ctx_size`, at most this;
+    `float_kv`: the float cache `--kv-type auto` stores (native_placement's)."""
     kv_type = check_kv_type(kv_type)
     check_kv_offload(kv_offload, kv_type)
     info = weights_from_files(model, preset, placement.dtype, placement.device)
@@ -241,7 +254,8 @@ def plan_memory(model: ModelFile | Path, placement: Placement, preset=None, ctx_
     if ctx_size is None and ctx_cap is not None and ctx > ctx_cap:
         ctx, source = ctx_cap, f"at most {ctx_cap} a sequence"
     return plan(info.args, info.nbytes, info.label, detect_budget(placement.device), placement.dtype, ctx,
-                ctx_source=source, ctx_given=ctx_size is not None, kv_type=kv_type, kv_offload=kv_offload, rows=rows)
+                ctx_source=source, ctx_given=ctx_size is not None, kv_type=kv_type, kv_offload=kv_offload, rows=rows,
+                float_kv=float_kv)
 
 
 def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
@@ -259,10 +273,9 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     model_file = open_model_file(found.path)
     if model_file.is_encoder:
         return _open_encoder(flags, model_file, placement, preset)
-    if preset is None and placement.device.type == "cpu" and NativeStep.decodes(model_file):
-        placement = placement.with_fastest_dtype(torch.float32, "the native one-call step runs in float32")
+    placement, float_kv = native_placement(model_file, placement, preset)
     memory = plan_memory(model_file, placement, preset, flags.ctx_size, found.entry, kv_type, flags.kv_offload,
-                         flags.rows, flags.ctx_cap)
+                         flags.rows, flags.ctx_cap, float_kv)
     loaded = load_model(model_file, placement, preset)
     entry = found.entry
     if entry is not None:  # the registry's overrides
