@@ -4,9 +4,12 @@ The C++ (plain C++17 with a C interface, api.h; no torch headers):
 - matmul.cpp: y = x @ W.T reading GGUF blocks (quant/gguf_blocks.py), and dequantization. The
   activations are quantized to int8 per block of 32, as llama.cpp does, and every type but Q5_K
   multiplies with integer dot products, scaled once per block (dot_*.h: one file per instruction set).
-- attention.cpp: decoding's one-query attention over a float32 KV cache (attend_one).
+- attention.cpp: decoding's one-query attention over a float32 KV cache (attend_one; the decode
+  step's also over a float16 one).
 - select.cpp: the k largest of a vector of logits (top_k), for sampling.
 - dot_avx512_tiles.h: the AVX-512 products for up to 8 activation rows at once, each weight block unpacked once.
+- row_groups.h: the weights copied in groups of 16 (AVX-512) or 8 rows (AVX2, AVX-VNNI) interleaved,
+  which the decode step reads through dot_avx512_rows16.h's and dot_avx2_rows8.h's kernels.
 - decode.cpp: a whole decode step of a Llama-family model or Gemma 3, for n tokens at once (DecodeSteps,
   used by native_step.py).
 - team.h: their threads (sized from torch.get_num_threads()), whose waits spin briefly, then sleep.
