@@ -111,12 +111,12 @@ class Runtime:
         return CompiledStep(model, self.new_cache(64) if background else None)
 
     def describe_step(self, step) -> str:
-        """How `step` runs decode steps: native (and its kernels), eager, compiling (eager meanwhile),
-        compiled, or why not compiled."""
+        """How `step` runs decode steps: native (its kernels and the KV cache's kind), eager, compiling
+        (eager meanwhile), compiled, or why not compiled."""
         if step is None or step is self.loaded.model:
             return "eager" if self.compiles_well else "eager (compiling does not pay with this KV cache)"
         if getattr(step, "native", False):
-            return f"native (one C++ call a step, {native.describe()} kernels)"
+            return f"native (one C++ call a step, {native.describe()} kernels, {self.kv_type or 'float32'} KV cache)"
         if not isinstance(step, CompiledStep):
             return getattr(step, "__name__", type(step).__name__)  # a caller's own step
         if step.fallback_reason:
