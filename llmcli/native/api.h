@@ -12,7 +12,7 @@ LLMCLI_API const char* llmcli_variant();      // "avx512vnni", "avxvnni", "avx2"
 LLMCLI_API const char* llmcli_source_hash();  // build.py's hash of the sources and flags it was built from
 
 // y (M, N) = x (M, K) @ W.T, W (N, row bytes) uint8: GGUF blocks of `type` (quant/gguf_blocks.py's TYPE_IDS);
-// Q5_K through the 16-row kernels where this variant has them (int8 activations, as the decode step
+// Q5_K through the row-group kernels where this variant has them (int8 activations, as the decode step
 // takes it), else the float route
 LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
 // The weight rows a group of this variant's row-group kernels takes (16, 8, or 0: none), and

@@ -1,6 +1,6 @@
 // Decoding's one-query attention over a float32 KV cache (models/llama.py's attend_one), or a float32
-// or float16 one (the decode step's): each head's scores, softmax (a vectorized exp) and weighted sum of values in one
-// pass over its keys, no temporaries beyond S floats a head. SDPA's setup for a single query cost
+// or float16 one (the decode step's): each head's scores, softmax (a vectorized exp) and weighted sum
+// of values in one pass over its keys, no temporaries beyond S floats a head. SDPA's setup for a single query cost
 // 37 us a layer, this 15 (SmolLM2 at ~100 tokens, 2 threads). The query heads that share a key and
 // value head (grouped-query attention) go up to kHeadsAtOnce together, each key and value row read
 // once for them: at long contexts the cache's rows, read from memory, are most of a token's time.

@@ -166,7 +166,7 @@ struct Q8 {
     const float* d;     // (K/32,)
     const float* s;     // (K/32,)
     const int32_t* n4;  // (K/4,)
-    const int32_t* n32; // (K/32,): -(sum of each block's codes), the 16-row kernels' zero points' start
+    const int32_t* n32; // (K/32,): -(sum of each block's codes), the row-group kernels' zero points' start
     const int32_t* n16; // (K/16,): the same for each 16 codes (Q6_K's)
     // The AVX-512 variant's copy for the 4-bit and 5-bit 32-blocks, per group of 8 (dot_avx512.h's nibble_order):
     const int8_t* qi;   // 4 vectors c of 64: qword q holds codes 8c..8c+7 of block nibble_block(q)

@@ -19,7 +19,6 @@ static inline __m512 bytes_times(const uint8_t* p, const uint8_t* half, bool sig
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v)), _mm512_cvtph_ps(load256(half)));
 }
-// (Q6_K: half h's, the scale of codes 16h..16h + 15)
 // Block b's 16 rows' scales d (Q6_K: half h's, the scale of codes 16h..16h + 15), and for
 // grouped_min types their m, as they add (Q4_K's -dmin * m)
 template <int T>

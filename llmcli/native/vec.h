@@ -122,28 +122,20 @@ static inline vf vexp(vf x) {
     return y * vpow2i(n);
 }
 
-// sum of a[i] * b[i]: four independent chains (one would wait on each multiply-add)
-static inline float dot_f32(const float* a, const float* b, int64_t n) {
+// sum of a[i] * b[i]: four independent chains (one would wait on each multiply-add); b: floats, or
+// a float16 KV cache's row, converted as it is read
+template <typename E>
+static inline float dot_kv(const float* a, const E* b, int64_t n) {
     int64_t i = 0;
     vf acc[4] = {vset1(0.f), vset1(0.f), vset1(0.f), vset1(0.f)};
     for (; i + 4 * kVW <= n; i += 4 * kVW)
-        for (int j = 0; j < 4; ++j) acc[j] = vfma(vload(a + i + kVW * j), vload(b + i + kVW * j), acc[j]);
-    for (; i + kVW <= n; i += kVW) acc[0] = vfma(vload(a + i), vload(b + i), acc[0]);
+        for (int j = 0; j < 4; ++j) acc[j] = vfma(vload(a + i + kVW * j), vload_kv(b + i + kVW * j), acc[j]);
+    for (; i + kVW <= n; i += kVW) acc[0] = vfma(vload(a + i), vload_kv(b + i), acc[0]);
     float s = vsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
-    for (; i < n; ++i) s += a[i] * b[i];
+    for (; i < n; ++i) s += a[i] * kv_at(b + i);
     return s;
 }
-
-// a . b for a row of a KV cache: float32 as dot_f32, float16 converted a vector at a time
-static inline float dot_kv(const float* a, const float* b, int64_t n) { return dot_f32(a, b, n); }
-static inline float dot_kv(const float* a, const uint16_t* b, int64_t n) {
-    vf acc = vset1(0.f);
-    int64_t i = 0;
-    for (; i + kVW <= n; i += kVW) acc = vfma(vload(a + i), vload_half(b + i), acc);
-    float s = vsum(acc);
-    for (; i < n; ++i) s += a[i] * half_to_float(b[i]);
-    return s;
-}
+static inline float dot_f32(const float* a, const float* b, int64_t n) { return dot_kv(a, b, n); }
 
 // out[j] = the sum of acc[j]'s lanes, the four reduced together (AVX-512: a transpose's adds, as the
 // block kernels reduce four rows)

@@ -5,9 +5,10 @@ A one-token step runs ~300 small operations. Compiled, their dispatch, graph wra
 guards still cost ~4.5 ms of SmolLM2's ~15 on 2 threads. Here everything from the tokens' embeddings
 to the logits runs in C++; only the embedding lookup and the RoPE tables (the model's own, so
 scaled or shifted positions come out as the model computes them) stay torch ops, and Gemma's final
-soft-capping. The cache is the model's own StaticKVCache (float32, or float16 with --kv-type f16), written in place, so prefill,
-rollback and context shift work on it as before. A cache other than the last one seen (a new
-conversation) rebuilds the C++ side's list of tensors, about a millisecond.
+soft-capping. The cache is the model's own StaticKVCache (float16 by default, `--kv-type auto`'s
+choice where this step decodes; or float32), written in place, so prefill, rollback and context
+shift work on it as before. A cache other than the last one seen (a new conversation) rebuilds
+the C++ side's list of tensors, about a millisecond.
 
 One call takes several tokens as well: the rows of a batch (`slots`, batched.py), or the tokens of
 one row at consecutive slots (a prompt's prefill, a speculative pass checking its guesses; a row
@@ -80,7 +81,7 @@ class NativeStep:
     @staticmethod
     def fits(cache) -> bool:
         """Whether `cache` is what the C++ step writes: a static cache on the CPU, float32 or float16
-        (`--kv-type f16`: keys and values rounded as they are written, read back as float32), of any
+        (the default: keys and values rounded as they are written, read back as float32), of any
         number of rows."""
         return (type(cache) is StaticKVCache and cache.k[0].dtype in KV_DTYPES and cache.k[0].device.type == "cpu")
 
