@@ -205,6 +205,26 @@ def test_several_tokens_a_call_give_what_one_at_a_time_gives(loaded):
     assert all(torch.equal(a[..., :len(ids), :], b[..., :len(ids), :]) for a, b in zip(one.k + one.v, many.k + many.v))
 
 
+def test_pieces_give_each_rows_last_token_what_it_gets_alone(loaded, variant):
+    """Several rows' tokens in one call (a batch step with new prompts in it): the logits are of the
+    pieces' last tokens, which start mid-way through the activations' groups of 8 (row 15 of 20 here,
+    then 16..19): each is bit for bit what the row's tokens give in a call of their own."""
+    from llmcli.cache import new_cache
+
+    step = loaded.decode_step(compile=False)
+    g = torch.Generator().manual_seed(5)
+    pieces = [(row, 0, torch.randint(3, 250, (n,), generator=g).tolist()) for row, n in enumerate([6, 3, 5, 2, 4])]
+    args = loaded.loaded.args
+    batch = new_cache(args, 16, torch.device("cpu"), torch.float32, "f16", batch=len(pieces))
+    batch.length = 6
+    with torch.inference_mode():
+        logits, hidden = step.pieces(pieces, batch)
+        for i, (_, _, ids) in enumerate(pieces):
+            alone_logits, alone_hidden = step(torch.tensor([ids]), loaded.new_cache(), last_only=True, hidden=True)
+            assert torch.equal(logits[i], alone_logits[0, -1]), i
+            assert torch.equal(hidden[i], alone_hidden[0, -1]), i
+
+
 @pytest.mark.parametrize("joined", [256, 8, 0], ids=["prompts-in-steps", "long-prompts-alone", "prompts-alone"])
 def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded, joined, monkeypatch):
     """`batch` and `serve` rows share each weight read (one C++ call a step), new prompts going into

@@ -166,8 +166,6 @@ struct Q8 {
     const float* d;     // (K/32,)
     const float* s;     // (K/32,)
     const int32_t* n4;  // (K/4,)
-    const int32_t* n32; // (K/32,): -(sum of each block's codes), the row-group kernels' zero points' start
-    const int32_t* n16; // (K/16,): the same for each 16 codes (Q6_K's)
     // The AVX-512 variant's copy for the 4-bit and 5-bit 32-blocks, per group of 8 (dot_avx512.h's nibble_order):
     const int8_t* qi;   // 4 vectors c of 64: qword q holds codes 8c..8c+7 of block nibble_block(q)
     const int32_t* ni;  // 16 a group: lane l's -16 * (sum of the 16 codes it multiplies)
@@ -184,6 +182,21 @@ struct Q8 {
     const int8_t* q6;   // 4 vectors c of 64: group g's codes 4c..4c+3 at lane L (K,)
     const int32_t* z6;  // lane L's accumulator start: -32 * the sum of group g's codes (K/16,)
     const float* d6;    // group g's block's d in lane L (K/16,)
+};
+
+// Activation rows side by side, 8 a group, as the row-group kernels (row_groups.h) read them: one
+// pointer and constant offsets reach the 4 codes a multiply-add takes from each of a tile's rows
+// (with a pointer a row the tile spent a fifth of its time on addresses). Per 32-block b, column c
+// of the group (c from this view's first): codes 4j..4j+3 at q[256 b + 32 j + 4 c]; d, s and n32
+// (-(the sum of the block's codes), the zero points' start) at [8 b + c]; n16 (the same for codes
+// 16h..16h + 15, Q6_K's) at [16 b + 8 h + c].
+constexpr int kColGroup = 8;
+struct Q8Cols {
+    const int8_t* q;
+    const float* d;
+    const float* s;
+    const int32_t* n32;
+    const int32_t* n16;
 };
 
 // Rounds v (|v| < 2^22) to the nearest integer, ties to even, as nearbyint does in the default mode:

@@ -79,19 +79,19 @@ template <int T> constexpr int int16_run = T == kQ8_0 ? 1 : T == kQ6_K ? 2 : fif
 
 // The accumulator's start for codes stored with a zero point z (q - z), as rows16_start
 template <int T>
-static inline __m256i group8_start(const Q8& x, int64_t b, int h) {
+static inline __m256i group8_start(const Q8Cols& x, int64_t b, int h, int c) {
     constexpr int z = T == kQ8_0 && !kVnni ? 0 : zero_point<T>;  // (plain AVX2 takes Q8_0's codes signed)
-    if constexpr (T == kQ6_K) return _mm256_set1_epi32(z * x.n16[2 * b + h]);
-    return z ? _mm256_set1_epi32(z * x.n32[b]) : _mm256_setzero_si256();
+    if constexpr (T == kQ6_K) return _mm256_set1_epi32(z * x.n16[2 * kColGroup * b + kColGroup * h + c]);
+    return z ? _mm256_set1_epi32(z * x.n32[kColGroup * b + c]) : _mm256_setzero_si256();
 }
 
-// The interleaved group of 8 rows at w (nb blocks) against activation rows x[0..C): out[8 * c + r]
-// = row r . x[c]. Each (row, activation row) lane: for each block in order, the block's products
+// The interleaved group of 8 rows at w (nb blocks) against the activation rows of x, columns [0, C)
+// (Q8Cols): out[8 * c + r] = row r . column c. Each (row, activation row) lane: for each block in order, the block's products
 // summed in int32, times (d * the activation's d) added to its sum; Q4_1's, Q5_1's and Q4_K's m *
 // the activation's s added to another sum, block by block, then to the first (as rows16_tile).
 // `ahead`: bytes to fetch meanwhile, as many a block as it takes (the next group's, or null).
 template <int T, int C>
-static void group_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, const uint8_t* ahead) {
+static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out, const uint8_t* ahead) {
     constexpr int bytes = group_stride<T, R8>, H = scale_parts<T>, P = 8 / H, run = int16_run<T>;
     __m256 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
@@ -101,7 +101,7 @@ static void group_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, co
 #pragma GCC unroll 2
         for (int h = 0; h < H; ++h) {
             __m256i s[C];
-            for (int c = 0; c < C; ++c) s[c] = group8_start<T>(x[c], b, h);
+            for (int c = 0; c < C; ++c) s[c] = group8_start<T>(x, b, h, c);
 #pragma GCC unroll 8
             for (int p0 = P * h; p0 < P * h + P; p0 += run) {
                 __m256i t[C];
@@ -111,7 +111,7 @@ static void group_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, co
                     const __m256i au = T == kQ8_0 && !kVnni ? _mm256_sign_epi8(u, u) : u;
 #pragma GCC unroll 4
                     for (int c = 0; c < C; ++c) {
-                        __m256i xb = broadcast4(x[c].q + 32 * b + 4 * (p % 4) + 16 * (p / 4));
+                        __m256i xb = broadcast4(x.q + kColGroup * (32 * b + 4 * p) + 4 * c);
                         if constexpr (kVnni) {
                             s[c] = _mm256_dpbusd_avx_epi32(s[c], au, xb);
                         } else {
@@ -126,7 +126,7 @@ static void group_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, co
             }
             const __m256 d = group8_d<T>(w, b, h);
             for (int c = 0; c < C; ++c)
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), acc[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[kColGroup * b + c])), acc[c]);
         }
     }
     if constexpr (grouped_min<T>) {
@@ -134,7 +134,7 @@ static void group_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, co
         for (int c = 0; c < C; ++c) off[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             const __m256 m = group8_m<T>(w, b);
-            for (int c = 0; c < C; ++c) off[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(x[c].s[b]), off[c]);
+            for (int c = 0; c < C; ++c) off[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.s[kColGroup * b + c]), off[c]);
         }
         for (int c = 0; c < C; ++c) acc[c] = _mm256_add_ps(acc[c], off[c]);
     }

@@ -73,24 +73,24 @@ static LLMCLI_INLINE void rows16_codes(const uint8_t* w, int64_t b, __m512i u[8]
     }
 }
 
-// The accumulator's start for codes stored with a zero point z (q - z): -z * (the block's codes' sum;
-// Q6_K's, whose scales go by 16: half h's)
+// Column c's accumulator start for codes stored with a zero point z (q - z): -z * (the block's codes'
+// sum; Q6_K's, whose scales go by 16: half h's)
 template <int T>
-static inline __m512i rows16_start(const Q8& x, int64_t b, int h) {
+static inline __m512i rows16_start(const Q8Cols& x, int64_t b, int h, int c) {
     constexpr int z = zero_point<T>;
-    if constexpr (T == kQ6_K) return _mm512_set1_epi32(z * x.n16[2 * b + h]);
-    return z ? _mm512_set1_epi32(z * x.n32[b]) : _mm512_setzero_si512();
+    if constexpr (T == kQ6_K) return _mm512_set1_epi32(z * x.n16[2 * kColGroup * b + kColGroup * h + c]);
+    return z ? _mm512_set1_epi32(z * x.n32[kColGroup * b + c]) : _mm512_setzero_si512();
 }
 
-// The interleaved group of 16 rows at w (nb blocks) against activation rows x[0..C): out[16 * c + r]
-// = row r . x[c]. Each (row, activation row) lane: for each block in order, the 32 products summed
+// The interleaved group of 16 rows at w (nb blocks) against the activation rows of x, columns
+// [0, C) (Q8Cols: side by side, one pointer for all): out[16 * c + r] = row r . column c. Each (row, activation row) lane: for each block in order, the 32 products summed
 // in int32, times (d * the activation's d) added to its sum; Q4_1's, Q5_1's and Q4_K's m * the
 // activation's s added to another sum, block by block, then to the first. The activation rows' sums go side by
 // side, a vpdpbusd of each in turn: one row's 8 in a row wait on each other (5 cycles each), and the
 // scheduler did not look far enough ahead to overlap the rows (8 rows: 1.3x slower so).
 // `ahead`: bytes to fetch meanwhile, as many a block as it takes (the next group's, or null).
 template <int T, int C>
-static void group_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, const uint8_t* ahead) {
+static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out, const uint8_t* ahead) {
     constexpr int bytes = group_stride<T, R16>;
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
@@ -102,14 +102,14 @@ static void group_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, co
         constexpr int H = scale_parts<T>, P = 8 / H;  // (Q6_K: codes 0-15, then 16-31, each half scaled alone)
 #pragma GCC unroll 2
         for (int h = 0; h < H; ++h) {
-            for (int c = 0; c < C; ++c) s[c] = rows16_start<T>(x[c], b, h);
+            for (int c = 0; c < C; ++c) s[c] = rows16_start<T>(x, b, h, c);
 #pragma GCC unroll 8
             for (int p = P * h; p < P * h + P; ++p)
 #pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], u[p], broadcast4(x[c].q + 32 * b + 4 * (p % 4) + 16 * (p / 4)));
+                for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], u[p], broadcast4(x.q + kColGroup * (32 * b + 4 * p) + 4 * c));
             const __m512 d = rows16_d<T>(w, b, h);
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), acc[c]);
+            for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), _mm512_mul_ps(d, _mm512_set1_ps(x.d[kColGroup * b + c])), acc[c]);
         }
     }
     if constexpr (grouped_min<T>) {
@@ -118,7 +118,7 @@ static void group_tile(const uint8_t* w, int64_t nb, const Q8* x, float* out, co
         for (int64_t b = 0; b < nb; ++b) {
             const __m512 m = rows16_m<T>(w, b);
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) off[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[c].s[b]), off[c]);
+            for (int c = 0; c < C; ++c) off[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.s[kColGroup * b + c]), off[c]);
         }
         for (int c = 0; c < C; ++c) acc[c] = _mm512_add_ps(acc[c], off[c]);
     }

@@ -22,7 +22,10 @@ static inline unsigned layout_of(int type) {
 struct Q8Rows {
     std::vector<int8_t> q, qi, qq, qk, q6;
     std::vector<float> d, s, ds, d16, dq, d2, d6;
-    std::vector<int32_t> n4, n32, n16, ni, zq, z6;
+    std::vector<int32_t> n4, ni, zq, z6;
+    std::vector<int8_t> gq;  // the rows side by side, kColGroup a group (Q8Cols), where the variant has row groups
+    std::vector<float> gd, gs;
+    std::vector<int32_t> gn32, gn16;
     int64_t K = 0, G = 0, Q = 0;  // groups of 8 blocks a row (qi, ni, ds, d16), of 4 (qq, zq, dq): the last padded with zero blocks
 
     void resize(int64_t rows, int64_t k) {
@@ -31,7 +34,9 @@ struct Q8Rows {
         Q = (k / 32 + 3) / 4;
         // slack after the last row: a padded group's codes, sums and scales read past it (times d = 0)
         q.resize(rows * k + 128); d.resize(rows * k / 32 + 4); s.resize(rows * k / 32 + 4); n4.resize(rows * k / 4 + 32);
-        n32.resize(rows * k / 32 + 4); n16.resize(rows * k / 16 + 8);
+        const int64_t groups = (rows + kColGroup - 1) / kColGroup, nb = k / 32;
+        gq.resize(groups * nb * 32 * kColGroup); gd.resize(groups * nb * kColGroup); gs.resize(groups * nb * kColGroup);
+        gn32.resize(groups * nb * kColGroup); gn16.resize(groups * nb * 2 * kColGroup);
 #if defined(LLMCLI_AVX512VNNI)
         qi.resize(rows * G * 256); ni.resize(rows * G * 16); ds.resize(rows * G * 16); d16.resize(rows * G * 16);
         qq.resize(rows * Q * 128); zq.resize(rows * Q * 16); dq.resize(rows * Q * 16);
@@ -41,7 +46,7 @@ struct Q8Rows {
     }
     Q8 row(int64_t m) const {
         const int64_t nb = K / 32;
-        return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4, n32.data() + m * nb, n16.data() + m * 2 * nb,
+        return {q.data() + m * K, d.data() + m * nb, s.data() + m * nb, n4.data() + m * K / 4,
                 qi.data() + (qi.empty() ? 0 : m * G * 256), ni.data() + (ni.empty() ? 0 : m * G * 16),
                 ds.data() + (ds.empty() ? 0 : m * G * 16), d16.data() + (d16.empty() ? 0 : m * G * 16),
                 qq.data() + (qq.empty() ? 0 : m * Q * 128), zq.data() + (zq.empty() ? 0 : m * Q * 16),
@@ -49,6 +54,11 @@ struct Q8Rows {
                 qk.data() + (qk.empty() ? 0 : m * K), d2.data() + (d2.empty() ? 0 : m * K / 16),
                 q6.data() + (q6.empty() ? 0 : m * K), z6.data() + (z6.empty() ? 0 : m * K / 16),
                 d6.data() + (d6.empty() ? 0 : m * K / 16)};
+    }
+    Q8Cols cols(int64_t m) const {  // row m's column of its group, and the group's rows after it
+        const int64_t nb = K / 32, g = m / kColGroup * nb, c = m % kColGroup;
+        return {gq.data() + g * 32 * kColGroup + 4 * c, gd.data() + g * kColGroup + c, gs.data() + g * kColGroup + c,
+                gn32.data() + g * kColGroup + c, gn16.data() + g * 2 * kColGroup + c};
     }
     // rows [m0, m1) of x (rows of K floats), with the `layouts` the next weights read (the others are left stale)
     void quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts);

@@ -17,11 +17,23 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
     for (int64_t i = m0 * nb; i < m1 * nb; ++i) {
         quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i]);
         sums_of_four(q.data() + 32 * i, n4.data() + 8 * i);
-        const int32_t* f = n4.data() + 8 * i;
-        n16[2 * i] = f[0] + f[1] + f[2] + f[3];
-        n16[2 * i + 1] = f[4] + f[5] + f[6] + f[7];
-        n32[i] = n16[2 * i] + n16[2 * i + 1];
     }
+#ifdef LLMCLI_GROUPED
+    for (int64_t m = m0; m < m1; ++m) {  // row m to its column of its group (Q8Cols)
+        const Q8Cols g = cols(m);
+        for (int64_t b = 0; b < nb; ++b) {
+            const int8_t* qb = q.data() + m * K + 32 * b;
+            for (int j = 0; j < 8; ++j) std::memcpy(const_cast<int8_t*>(g.q) + kColGroup * (32 * b + 4 * j), qb + 4 * j, 4);
+            const int32_t* f = n4.data() + m * K / 4 + 8 * b;
+            const int32_t lo = f[0] + f[1] + f[2] + f[3], hi = f[4] + f[5] + f[6] + f[7];
+            const_cast<float*>(g.d)[kColGroup * b] = d[m * nb + b];
+            const_cast<float*>(g.s)[kColGroup * b] = s[m * nb + b];
+            const_cast<int32_t*>(g.n32)[kColGroup * b] = lo + hi;
+            const_cast<int32_t*>(g.n16)[2 * kColGroup * b] = lo;
+            const_cast<int32_t*>(g.n16)[2 * kColGroup * b + kColGroup] = hi;
+        }
+    }
+#endif
 #if defined(LLMCLI_AVX512VNNI)
     for (int64_t m = m0; m < m1; ++m) {
         const Q8 x = row(m);
@@ -123,24 +135,26 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
 
 #ifdef LLMCLI_GROUPED
 // interleave_groups' copy W of rows [n0, n1) (whole groups of kGroupRows) against activation rows
-// m0.., kGroupCols at a time; many rows (a prompt's) kRowsAtOnce at a time, each group's weights
-// read once for them from L2 while their activations stay there (all the rows against each group
-// in turn streamed the activations again for every group: pp512 1.4x slower)
+// m0.., kGroupCols at a time (within one of xq's column groups); many rows (a prompt's) kRowsAtOnce
+// at a time, each group's weights read once for them from L2 while their activations stay there
+// (all the rows against each group in turn streamed the activations again for every group: pp512
+// 1.4x slower)
 template <int T>
 static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
                         int64_t n0, int64_t n1) {
     constexpr int R = kGroupRows;
+    static_assert(kColGroup % kGroupCols == 0, "a tile's columns lie in one column group");
     const int64_t nb = K / 32, group = group_bytes<T, R>(nb);
-    Q8 xs[kGroupCols];
     float o[R * kGroupCols];
     for (int64_t mb = 0; mb < M; mb += kRowsAtOnce)
         for (int64_t n = n0; n < n1; n += R)
-            for (int64_t m = mb; m < std::min(M, mb + kRowsAtOnce); m += kGroupCols) {
-                const int C = (int)std::min<int64_t>(kGroupCols, M - m);
-                for (int c = 0; c < C; ++c) xs[c] = xq.row(m0 + m + c);
+            for (int64_t m = mb, C; m < std::min(M, mb + kRowsAtOnce); m += C) {
+                C = std::min<int64_t>({kGroupCols - (m0 + m) % kGroupCols, M - m, mb + kRowsAtOnce - m});
                 const uint8_t* ahead = m == mb && n + R < n1 ? W + (n / R + 1) * group : nullptr;
-                with_cols<kGroupCols>(C, [&](auto c) { group_tile<T, decltype(c)::value>(W + n / R * group, nb, xs, o, ahead); });
-                for (int c = 0; c < C; ++c)
+                with_cols<kGroupCols>((int)C, [&](auto c) {
+                    group_tile<T, decltype(c)::value>(W + n / R * group, nb, xq.cols(m0 + m), o, ahead);
+                });
+                for (int64_t c = 0; c < C; ++c)
                     for (int r = 0; r < R; ++r) y[(m + c) * ldy + n + r] = o[R * c + r];
             }
 }
