@@ -7,7 +7,7 @@
 // norm and the output projection. Five stages a layer share their rows or heads among the team's
 // threads (team.h); each projection reads a weight row once for all n tokens. The per-token work
 // between them (norms, RoPE, quantization: a few thousand floats a token) is the `then` of the stage
-// before for one token, a stage of its own over the tokens for several.
+// before for up to 8 tokens (a batch step's), a stage of its own over the tokens for more.
 //
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
@@ -158,7 +158,7 @@ class DecodeSteps {
         std::vector<Stage> stages;
         stages.reserve(10 * layers.size() + 2);
         const unsigned head_in = layouts_of(head);
-        if (n > 1) per_token(stages, [this](int64_t m) { norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in); });
+        if (n > kColGroup) per_token(stages, [this](int64_t m) { norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in); });
         for (size_t i = 0; i < layers.size(); ++i) {
             const Layer& l = layers[i];
             const float* next_norm = i + 1 < layers.size() ? layers[i + 1].spec.in_norm : final_norm;
@@ -192,7 +192,8 @@ class DecodeSteps {
             }, {}});
         }
 
-        if (n == 1) norm_in(0, layers[0].spec.in_norm, layers[0].qkv_in);
+        if (n <= kColGroup)  // (per_token's work as the `then` of a stage before the first)
+            for (int64_t m = 0; m < n; ++m) norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in);
         team.run(stages);
         std::copy(a.x.begin(), a.x.end(), normed);  // the final norm's output, which the head read
         return true;
@@ -237,13 +238,17 @@ class DecodeSteps {
         return g;
     }
 
-    // f(m) for every token m after the last stage: that stage's `then` for one token, else a stage
+    // f(m) for every token m after the last stage: that stage's `then` for up to a group of
+    // kColGroup tokens, else a stage of whole groups. The tokens of a group have their quantized
+    // activations side by side (Q8Cols): two threads writing one group's cache lines took 3x the
+    // time one thread takes for all of them (an 8-row step's quantization: 5 -> 15 % of it), and a
+    // stage of one chunk cost a hand-over more than `then` does (1-3 % of an 8-row step).
     void per_token(std::vector<Stage>& stages, std::function<void(int64_t)> f) {
-        if (N == 1 && !stages.empty() && !stages.back().then) {
-            stages.back().then = [f] { f(0); };
+        if (N <= kColGroup && !stages.empty() && !stages.back().then) {
+            stages.back().then = [f, n = N] { for (int64_t m = 0; m < n; ++m) f(m); };
             return;
         }
-        stages.push_back({N, 1, [f](int, int64_t lo, int64_t hi) { for (int64_t m = lo; m < hi; ++m) f(m); }, {}});
+        stages.push_back({N, kColGroup, [f](int, int64_t lo, int64_t hi) { for (int64_t m = lo; m < hi; ++m) f(m); }, {}});
     }
 
     // token m's state normed into the next projections' input, quantized in the layouts they read
