@@ -249,6 +249,19 @@ def test_top_k_equals_torch_s(kernels):
             ties = values[1:] == values[:-1]
             assert bool((indices[1:][ties] > indices[:-1][ties]).all())
             assert torch.equal(indices.sort().values, want.indices.sort().values)
+    # long rows (a floor from chunks' maxima first): ties at the top, NaNs, masked, all equal
+    ties = (torch.randn(49152, generator=g) * 2).round() / 2  # hundreds of equal values at each top value
+    nans = torch.randn(49152, generator=g)
+    nans[[7, 30000, 49151]] = float("nan")
+    masked = torch.full((49152,), float("-inf"))
+    masked[[5, 17000, 40000]] = torch.tensor([1.0, 3.0, 2.0])
+    for x in (ties, nans, masked, torch.zeros(49152)):
+        for k in (1, 2, 8, 40, 300):
+            values, indices = kernels.top_k(x, k)
+            mapped = np.nan_to_num(x.numpy(), nan=np.inf, posinf=np.inf, neginf=-np.inf)
+            order = np.lexsort((np.arange(len(x)), -mapped))[:k]  # larger first, then the earlier index
+            assert indices.tolist() == order.tolist(), k
+            assert torch.equal(values.nan_to_num(), x[indices].nan_to_num())
     x = torch.tensor([1.0, 3.0, 3.0, float("nan"), 2.0, 3.0, float("-inf")])
     values, indices = kernels.top_k(x, 4)
     assert indices.tolist() == [3, 1, 2, 5] and values[1:].tolist() == [3.0, 3.0, 3.0]
