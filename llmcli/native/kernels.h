@@ -34,9 +34,11 @@ struct Q8Rows {
         Q = (k / 32 + 3) / 4;
         // slack after the last row: a padded group's codes, sums and scales read past it (times d = 0)
         q.resize(rows * k + 128); d.resize(rows * k / 32 + 4); s.resize(rows * k / 32 + 4); n4.resize(rows * k / 4 + 32);
+#if defined(LLMCLI_X86)  // (the variants with row-group kernels)
         const int64_t groups = (rows + kColGroup - 1) / kColGroup, nb = k / 32;
         gq.resize(groups * nb * 32 * kColGroup); gd.resize(groups * nb * kColGroup); gs.resize(groups * nb * kColGroup);
         gn32.resize(groups * nb * kColGroup); gn16.resize(groups * nb * 2 * kColGroup);
+#endif
 #if defined(LLMCLI_AVX512VNNI)
         qi.resize(rows * G * 256); ni.resize(rows * G * 16); ds.resize(rows * G * 16); d16.resize(rows * G * 16);
         qq.resize(rows * Q * 128); zq.resize(rows * Q * 16); dq.resize(rows * Q * 16);
