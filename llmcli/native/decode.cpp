@@ -77,7 +77,7 @@ static int64_t rows_of(const Group& g) {
 
 static unsigned layouts_of(const Group& g) {  // the activation layouts the group's weights read
     unsigned l = 0;
-    for (const auto& p : g) l |= p.grouped ? 0u : layout_of((int)p.type);  // (the row-group kernels read q, d, s, n16, n32)
+    for (const auto& p : g) l |= p.grouped ? 0u : layout_of((int)p.type);  // (the row-group kernels read Q8Cols, always written)
     return l;
 }
 
