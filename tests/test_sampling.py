@@ -99,6 +99,30 @@ def test_sampling_respects_filters_and_seed():
     assert draws(43) != first
 
 
+def test_the_draw_among_the_top_k_is_the_torch_chains():
+    """sample() draws among the top k in plain floats (draw_from_top): the token the chain of torch
+    ops on those k logits (top-p, min-p, temperature, draw) gives with the same seed, over sharp and
+    flat distributions and each filter on or off; and the generator moves on alike."""
+    from llmcli.decode.sampling import apply_top_p, draw, draw_from_top
+
+    g = torch.Generator().manual_seed(0)
+    settings = [(t, k, p, m) for t in (0.3, 0.8, 1.5) for k in (5, 40) for p in (0.5, 0.95, 1.0) for m in (0.0, 0.05, 0.3)]
+    for trial in range(400):
+        t, k, p, m = settings[trial % len(settings)]
+        logits = torch.randn(3000, generator=g) * (0.5 + 6 * float(torch.rand(1, generator=g)))
+        params = SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, seed=trial)
+        fast, _ = make_generator(trial, torch.device("cpu"))
+        slow, _ = make_generator(trial, torch.device("cpu"))
+        got = sample(logits, torch.empty(0, dtype=torch.long), params, fast)
+        values, idx = logits.topk(k)
+        want = int(idx[draw(apply_temperature(apply_min_p(apply_top_p(values, p), m), t), slow)])
+        assert got == want, (trial, params)
+        assert torch.equal(torch.rand(3, generator=fast), torch.rand(3, generator=slow))
+    # masked logits among the k (a grammar's -inf), and a zero noise: never a masked token
+    values = [2.0, 1.0, float("-inf"), float("-inf")]
+    assert draw_from_top(values, [1.0, 1e-30, 0.0, 1.0], SamplingParams(top_k=4, top_p=1.0, min_p=0.0)) == 1
+
+
 def test_sampling_distribution_follows_probabilities():
     logits = logits_for([0.7, 0.2, 0.1])
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)

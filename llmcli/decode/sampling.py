@@ -186,6 +186,30 @@ def draw(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return (probs / noise).argmax(dim=-1)
 
 
+def draw_from_top(values: list[float], noise: list[float], params: SamplingParams) -> int:
+    """The position drawn among the top-k logits `values` (largest first, the first finite) with
+    `noise` (draw's Exp(1) noise, one a value): top-p, min-p, temperature and draw's argmax of
+    p / noise, in plain floats. Those are ~15 torch ops on k values, and right after a decode step
+    (its caches cold) they took ~0.2 ms of a token, ~6 % of SmolLM2's; this takes ~0.03. The same
+    choice as the ops but where float32 and float64 rounding part them (an exact tie, a probability
+    on a threshold)."""
+    top = values[0]
+    weights = [math.exp(v - top) for v in values]  # softmax's numerators: p_i = w_i / sum(w)
+    kept = len(weights)
+    if params.top_p < 1.0:  # keep while the mass of the strictly more likely is under top_p
+        total, before = sum(weights), 0.0
+        for i, w in enumerate(weights):
+            if before / total >= params.top_p:
+                kept = i
+                break
+            before += w
+    if params.min_p > 0:  # p_i / p_max = w_i (w_0 = 1)
+        kept = next((i for i in range(kept) if weights[i] < params.min_p), kept)
+    scores = [math.exp((values[i] - top) / params.temperature) for i in range(kept)]
+    scores = [p / e if e > 0 else (math.inf if p > 0 else 0.0) for p, e in zip(scores, noise)]  # (torch's p / 0 = inf)
+    return max(range(kept), key=scores.__getitem__)  # (the first of equals, as argmax)
+
+
 def sample(logits: torch.Tensor, history: torch.Tensor, params: SamplingParams,
            generator: torch.Generator) -> int:
     """The next token id for logits (V,), given the history of ids for the penalties."""
@@ -196,6 +220,10 @@ def sample(logits: torch.Tensor, history: torch.Tensor, params: SamplingParams,
     if 0 < params.top_k < logits.shape[-1]:
         # the same result as apply_top_k on the full vocab, but the rest only touches k values
         logits, idx = top_k(logits, params.top_k)
+        values = logits.tolist()
+        if logits.is_cpu and math.isfinite(values[0]) and not any(math.isnan(v) for v in values):
+            noise = torch.empty(len(values)).exponential_(1, generator=generator).tolist()  # draw's own noise
+            return int(idx[draw_from_top(values, noise, params)])
     logits = apply_min_p(apply_top_p(logits, params.top_p), params.min_p)
     choice = draw(apply_temperature(logits, params.temperature), generator)
     return int(idx[choice] if idx is not None else choice)
