@@ -205,8 +205,8 @@ def draw_from_top(values: list[float], noise: list[float], params: SamplingParam
             before += w
     if params.min_p > 0:  # p_i / p_max = w_i (w_0 = 1)
         kept = next((i for i in range(kept) if weights[i] < params.min_p), kept)
-    scores = [math.exp((values[i] - top) / params.temperature) for i in range(kept)]
-    scores = [p / e if e > 0 else (math.inf if p > 0 else 0.0) for p, e in zip(scores, noise)]  # (torch's p / 0 = inf)
+    p = [math.exp((v - top) / params.temperature) for v in values[:kept]]  # after temperature, unnormalized
+    scores = [pi / e if e > 0 else (math.inf if pi > 0 else 0.0) for pi, e in zip(p, noise)]  # (torch's p / 0 = inf)
     return max(range(kept), key=scores.__getitem__)  # (the first of equals, as argmax)
 
 
@@ -220,8 +220,8 @@ def sample(logits: torch.Tensor, history: torch.Tensor, params: SamplingParams,
     if 0 < params.top_k < logits.shape[-1]:
         # the same result as apply_top_k on the full vocab, but the rest only touches k values
         logits, idx = top_k(logits, params.top_k)
-        values = logits.tolist()
-        if logits.is_cpu and math.isfinite(values[0]) and not any(math.isnan(v) for v in values):
+        values = logits.tolist() if logits.is_cpu else None
+        if values and math.isfinite(values[0]) and not any(math.isnan(v) for v in values):
             noise = torch.empty(len(values)).exponential_(1, generator=generator).tolist()  # draw's own noise
             return int(idx[draw_from_top(values, noise, params)])
     logits = apply_min_p(apply_top_p(logits, params.top_p), params.min_p)

@@ -67,7 +67,16 @@ class Copies {
         return std::string(reinterpret_cast<const char*>(b), k) + std::string(reinterpret_cast<const char*>(b + n - k), k);
     }
 };
-using Group = std::vector<Projection>;  // projections of one input, outputs side by side
+using Group = std::vector<Projection>;
+
+// f(k, v) with the layer's cache as the pointers it holds: float16 bits, or float32
+template <typename F>
+static void with_kv(const LlmcliLayer& s, F&& f) {
+    if (s.kv_half) f(static_cast<uint16_t*>(s.k_cache), static_cast<uint16_t*>(s.v_cache));
+    else f(static_cast<float*>(s.k_cache), static_cast<float*>(s.v_cache));
+}
+static inline void store_kv(const float* x, uint16_t* to, int64_t n) { to_halves(x, to, n); }  // rounded to nearest even
+static inline void store_kv(const float* x, float* to, int64_t n) { std::copy(x, x + n, to); }  // projections of one input, outputs side by side
 
 static int64_t rows_of(const Group& g) {
     int64_t n = 0;
@@ -77,7 +86,7 @@ static int64_t rows_of(const Group& g) {
 
 static unsigned layouts_of(const Group& g) {  // the activation layouts the group's weights read
     unsigned l = 0;
-    for (const auto& p : g) l |= p.grouped ? 0u : layout_of((int)p.type);  // (the row-group kernels read Q8Cols, always written)
+    for (const auto& p : g) l |= p.grouped ? kColsLayout : layout_of((int)p.type);
     return l;
 }
 
@@ -290,13 +299,10 @@ class DecodeSteps {
                 const int64_t g = h - H, ko = row * s.k_strides[0] + g * s.k_strides[1] + slot * s.k_strides[2];
                 const int64_t vo = row * s.v_strides[0] + g * s.v_strides[1] + slot * s.v_strides[2];
                 const float* vv = t + (H + KV + g) * D;
-                if (s.kv_half) {
-                    to_halves(v, static_cast<uint16_t*>(s.k_cache) + ko, D);
-                    to_halves(vv, static_cast<uint16_t*>(s.v_cache) + vo, D);
-                } else {
-                    std::copy(v, v + D, static_cast<float*>(s.k_cache) + ko);
-                    std::copy(vv, vv + D, static_cast<float*>(s.v_cache) + vo);
-                }
+                with_kv(s, [&](auto* k_cache, auto* v_cache) {
+                    store_kv(v, k_cache + ko, D);
+                    store_kv(vv, v_cache + vo, D);
+                });
             }
         }
     }
@@ -312,16 +318,11 @@ class DecodeSteps {
             const int64_t first = s.window > 0 ? std::max<int64_t>(0, slot - s.window + 1) : 0, S = slot + 1 - first;
             const int64_t ko = row * s.k_strides[0] + g * s.k_strides[1] + first * s.k_strides[2];
             const int64_t vo = row * s.v_strides[0] + g * s.v_strides[1] + first * s.v_strides[2];
-            const float* qh = qkv.data() + m * QKV + h * D;
             const int64_t n = std::min(per_part, (g + 1) * G - h);
-            if (s.kv_half)
-                attend_heads(qh, n, static_cast<const uint16_t*>(s.k_cache) + ko, s.k_strides[2],
-                             static_cast<const uint16_t*>(s.v_cache) + vo, s.v_strides[2], S, D, nullptr, scale,
-                             scores[t].data(), a_attn.row(m) + h * D);
-            else
-                attend_heads(qh, n, static_cast<const float*>(s.k_cache) + ko, s.k_strides[2],
-                             static_cast<const float*>(s.v_cache) + vo, s.v_strides[2], S, D, nullptr, scale,
-                             scores[t].data(), a_attn.row(m) + h * D);
+            with_kv(s, [&](auto* k_cache, auto* v_cache) {
+                attend_heads(qkv.data() + m * QKV + h * D, n, k_cache + ko, s.k_strides[2], v_cache + vo, s.v_strides[2],
+                             S, D, nullptr, scale, scores[t].data(), a_attn.row(m) + h * D);
+            });
         }
     }
 };

@@ -19,7 +19,7 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
         sums_of_four(q.data() + 32 * i, n4.data() + 8 * i);
     }
 #ifdef LLMCLI_GROUPED
-    for (int64_t m = m0; m < m1; ++m) {  // row m to its column of its group (Q8Cols)
+    for (int64_t m = m0; m < m1 && (layouts & kColsLayout); ++m) {  // row m to its column of its group (Q8Cols)
         const Q8Cols g = cols(m);
         for (int64_t b = 0; b < nb; ++b) {
             const int8_t* qb = q.data() + m * K + 32 * b;
@@ -251,7 +251,7 @@ static void mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, i
     std::vector<uint8_t> copy(grouped_bytes(type, N, K));
     Q8Rows xq;
     xq.resize(M, K);
-    xq.quantize(x, 0, M, 0);
+    xq.quantize(x, 0, M, kColsLayout);
     std::vector<Stage> stages{
         {N / group_rows(), 1, [&](int, int64_t lo, int64_t hi) { interleave_groups(type, w, N, K, copy.data(), lo, hi); }, {}},
         {N, group_rows(), [&](int, int64_t lo, int64_t hi) { project(type, copy.data(), K, xq, x, 0, M, y, N, lo, hi, true, true); }, {}}};
