@@ -114,7 +114,6 @@ struct Activation {
     int64_t width = 0;
     void resize(int64_t rows, int64_t n) { width = n; x.resize(rows * n); q.resize(rows, n); }
     float* row(int64_t m) { return x.data() + m * width; }
-    void quantize(int64_t m, unsigned layouts) { q.quantize(x.data(), m, m + 1, layouts); }
 };
 
 struct Layer {
@@ -155,7 +154,7 @@ class DecodeSteps {
             if (rows[m] < 0 || rows[m] >= cache_rows || slots[m] < 0 || slots[m] >= max_len) return false;
             longest = std::max(longest, slots[m] + 1);
         }
-        N = n; rows_ = rows; slots_ = slots; cs = cos; sn = sin; cs_l = cos_l; sn_l = sin_l;
+        N = n; cols_apart = n > 1; rows_ = rows; slots_ = slots; cs = cos; sn = sin; cs_l = cos_l; sn_l = sin_l;
         x.assign(x_in, x_in + n * hidden);
         a.resize(n, hidden); a_attn.resize(n, H * D); a_mlp.resize(n, inter);
         qkv.resize(n * QKV); gu.resize(n * 2 * inter); y.resize(n * hidden);
@@ -167,7 +166,8 @@ class DecodeSteps {
         std::vector<Stage> stages;
         stages.reserve(10 * layers.size() + 2);
         const unsigned head_in = layouts_of(head);
-        if (n > kColGroup) per_token(stages, [this](int64_t m) { norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in); });
+        if (n > kColGroup)
+            per_token(stages, [this](int64_t m) { norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in); }, &a, layers[0].qkv_in);
         for (size_t i = 0; i < layers.size(); ++i) {
             const Layer& l = layers[i];
             const float* next_norm = i + 1 < layers.size() ? layers[i + 1].spec.in_norm : final_norm;
@@ -177,22 +177,23 @@ class DecodeSteps {
             }, {}});
             per_token(stages, [this, &l](int64_t m) { place_heads(l, m); });
             stages.push_back({N * KV * parts, 1, [this, &l](int t, int64_t lo, int64_t hi) { attend(l, t, lo, hi); }, {}});
-            per_token(stages, [this, &l](int64_t m) { a_attn.quantize(m, l.o_in); });
+            per_token(stages, [this, &l](int64_t m) { quantize(a_attn, m, l.o_in); }, &a_attn, l.o_in);
             stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.o, a_attn.q, a_attn.x.data(), 0, N, y.data(), hidden, lo, hi);
             }, {}});
-            per_token(stages, [this, &l](int64_t m) { add_residual(m, l.spec.attn_out_norm); norm_in(m, l.spec.post_norm, l.gate_up_in); });
+            per_token(stages, [this, &l](int64_t m) { add_residual(m, l.spec.attn_out_norm); norm_in(m, l.spec.post_norm, l.gate_up_in); },
+                      &a, l.gate_up_in);
             stages.push_back({2 * inter, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.gate_up, a.q, a.x.data(), 0, N, gu.data(), 2 * inter, lo, hi);
             }, {}});
-            per_token(stages, [this, &l](int64_t m) { gate(m, l.down_in); });
+            per_token(stages, [this, &l](int64_t m) { gate(m, l.down_in); }, &a_mlp, l.down_in);
             stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.down, a_mlp.q, a_mlp.x.data(), 0, N, y.data(), hidden, lo, hi);
             }, {}});
             per_token(stages, [this, &l, next_norm, next_in](int64_t m) {
                 add_residual(m, l.spec.mlp_out_norm);
                 norm_in(m, next_norm, next_in);
-            });
+            }, &a, next_in);
         }
         if (from < n) {
             const int64_t vocab = rows_of(head);
@@ -201,8 +202,10 @@ class DecodeSteps {
             }, {}});
         }
 
-        if (n <= kColGroup)  // (per_token's work as the `then` of a stage before the first)
+        if (n <= kColGroup) {  // (per_token's work as the `then` of a stage before the first)
             for (int64_t m = 0; m < n; ++m) norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in);
+            if (cols_apart && (layers[0].qkv_in & kColsLayout)) a.q.to_cols(0, n);
+        }
         team.run(stages);
         std::copy(a.x.begin(), a.x.end(), normed);  // the final norm's output, which the head read
         return true;
@@ -220,6 +223,7 @@ class DecodeSteps {
     Team team;
     // one run's state, shared by the team's threads: N tokens' rows of each
     int64_t N = 0;
+    bool cols_apart = false;  // the tokens' quantized activations go to their columns after all of them (per_token)
     const int64_t *rows_ = nullptr, *slots_ = nullptr;
     const float *cs = nullptr, *sn = nullptr, *cs_l = nullptr, *sn_l = nullptr;
     std::vector<float> x, qkv, gu, y;  // (N, hidden), (N, QKV), (N, 2 inter), (N, hidden)
@@ -247,23 +251,42 @@ class DecodeSteps {
         return g;
     }
 
-    // f(m) for every token m after the last stage: that stage's `then` for up to a group of
-    // kColGroup tokens, else a stage of whole groups. The tokens of a group have their quantized
-    // activations side by side (Q8Cols): two threads writing one group's cache lines took 3x the
-    // time one thread takes for all of them (an 8-row step's quantization: 5 -> 15 % of it), and a
-    // stage of one chunk cost a hand-over more than `then` does (1-3 % of an 8-row step).
-    void per_token(std::vector<Stage>& stages, std::function<void(int64_t)> f) {
-        if (N <= kColGroup && !stages.empty() && !stages.back().then) {
-            stages.back().then = [f, n = N] { for (int64_t m = 0; m < n; ++m) f(m); };
+    // f(m) for every token m after the last stage, which quantizes `out`'s row m in `layouts` (if
+    // out). One token: the last stage's `then`. Up to a group of kColGroup: a stage of one token a
+    // chunk, then the rows to their columns (Q8Cols) on one thread, as its `then`: the tokens of a
+    // group have their activations side by side, and two threads writing one group's cache lines
+    // took 3x the time one takes for all of them. More: a stage of whole groups, each chunk's
+    // columns written by its thread. (Eight tokens' work as one thread's `then`, the other thread
+    // waiting, was ~12 % of an 8-row SmolLM2 step: 6.47 -> 6.13 ms, Intel Xeon, 2 threads.)
+    void per_token(std::vector<Stage>& stages, std::function<void(int64_t)> f, Activation* out = nullptr,
+                   unsigned layouts = 0) {
+        if (N == 1 && !stages.empty() && !stages.back().then) {
+            stages.back().then = [f] { f(0); };
             return;
         }
-        stages.push_back({N, kColGroup, [f](int, int64_t lo, int64_t hi) { for (int64_t m = lo; m < hi; ++m) f(m); }, {}});
+        if (N <= kColGroup) {
+            std::function<void()> then;
+            if (out && (layouts & kColsLayout)) then = [out, n = N] { out->q.to_cols(0, n); };
+            stages.push_back({N, 1, [f](int, int64_t lo, int64_t hi) { for (int64_t m = lo; m < hi; ++m) f(m); }, then});
+            return;
+        }
+        const bool cols = out && (layouts & kColsLayout);
+        stages.push_back({N, kColGroup, [f, out, cols](int, int64_t lo, int64_t hi) {
+            for (int64_t m = lo; m < hi; ++m) f(m);
+            if (cols) out->q.to_cols(lo, hi);
+        }, {}});
+    }
+
+    // token m's row of act quantized in `layouts`, less the columns when there are several tokens
+    // (per_token writes them)
+    void quantize(Activation& act, int64_t m, unsigned layouts) {
+        act.q.quantize(act.x.data(), m, m + 1, cols_apart ? layouts & ~kColsLayout : layouts);
     }
 
     // token m's state normed into the next projections' input, quantized in the layouts they read
     void norm_in(int64_t m, const float* w, unsigned layouts) {
         rms_norm(x.data() + m * hidden, w, hidden, eps, a.row(m));
-        a.quantize(m, layouts);
+        quantize(a, m, layouts);
     }
 
     // x += y (normed first where the layer has that norm), token m
@@ -280,7 +303,7 @@ class DecodeSteps {
         std::copy(g, g + inter, o);
         if (act == 1) gelu_tanh_mul(o, g + inter, inter);
         else silu_mul(o, g + inter, inter);
-        a_mlp.quantize(m, layouts);
+        quantize(a_mlp, m, layouts);
     }
 
     // token m: q/k norms and RoPE on its new q and k heads; its new k and v rows to its cache row and slot

@@ -65,6 +65,11 @@ struct Q8Rows {
     }
     // rows [m0, m1) of x (rows of K floats), with the `layouts` the next weights read (the others are left stale)
     void quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts);
+    // rows [m0, m1), quantized already, to their columns (kColsLayout's part of quantize), m0 a
+    // multiple of kColGroup; the codes of the last group's columns from m1 on become zeros (rows
+    // no one reads). Rows that share a group share the cache lines of its columns, so two threads
+    // quantizing rows of one group leave this to one of them.
+    void to_cols(int64_t m0, int64_t m1);
 };
 
 // y[m * ldy + n] = (row n of W: GGUF blocks of `type`, K wide) . (activation row m0 + m), for n in

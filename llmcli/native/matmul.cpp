@@ -18,22 +18,7 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
         quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i]);
         sums_of_four(q.data() + 32 * i, n4.data() + 8 * i);
     }
-#ifdef LLMCLI_GROUPED
-    for (int64_t m = m0; m < m1 && (layouts & kColsLayout); ++m) {  // row m to its column of its group (Q8Cols)
-        const Q8Cols g = cols(m);
-        for (int64_t b = 0; b < nb; ++b) {
-            const int8_t* qb = q.data() + m * K + 32 * b;
-            for (int j = 0; j < 8; ++j) std::memcpy(const_cast<int8_t*>(g.q) + kColGroup * (32 * b + 4 * j), qb + 4 * j, 4);
-            const int32_t* f = n4.data() + m * K / 4 + 8 * b;
-            const int32_t lo = f[0] + f[1] + f[2] + f[3], hi = f[4] + f[5] + f[6] + f[7];
-            const_cast<float*>(g.d)[kColGroup * b] = d[m * nb + b];
-            const_cast<float*>(g.s)[kColGroup * b] = s[m * nb + b];
-            const_cast<int32_t*>(g.n32)[kColGroup * b] = lo + hi;
-            const_cast<int32_t*>(g.n16)[2 * kColGroup * b] = lo;
-            const_cast<int32_t*>(g.n16)[2 * kColGroup * b + kColGroup] = hi;
-        }
-    }
-#endif
+    if (layouts & kColsLayout) to_cols(m0, m1);
 #if defined(LLMCLI_AVX512VNNI)
     for (int64_t m = m0; m < m1; ++m) {
         const Q8 x = row(m);
@@ -45,6 +30,74 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
         if (K % 256 == 0 && (layouts & kQ6KLayout))
             q6k_order(x, nb, const_cast<int8_t*>(x.q6), const_cast<int32_t*>(x.z6), const_cast<float*>(x.d6));
     }
+#endif
+}
+
+#ifdef LLMCLI_GROUPED
+// The codes of one block of the eight rows at `rows` (K bytes apart; rows >= n: zeros) to the
+// group's columns at `to` (Q8Cols: 4 codes j of column c at 32 j + 4 c): a transpose of 8 x 8 int32;
+// minus the sums of each column's first and last 16 codes to n16 (kColGroup apart), and of all 32 to n32
+static inline void block_to_cols(const int8_t* rows, int64_t K, int n, int8_t* to, int32_t* n32, int32_t* n16) {
+    __m256i v[8];
+    for (int r = 0; r < 8; ++r)
+        v[r] = r < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + r * K)) : _mm256_setzero_si256();
+    __m256i t[8], u[8];
+    for (int r = 0; r < 8; r += 2) {
+        t[r] = _mm256_unpacklo_epi32(v[r], v[r + 1]);
+        t[r + 1] = _mm256_unpackhi_epi32(v[r], v[r + 1]);
+    }
+    for (int r = 0; r < 8; r += 4) {
+        u[r] = _mm256_unpacklo_epi64(t[r], t[r + 2]);
+        u[r + 1] = _mm256_unpackhi_epi64(t[r], t[r + 2]);
+        u[r + 2] = _mm256_unpacklo_epi64(t[r + 1], t[r + 3]);
+        u[r + 3] = _mm256_unpackhi_epi64(t[r + 1], t[r + 3]);
+    }
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i out[8];  // out[j]: codes 4j..4j+3 of every row
+    for (int j = 0; j < 4; ++j) {
+        out[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+        out[4 + j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+    }
+    for (int j = 0; j < 8; ++j) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32 * j), out[j]);
+        half[j / 4] = _mm256_sub_epi32(half[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, out[j]), ones16));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(n16), half[0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(n16 + kColGroup), half[1]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(n32), _mm256_add_epi32(half[0], half[1]));
+}
+
+// Row m's block b alone to its column (a one-token step's: an eighth of block_to_cols' stores)
+static inline void block_to_col(const int8_t* qb, const int32_t* n4, int8_t* to, int32_t* n32, int32_t* n16) {
+    for (int j = 0; j < 8; ++j) std::memcpy(to + kColGroup * 4 * j, qb + 4 * j, 4);
+    const int32_t lo = n4[0] + n4[1] + n4[2] + n4[3], hi = n4[4] + n4[5] + n4[6] + n4[7];
+    *n32 = lo + hi;
+    n16[0] = lo;
+    n16[kColGroup] = hi;
+}
+#endif
+
+void Q8Rows::to_cols(int64_t m0, int64_t m1) {
+#ifdef LLMCLI_GROUPED
+    const int64_t nb = K / 32;
+    static_assert(kColGroup == 8, "block_to_cols transposes groups of 8");
+    for (int64_t g0 = m0; g0 < m1; g0 += kColGroup) {
+        const int n = (int)std::min<int64_t>(kColGroup, m1 - g0);
+        const Q8Cols g = cols(g0);
+        for (int64_t b = 0; b < nb; ++b) {
+            int8_t* to = const_cast<int8_t*>(g.q) + 32 * kColGroup * b;
+            int32_t *n32 = const_cast<int32_t*>(g.n32) + kColGroup * b, *n16 = const_cast<int32_t*>(g.n16) + 2 * kColGroup * b;
+            if (n == 1) block_to_col(q.data() + g0 * K + 32 * b, n4.data() + g0 * K / 4 + 8 * b, to, n32, n16);
+            else block_to_cols(q.data() + g0 * K + 32 * b, K, n, to, n32, n16);
+            for (int c = 0; c < n; ++c) {
+                const_cast<float*>(g.d)[kColGroup * b + c] = d[(g0 + c) * nb + b];
+                const_cast<float*>(g.s)[kColGroup * b + c] = s[(g0 + c) * nb + b];
+            }
+        }
+    }
+#else
+    (void)m0; (void)m1;
 #endif
 }
 
