@@ -236,3 +236,36 @@ def test_batch_reuses_a_shared_system_prompt_and_flags_are_checked(tiny_folder, 
     assert sorted(open(tmp_path / "off.jsonl")) == sorted(open(tmp_path / "out.jsonl"))  # the same answers
     assert_one_line_error(run_cli("serve", str(tiny_folder), "--cache-ram", "-1"), "--cache-ram must be from 0")
     assert off.returncode == 0
+
+
+@pytest.mark.parametrize("model", ["tiny_gguf", "tiny_folder"])
+def test_requests_that_arrive_together_compute_their_shared_start_once(model, request, one_thread):
+    """Four chats with one long system prompt submitted at once: the first computes it, the others
+    copy it from that row (through the native step they wait a step for it; through the model it is
+    prefilled at admission), and every answer is what a cold generate() gives (native step: exactly)."""
+    from llmcli.decode.batched import SHARED_WAIT
+
+    rt = open_model(str(request.getfixturevalue(model)), device="cpu", dtype="float32")
+    system = {"role": "system", "content": "You answer in one careful sentence. " * 6}
+    prompts = [rt.prompt_ids([system, {"role": "user", "content": q}]) for q in QUESTIONS[:4]]
+    shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
+    assert shared > 2 * SHARED_WAIT
+    for cache_prompt in (True, False):
+        engine = rt.batch_engine(4, 256)
+        native = getattr(engine.step_fn, "native", False)
+        assert native == (model == "tiny_gguf")
+        reqs = [Request(p, GREEDY, 8, cache_prompt=cache_prompt) for p in prompts]
+        texts, last = {r: "" for r in reqs}, {}
+        for req, chunk in engine.run(reqs):
+            texts[req] += chunk.text
+            if chunk.finish_reason:
+                last[req] = chunk
+        cached = [last[r].stats.cached_tokens for r in reqs]
+        if cache_prompt:
+            assert cached[0] == 0 and all(c >= shared for c in cached[1:]), cached
+        else:
+            assert cached == [0, 0, 0, 0]
+        if native:
+            for req, ids in zip(reqs, prompts):
+                want = generate(rt.loaded.model, rt.loaded.tokenizer, ids, GREEDY, rt.new_cache(), max_tokens=8)
+                assert texts[req] == "".join(c.text for c in want)
