@@ -178,3 +178,44 @@ def test_top_k_1_is_greedy_and_rescores_near_ties(params):
     picker = Picker(params, [0], torch.device("cpu"), head=head)
     assert params.greedy and picker.wants_hidden
     assert picker.pick(rounded, h) == 1
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0), SamplingParams(temperature=1.5, top_k=1, seed=3),
+                                    SamplingParams(seed=7), SamplingParams(top_k=5, top_p=0.5, min_p=0.2, seed=11),
+                                    SamplingParams(seed=5, repeat_penalty=1.3)])
+def test_a_pick_from_the_steps_largest_logits_is_the_pick_from_all_of_them(params):
+    """The native step finds each row's largest logits as it makes them (Picker.wants_top of them);
+    a pick given those is the pick without them: greedy (with bfloat16 near ties rescored), the
+    default sampler's draws (same seed), NaN and inf logits, and no top taken with penalties on."""
+    from llmcli import native
+    from llmcli.decode.picker import Picker
+    from llmcli.models.linear import Linear
+
+    V, H = 300, 16
+    head = Linear(H, V, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, H, generator=torch.Generator().manual_seed(0)))
+        head.weight[7] = head.weight[200] = 1.0
+        head.weight[200, -1] = 1.03125  # rounds to a tie with row 7 in bfloat16, and is larger
+    alone, given = (Picker(params, [1, 2], torch.device("cpu"), head=head) for _ in range(2))
+    k = given.wants_top
+    assert k == (0 if params.repeat_penalty != 1.0 else 8 if params.greedy else params.top_k)
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(60):
+        h = (torch.randn(H, generator=gen) * 3).to(torch.bfloat16) if trial % 3 else torch.full((H,), 20.0).to(torch.bfloat16)
+        with torch.no_grad():
+            logits = head(h).float()
+        if trial % 10 == 4:
+            logits[[3, 50]] = float("-inf")
+        if trial % 10 == 5:
+            logits[40] = float("inf")
+        if trial % 10 == 6:
+            logits[90] = float("nan")
+        want = alone.pick(logits.clone(), h)
+        top = None
+        if k:
+            values, indices = native.top_k(logits, k)
+            top = (values.tolist(), indices.tolist())
+        assert given.pick(logits.clone(), h, top) == want, trial
+        if trial % 3 == 0 and params.greedy:
+            assert want == 200  # the near tie, rescored

@@ -208,21 +208,41 @@ def test_several_tokens_a_call_give_what_one_at_a_time_gives(loaded):
 def test_pieces_give_each_rows_last_token_what_it_gets_alone(loaded, variant):
     """Several rows' tokens in one call (a batch step with new prompts in it): the logits are of the
     pieces' last tokens, which start mid-way through the activations' groups of 8 (row 15 of 20 here,
-    then 16..19): each is bit for bit what the row's tokens give in a call of their own."""
+    then 16..19): each is bit for bit what the row's tokens give in a call of their own. The largest
+    logits the step finds as the head makes them (top=k, each thread's chunks merged) are
+    native.top_k's of each row's logits, in both calls."""
+    from llmcli import native
     from llmcli.cache import new_cache
+    from llmcli.runtime.native_step import NativeStep
 
-    step = loaded.decode_step(compile=False)
+    step = NativeStep(loaded.loaded.model, threads=3)  # (threads that share the head's chunks, whatever the CPU)
+    capped = bool(getattr(loaded.loaded.args, "final_logit_softcapping", None))
     g = torch.Generator().manual_seed(5)
     pieces = [(row, 0, torch.randint(3, 250, (n,), generator=g).tolist()) for row, n in enumerate([6, 3, 5, 2, 4])]
     args = loaded.loaded.args
     batch = new_cache(args, 16, torch.device("cpu"), torch.float32, "f16", batch=len(pieces))
     batch.length = 6
+
+    def check_top(logits, k):
+        if capped:  # (capping can make ties of unequal logits: the step finds none)
+            assert step.last_top is None
+            return
+        values, indices = step.last_top
+        assert values.shape == indices.shape == (logits.shape[0], k)
+        for row, v, i in zip(logits, values, indices):
+            want = native.top_k(row, k)
+            assert torch.equal(v, want[0]) and torch.equal(i, want[1])
+
     with torch.inference_mode():
-        logits, hidden = step.pieces(pieces, batch)
+        logits, hidden = step.pieces(pieces, batch, top=40)
+        check_top(logits, 40)
         for i, (_, _, ids) in enumerate(pieces):
-            alone_logits, alone_hidden = step(torch.tensor([ids]), loaded.new_cache(), last_only=True, hidden=True)
+            alone_logits, alone_hidden = step(torch.tensor([ids]), loaded.new_cache(), last_only=True, hidden=True, top=8)
             assert torch.equal(logits[i], alone_logits[0, -1]), i
             assert torch.equal(hidden[i], alone_hidden[0, -1]), i
+            check_top(alone_logits[0], 8)
+        step(torch.tensor([pieces[0][2]]), loaded.new_cache(), last_only=True)
+        assert step.last_top is None  # (not asked for)
 
 
 @pytest.mark.parametrize("joined", [256, 8, 0], ids=["prompts-in-steps", "long-prompts-alone", "prompts-alone"])
@@ -244,7 +264,7 @@ def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded, jo
     assert isinstance(engine.step_fn, NativeStep)
     calls = {"pieces": 0}
     pieces = engine.step_fn.pieces
-    monkeypatch.setattr(engine.step_fn, "pieces", lambda *a: calls.__setitem__("pieces", calls["pieces"] + 1) or pieces(*a))
+    monkeypatch.setattr(engine.step_fn, "pieces", lambda *a, **k: calls.__setitem__("pieces", calls["pieces"] + 1) or pieces(*a, **k))
     got: dict = {}
     for req, chunk in engine.run(reqs):
         got.setdefault(req.tag, []).extend(chunk.tokens)

@@ -100,6 +100,7 @@ class BatchEngine:
             raise ValueError("a batch of rows needs a float KV cache: kv_type None, bf16 or f16")
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.step_fn = step or model
+        self.finds_top = hasattr(step, "last_top")  # the step finds each row's largest logits (top=k)
         self.prefill_fn = prefill_runner(model, step)
         self.rows, self.max_len = rows, max_len
         self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
@@ -231,22 +232,25 @@ class BatchEngine:
         ends = [s.length + len(prompts.get(i, (0,))) for i, s in enumerate(self.running)]
         self.cache.length = max(ends)
         self._clean_up_to(self.cache.length)
+        top = max(s.picker.wants_top for s in self.running) if self.finds_top else 0
         if prompts:
             pieces = [(i, s.length, prompts.get(i) or [s.last]) for i, s in enumerate(self.running)]
-            out = self.step_fn.pieces(pieces, self.cache)
+            out = self.step_fn.pieces(pieces, self.cache, top=top)
             if out is None:  # (_joins_step checked what pieces takes)
                 raise RuntimeError("the native step refused a batch step")
             logits, h = out[0].unsqueeze(1), out[1].unsqueeze(1)
         else:
             slots = torch.tensor([s.length for s in self.running], dtype=torch.long, device=self.device)
             tokens = torch.tensor([[s.last] for s in self.running], dtype=torch.long, device=self.device)
-            logits, h = self.step_fn(tokens, self.cache, slots=slots, last_only=True, hidden=True)
+            logits, h = self.step_fn(tokens, self.cache, slots=slots, last_only=True, hidden=True, **({"top": top} if top else {}))
+        found = self.step_fn.last_top if top else None
+        found = None if found is None else (found[0].tolist(), found[1].tolist())  # one conversion for all rows
         self.steps += 1
         self.row_steps += n
         done = []
         for i, seq in enumerate(self.running):
             seq.length = ends[i]
-            if not self._emit(i, logits[i, -1], h[i, -1], events):
+            if not self._emit(i, logits[i, -1], h[i, -1], events, None if found is None else (found[0][i], found[1][i])):
                 done.append(i)
         for i in reversed(done):
             self._free(i)
@@ -268,11 +272,11 @@ class BatchEngine:
             t[live:, :, self.clean:end] = 0
         self.clean = end
 
-    def _emit(self, row: int, logits: torch.Tensor, h, events) -> bool:
-        """Pick row's next token from logits (V,), push it through its text stream; False once the
-        sequence has finished."""
+    def _emit(self, row: int, logits: torch.Tensor, h, events, top=None) -> bool:
+        """Pick row's next token from logits (V,) (`top`: their largest, where the step found them),
+        push it through its text stream; False once the sequence has finished."""
         seq = self.running[row]
-        token = seq.picker.pick(logits, h)
+        token = seq.picker.pick(logits, h, top)
         seq.last = token
         chunk = seq.push(token)
         if chunk.finish_reason is None and seq.picker.grammar_done:

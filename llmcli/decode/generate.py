@@ -78,8 +78,10 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
     out = prefill(prefill_runner(model, step), prompt[reuse:], cache, device, hidden=hidden)
     logits, h = out if hidden else (out, None)
     cache.token_ids.extend(prompt[reuse:])
+    top = picker.wants_top if getattr(step, "native", False) else 0  # the step finds the largest logits
+    found = None
     for i in range(max_new):
-        token = picker.pick(logits, h)
+        token = picker.pick(logits, h, found)
         yield token
         if picker.grammar_done:
             yield constraint.end_token
@@ -87,8 +89,11 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
         if i + 1 < max_new:
             if shift is not None and cache.length >= cache.max_len:
                 shift.make_room(cache)
-            out = step(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True, hidden=hidden)
+            out = step(torch.tensor([[token]], dtype=torch.long, device=device), cache, last_only=True, hidden=hidden,
+                       **({"top": top} if top else {}))
             logits, h = (out[0][0, -1], out[1][0, -1]) if hidden else (out[0, -1], None)
+            found = step.last_top if top else None
+            found = None if found is None else (found[0][-1].tolist(), found[1][-1].tolist())
             cache.token_ids.append(token)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import SamplingParams, make_generator, penalty_history, sample, token_logprobs, top_k
+from .sampling import SamplingParams, make_generator, penalizes, penalty_history, sample, token_logprobs, top_k
 
 
 @dataclass
@@ -65,9 +65,15 @@ class Logprobs:
 
 NEAR_TIE = 2.0 ** -6  # relative gap under which half-precision rounding may have decided the top token
 RESCORED = 8  # candidates rescored in float32
+MOST_TOP = 128  # the largest k a pick takes from the decode step's top k (NativeStep's top=k)
 
 
-def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+def near_tie(best: float, second: float) -> bool:
+    """Whether the best two logits are close enough for rounding to have ordered them."""
+    return not best - second > NEAR_TIE * abs(best)
+
+
+def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor, top=None) -> torch.Tensor:
     """Logits (V,) with the best candidates recomputed in float32 when the top two are nearly tied.
 
     Half-precision kernels give logits 8 significant bits: near 20 they are 0.125 apart, so near-ties
@@ -76,18 +82,30 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tens
     `h` (H,) costs a few dot products, only then. A quantized head rounds too, whatever the compute
     dtype: its kernels take bfloat16 activations (a float32 model on a CPU without native bf16).
     The candidates are written into `logits` in place: a copy of a vocabulary's logits started
-    torch's OpenMP threads, which then spun beside a batch's decode step (native_step.py's _rope)."""
-    exact = h.dtype == torch.float32 and getattr(getattr(head, "weight", None), "dtype", None) == torch.float32
-    if exact or logits.shape[-1] < 2 or getattr(head, "bias", None) is not None or not hasattr(head, "weight_rows"):
+    torch's OpenMP threads, which then spun beside a batch's decode step (native_step.py's _rope).
+    `top`: the values and indices (lists) of the largest logits where the step found them."""
+    if not rescores(head, h) or logits.shape[-1] < 2:
         return logits
-    values, indices = top_k(logits, min(RESCORED, logits.shape[-1]))
-    best, second = values[:2].tolist()
-    if best - second > NEAR_TIE * abs(best):
+    k = min(RESCORED, logits.shape[-1])
+    if top is not None and len(top[1]) >= k:
+        values, indices = top[0][:2], top[1][:k]
+    else:
+        values, indices = top_k(logits, k)
+        values = values[:2].tolist()
+    if not near_tie(values[0], values[1]):
         return logits
+    indices = torch.as_tensor(indices)
     rows = head.weight_rows(indices, torch.float32)
     if rows is None:
         return logits
     return logits.index_put_((indices,), (rows @ h.float()).to(logits.dtype))
+
+
+def rescores(head, h) -> bool:
+    """Whether rescore_near_ties can recompute candidates: the head's logits round (half-precision
+    or quantized weights) and it has weight rows to recompute them from."""
+    exact = h.dtype == torch.float32 and getattr(getattr(head, "weight", None), "dtype", None) == torch.float32
+    return not exact and getattr(head, "bias", None) is None and hasattr(head, "weight_rows")
 
 
 class Picker:
@@ -108,12 +126,31 @@ class Picker:
         """Greedy picks rescore near ties from the final hidden state: the model must return it."""
         return self.params.greedy
 
-    def pick(self, logits: torch.Tensor, h: torch.Tensor | None = None) -> int:
-        """The next token for logits (V,); `h` (H,) the hidden state they came from (greedy)."""
+    @property
+    def wants_top(self) -> int:
+        """The k largest logits a pick can take from the decode step instead of looking at all of
+        them (NativeStep's top=k): 0 where it looks at all (a grammar, penalties, top-k off)."""
+        p = self.params
+        if self.constraint is not None or penalizes(p):
+            return 0
+        if p.greedy:
+            return RESCORED
+        return p.top_k if 0 < p.top_k <= MOST_TOP else 0
+
+    def pick(self, logits: torch.Tensor, h: torch.Tensor | None = None, top=None) -> int:
+        """The next token for logits (V,); `h` (H,) the hidden state they came from (greedy); `top`:
+        the values and indices (lists) of the k largest logits, largest first, where the step found
+        them (the same token as without)."""
         if self.params.greedy and h is not None:
-            logits = rescore_near_ties(self.head, logits, h)
+            rescored = top is not None and len(top[1]) >= 2 and near_tie(top[0][0], top[0][1]) and rescores(self.head, h)
+            logits = rescore_near_ties(self.head, logits, h, top)
+            if rescored:
+                top = None  # the candidates were recomputed in logits: argmax them
+        if self.constraint is not None:
+            top = None
         allowed = self.constraint.mask(logits) if self.constraint is not None else logits
-        token = sample(allowed, penalty_history(self.history, self.params, self.device), self.params, self.generator)
+        token = sample(allowed, penalty_history(self.history, self.params, self.device), self.params, self.generator,
+                       top)
         if self.logprobs is not None:
             self.logprobs.record(logits, token)
         if self.constraint is not None:

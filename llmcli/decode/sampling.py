@@ -96,10 +96,15 @@ def parse_parameter(params: SamplingParams, name: str, value: str) -> SamplingPa
 _NO_HISTORY = torch.empty(0, dtype=torch.long)
 
 
+def penalizes(params: SamplingParams) -> bool:
+    """Whether some penalty is on (not the usual case)."""
+    return params.repeat_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)
+
+
 def penalty_history(history: list[int], params: SamplingParams, device: torch.device) -> torch.Tensor:
     """The ids the penalties look back over (the last repeat_last_n, or all for -1) as a tensor;
     empty, and not built, when no penalty is on (the usual case, on every decode step)."""
-    if params.repeat_penalty == 1.0 and not params.presence_penalty and not params.frequency_penalty:
+    if not penalizes(params):
         return _NO_HISTORY
     window = history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history
     return torch.tensor(window, dtype=torch.long, device=device)
@@ -211,19 +216,29 @@ def draw_from_top(values: list[float], noise: list[float], params: SamplingParam
 
 
 def sample(logits: torch.Tensor, history: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator) -> int:
-    """The next token id for logits (V,), given the history of ids for the penalties."""
-    logits = apply_penalties(logits, history, params)
+           generator: torch.Generator, top: tuple[list[float], list[int]] | None = None) -> int:
+    """The next token id for logits (V,), given the history of ids for the penalties. `top`: the
+    values and indices of the largest logits, largest first (top_k's), where the caller has them."""
+    penalized = apply_penalties(logits, history, params)
+    if penalized is not logits:
+        logits, top = penalized, None
     if params.greedy:
+        if top is not None and top[1] and math.isfinite(top[0][0]):
+            return top[1][0]  # argmax's: the first of the largest (no NaN or inf above it)
         return argmax(logits)
     idx = None
-    if 0 < params.top_k < logits.shape[-1]:
+    k = params.top_k
+    if 0 < k < logits.shape[-1]:
         # the same result as apply_top_k on the full vocab, but the rest only touches k values
-        logits, idx = top_k(logits, params.top_k)
-        values = logits.tolist() if logits.is_cpu else None
+        if top is not None and len(top[1]) >= k and logits.is_cpu:
+            (values, idx), found = (top[0][:k], top[1][:k]), None
+        else:
+            found, idx = top_k(logits, k)
+            values = found.tolist() if found.is_cpu else None
         if values and math.isfinite(values[0]) and not any(math.isnan(v) for v in values):
             noise = torch.empty(len(values)).exponential_(1, generator=generator).tolist()  # draw's own noise
             return int(idx[draw_from_top(values, noise, params)])
+        logits = found if found is not None else torch.tensor(values)
     logits = apply_min_p(apply_top_p(logits, params.top_p), params.min_p)
     choice = draw(apply_temperature(logits, params.temperature), generator)
     return int(idx[choice] if idx is not None else choice)

@@ -67,10 +67,13 @@ LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const Llmcl
 // consecutive slots see each other causally; rows never see each other). cos, sin (n, rotary_dim):
 // the RoPE tables of each token's position; cos_local, sin_local the same for local_rope layers (or
 // null without them). -> logits (n - logits_from, vocab) of tokens logits_from.., hidden (n, hidden)
-// the final normed states. Each token's numbers are those of a call with that token alone.
+// the final normed states; with top > 0, also the `top` largest logits of each of those rows
+// (top_values, top_indices (n - logits_from, top): largest first, of equals the earlier, NaN as
+// the largest: llmcli_top_k's). Each token's numbers are those of a call with that token alone.
 LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
                                 const float* cos, const float* sin, const float* cos_local, const float* sin_local,
-                                int64_t logits_from, float* logits, float* hidden);
+                                int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
+                                int64_t* top_indices);
 LLMCLI_API void llmcli_steps_free(void* steps);
 
 }  // extern "C"

@@ -20,6 +20,7 @@
 
 #include "api.h"
 #include "kernels.h"
+#include "top_k.h"
 #include "vec.h"
 
 // A projection as the step reads it: its blocks, or a copy of them interleaved for the variant's
@@ -146,9 +147,11 @@ class DecodeSteps {
 
     // See llmcli_steps_run (api.h)
     bool run(int64_t n, const float* x_in, const int64_t* rows, const int64_t* slots, const float* cos,
-             const float* sin, const float* cos_l, const float* sin_l, int64_t from, float* logits, float* normed) {
+             const float* sin, const float* cos_l, const float* sin_l, int64_t from, float* logits, float* normed,
+             int64_t top, float* top_values, int64_t* top_indices) {
         if (layers.empty() || head.empty() || n < 1 || from < 0 || from > n || (local && (!cos_l || !sin_l)))
             return false;
+        if (top < 0 || top > rows_of(head) || (top > 0 && (!top_values || !top_indices))) return false;
         int64_t longest = 0;
         for (int64_t m = 0; m < n; ++m) {
             if (rows[m] < 0 || rows[m] >= cache_rows || slots[m] < 0 || slots[m] >= max_len) return false;
@@ -196,10 +199,26 @@ class DecodeSteps {
             }, &a, next_in);
         }
         if (from < n) {
-            const int64_t vocab = rows_of(head);
-            stages.push_back({vocab, 64, [this, logits, from, vocab](int, int64_t lo, int64_t hi) {
-                project_rows(head, a.q, a.x.data(), from, N - from, logits, vocab, lo, hi);
-            }, {}});
+            const int64_t vocab = rows_of(head), P = n - from;
+            std::function<void()> merge;
+            if (top > 0) {
+                tops.resize(team.size());
+                for (auto& t : tops) {
+                    t.resize(P);
+                    for (auto& f : t) f.reset(top);
+                }
+                merge = [this, logits, vocab, P, top, top_values, top_indices] {
+                    for (int64_t r = 0; r < P; ++r) {
+                        for (size_t t = 1; t < tops.size(); ++t) tops[t][r].merge_into(tops[0][r]);
+                        tops[0][r].finish(logits + r * vocab, top_values + r * top, top_indices + r * top);
+                    }
+                };
+            }
+            stages.push_back({vocab, 64, [this, logits, from, vocab, P, top](int t, int64_t lo, int64_t hi) {
+                project_rows(head, a.q, a.x.data(), from, P, logits, vocab, lo, hi);
+                if (top > 0)  // while the chunk's logits are in this core's cache
+                    for (int64_t r = 0; r < P; ++r) tops[t][r].offer(logits + r * vocab, lo, hi);
+            }, merge});
         }
 
         if (n <= kColGroup) {  // (per_token's work as the `then` of a stage before the first)
@@ -229,6 +248,10 @@ class DecodeSteps {
     std::vector<float> x, qkv, gu, y;  // (N, hidden), (N, QKV), (N, 2 inter), (N, hidden)
     Activation a, a_attn, a_mlp;
     std::vector<std::vector<float>> scores;  // each thread's
+    // each thread's finders of the k largest logits of each row (a thread's chunks of the head come
+    // in increasing order), merged after the head: the pass over a row's logits after the step, its
+    // cache gone cold, took ~45 us a row (SmolLM2, 8 rows); here each chunk is read as it is made
+    std::vector<std::vector<TopK>> tops;
     int64_t per_part = 1, parts = 1;  // query heads an attention item takes, items a key head's group makes
 
     // The group of n projections at ps, each read from its interleaved copy where the variant has
@@ -370,9 +393,10 @@ LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const Llmcl
 
 LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
                                 const float* cos, const float* sin, const float* cos_local, const float* sin_local,
-                                int64_t logits_from, float* logits, float* hidden) {
+                                int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
+                                int64_t* top_indices) {
     return static_cast<DecodeSteps*>(steps)->run(n, x, rows, slots, cos, sin, cos_local, sin_local, logits_from, logits,
-                                                 hidden) ? 0 : 1;
+                                                 hidden, top, top_values, top_indices) ? 0 : 1;
 }
 
 LLMCLI_API void llmcli_steps_free(void* steps) { delete static_cast<DecodeSteps*>(steps); }

@@ -37,14 +37,14 @@ def declare(lib) -> None:
     lib.llmcli_steps_new.argtypes = [_I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_float, _I64, ctypes.c_int]
     lib.llmcli_steps_add_layer.argtypes = [_P, ctypes.POINTER(Layer)]
     lib.llmcli_steps_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
-    lib.llmcli_steps_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P]
+    lib.llmcli_steps_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
     lib.llmcli_steps_free.argtypes = [_P]
     lib.llmcli_steps_free.restype = None
 
 
 class DecodeSteps:
     """`DecodeSteps(n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)`, then `add_layer` per
-    layer and `set_head`; `run(x, rows, slots, cos, sin, ...) -> (logits, hidden)` per step of n tokens."""
+    layer and `set_head`; `run(x, rows, slots, cos, sin, ...) -> (logits, hidden, top)` per step of n tokens."""
 
     def __init__(self, lib, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
                  act: str, threads: int):
@@ -133,9 +133,11 @@ class DecodeSteps:
 
     def run(self, x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             cos_local: torch.Tensor | None = None, sin_local: torch.Tensor | None = None,
-            logits_from: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+            logits_from: int = 0, top: int = 0) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
         """x (n, hidden) the tokens' embeddings -> (logits (n - logits_from, vocab) of the tokens from
-        `logits_from` on, the final normed hidden states (n, hidden)). Token i's keys and values go to
+        `logits_from` on, the final normed hidden states (n, hidden), and with `top` > 0 the (values,
+        indices) (n - logits_from, top) of each logit row's `top` largest, largest first, as
+        native.top_k gives them (else None)). Token i's keys and values go to
         cache row rows[i], slot slots[i], and it sees that row's slots up to its own; cos, sin (n, R)
         are the model's RoPE tables for the tokens' positions (half-split: entries j and j + R/2 are
         equal), cos_local, sin_local the same for the local layers."""
@@ -143,7 +145,8 @@ class DecodeSteps:
             raise ValueError("no layers or no head")
         n = x.shape[0]
         rows, slots = _longs(rows), _longs(slots)
-        if x.shape != (n, self.hidden) or rows.shape != (n,) or slots.shape != (n,) or not 0 <= logits_from <= n:
+        if x.shape != (n, self.hidden) or rows.shape != (n,) or slots.shape != (n,) or not 0 <= logits_from <= n \
+                or not 0 <= top <= self.vocab:
             raise ValueError("bad step")
         if n == 0 or int(rows.min()) < 0 or int(rows.max()) >= self.rows or int(slots.min()) < 0 \
                 or int(slots.max()) >= self.max_len:
@@ -154,12 +157,14 @@ class DecodeSteps:
         x = x.to(torch.float32).contiguous()
         tables = [t.to(torch.float32).contiguous() for t in tables] + [None, None]
         logits, hidden = torch.empty(n - logits_from, self.vocab), torch.empty(n, self.hidden)
+        found = (torch.empty(n - logits_from, top), torch.empty(n - logits_from, top, dtype=torch.int64)) if top else None
         rc = self._lib.llmcli_steps_run(self._h, n, x.data_ptr(), rows.data_ptr(), slots.data_ptr(),
                                         *(None if t is None else t.data_ptr() for t in tables[:4]), logits_from,
-                                        logits.data_ptr(), hidden.data_ptr())
+                                        logits.data_ptr(), hidden.data_ptr(), top,
+                                        *((found[0].data_ptr(), found[1].data_ptr()) if found else (None, None)))
         if rc:
             raise ValueError("bad step")
-        return logits, hidden
+        return logits, hidden, found
 
 
 def _longs(t) -> torch.Tensor:

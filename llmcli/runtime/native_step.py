@@ -40,7 +40,9 @@ _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
 
 class NativeStep:
     """Callable like the model (`step(tokens, cache, positions, last_only, hidden, slots)`): for one
-    token, a batch's tokens (one a row, `slots`), or up to MAX_TOKENS of one row."""
+    token, a batch's tokens (one a row, `slots`), or up to MAX_TOKENS of one row. With `top=k`, a
+    call also finds the k largest logits of each row it returns (`last_top`), as the head makes
+    them: the pickers take those instead of a pass over each row's logits afterwards."""
 
     native = True  # chat/session.py decode_mode says so
 
@@ -51,6 +53,9 @@ class NativeStep:
         self._steps = None
         self._gemma = type(model) is gemma3.Transformer
         self._tables = None  # _rope's cos, sin (and local cos, sin) for positions [0, L)
+        # the last call's (values, indices) (rows, k) of each returned logit row's k largest, where it
+        # asked for them (top=k) and the C++ step ran (not the model; no soft-capped logits); else None
+        self.last_top = None
 
     @staticmethod
     def decodes(model_file) -> bool:
@@ -85,9 +90,11 @@ class NativeStep:
         number of rows."""
         return (type(cache) is StaticKVCache and cache.k[0].dtype in KV_DTYPES and cache.k[0].device.type == "cpu")
 
-    def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False, slots=None):
+    def __call__(self, tokens, cache, positions=None, last_only: bool = False, hidden: bool = False, slots=None,
+                 top: int = 0):
         B, T = tokens.shape
         rows, target = self._rows(B, T, cache, slots)
+        self.last_top = None
         if rows is None:
             return self.model(tokens, cache, positions, last_only, hidden, slots=slots)
         if slots is None:  # one row, T tokens at the next slots
@@ -97,14 +104,14 @@ class NativeStep:
             at = positions = slots.reshape(B)
         x = self.model.embed(tokens).reshape(B * T, -1)
         first = B * T - 1 if last_only and slots is None else 0
-        logits, h = self._run(target, cache, x, rows, at, positions, first)
+        logits, h = self._run(target, cache, x, rows, at, positions, first, top)
         if slots is None:
             cache.length += T
         shape = (B, 1) if slots is not None or last_only else (B, T)
         logits, h = logits.view(*shape, -1), h[first:].view(*shape, -1)
         return (logits, h) if hidden else logits
 
-    def pieces(self, pieces: list[tuple[int, int, list[int]]], cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def pieces(self, pieces: list[tuple[int, int, list[int]]], cache, top: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Several rows of several tokens in one call: pieces (row, slot, token ids), each row's tokens
         at consecutive slots from `slot`, which are their positions too (batched.py's rows: a decode
         step's one token a row beside a new sequence's prompt). -> (logits (P, V), final normed
@@ -112,6 +119,7 @@ class NativeStep:
         (another kind of cache, a row outside it, more than MAX_TOKENS tokens). Each token's numbers
         are those it gets alone, as in any call."""
         n = sum(len(ids) for _, _, ids in pieces)
+        self.last_top = None
         if not self.fits(cache) or not pieces or n > MAX_TOKENS or any(not ids for _, _, ids in pieces) \
                 or any(not 0 <= row < cache.k[0].shape[0] or at + len(ids) > cache.max_len for row, at, ids in pieces):
             return None
@@ -121,17 +129,19 @@ class NativeStep:
         rows, at, tokens = (torch.tensor(c, dtype=torch.long) for c in zip(*order))
         x = self.model.embed(tokens.view(1, -1)).reshape(n, -1)
         first = n - len(pieces)
-        logits, h = self._run(cache, cache, x, rows, at, at, first)
+        logits, h = self._run(cache, cache, x, rows, at, at, first, top)
         return logits, h[first:]
 
-    def _run(self, target, cache, x, rows, at, positions, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, target, cache, x, rows, at, positions, first: int, top: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The C++ step on `target` (built again for a cache it has not seen): tokens x at cache rows
         `rows`, slots `at`, RoPE `positions` -> (logits of tokens `first`.., soft-capped for Gemma;
-        the final normed hidden states of every token)."""
+        the final normed hidden states of every token); last_top as `top` asks (not with soft-capped
+        logits: capping can make equal values of unequal ones, and their order is the index's)."""
         if target is not self._cache:
             self._steps, self._cache = self._build(target), target
-        logits, h = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first)
         cap = getattr(self.model.args, "final_logit_softcapping", None)
+        top = min(top, self._steps.vocab) if not cap else 0
+        logits, h, self.last_top = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first, top=top)
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits, h
