@@ -73,7 +73,7 @@ def near_tie(best: float, second: float) -> bool:
     return not best - second > NEAR_TIE * abs(best)
 
 
-def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor, top=None) -> torch.Tensor:
+def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """Logits (V,) with the best candidates recomputed in float32 when the top two are nearly tied.
 
     Half-precision kernels give logits 8 significant bits: near 20 they are 0.125 apart, so near-ties
@@ -82,19 +82,12 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor, top=None) -> 
     `h` (H,) costs a few dot products, only then. A quantized head rounds too, whatever the compute
     dtype: its kernels take bfloat16 activations (a float32 model on a CPU without native bf16).
     The candidates are written into `logits` in place: a copy of a vocabulary's logits started
-    torch's OpenMP threads, which then spun beside a batch's decode step (native_step.py's _rope).
-    `top`: the values and indices (lists) of the largest logits where the step found them."""
+    torch's OpenMP threads, which then spun beside a batch's decode step (native_step.py's _rope)."""
     if not rescores(head, h) or logits.shape[-1] < 2:
         return logits
-    k = min(RESCORED, logits.shape[-1])
-    if top is not None and len(top[1]) >= k:
-        values, indices = top[0][:2], top[1][:k]
-    else:
-        values, indices = top_k(logits, k)
-        values = values[:2].tolist()
-    if not near_tie(values[0], values[1]):
+    values, indices = top_k(logits, min(RESCORED, logits.shape[-1]))
+    if not near_tie(*values[:2].tolist()):
         return logits
-    indices = torch.as_tensor(indices)
     rows = head.weight_rows(indices, torch.float32)
     if rows is None:
         return logits
@@ -120,6 +113,7 @@ class Picker:
         self.generator, self.stats.seed = make_generator(params.seed, device)
         self.history = list(prompt)  # what the penalties look back over
         self.t0 = time.perf_counter()  # the first pick ends the prefill; later ones are decode
+        self.rescores: bool | None = None  # rescores(head, h), known at the first greedy pick
 
     @property
     def wants_hidden(self) -> bool:
@@ -142,10 +136,10 @@ class Picker:
         the values and indices (lists) of the k largest logits, largest first, where the step found
         them (the same token as without)."""
         if self.params.greedy and h is not None:
-            rescored = top is not None and len(top[1]) >= 2 and near_tie(top[0][0], top[0][1]) and rescores(self.head, h)
-            logits = rescore_near_ties(self.head, logits, h, top)
-            if rescored:
-                top = None  # the candidates were recomputed in logits: argmax them
+            if self.rescores is None:
+                self.rescores = rescores(self.head, h)
+            if self.rescores and (top is None or len(top[1]) < 2 or near_tie(top[0][0], top[0][1])):
+                logits, top = rescore_near_ties(self.head, logits, h), None  # (a near tie: argmax the rescored logits)
         if self.constraint is not None:
             top = None
         allowed = self.constraint.mask(logits) if self.constraint is not None else logits
