@@ -22,8 +22,10 @@ products may round differently. With a `prompt_cache` (cache/prompt_cache.py), t
 prefix of the prompt that an earlier sequence computed, or a running one holds, is copied into the
 row first and only the rest is prefilled (as a chat reuses its own cache across turns); every
 sequence's row is offered to it when the sequence ends. Requests that arrive together with one
-long start (a system prompt) compute it once: the others wait a step and copy it. Sampling, stop strings, end tokens, constraints and
-logprobs are generate()'s own (token by token per row): the chunks and finish reasons are the same.
+long start (a system prompt) compute it once: the others wait a step and copy it. Sampling, stop
+strings, end tokens, constraints and logprobs are generate()'s own (token by token per row): the
+chunks and finish reasons are the same; the native step finds each row's largest logits for its
+pick (NativeStep's top=k).
 """
 
 from __future__ import annotations
@@ -242,7 +244,8 @@ class BatchEngine:
         else:
             slots = torch.tensor([s.length for s in self.running], dtype=torch.long, device=self.device)
             tokens = torch.tensor([[s.last] for s in self.running], dtype=torch.long, device=self.device)
-            logits, h = self.step_fn(tokens, self.cache, slots=slots, last_only=True, hidden=True, **({"top": top} if top else {}))
+            logits, h = self.step_fn(tokens, self.cache, slots=slots, last_only=True, hidden=True,
+                                     **({"top": top} if top else {}))
         found = self.step_fn.last_top if top else None
         found = None if found is None else (found[0].tolist(), found[1].tolist())  # one conversion for all rows
         self.steps += 1
@@ -250,7 +253,8 @@ class BatchEngine:
         done = []
         for i, seq in enumerate(self.running):
             seq.length = ends[i]
-            if not self._emit(i, logits[i, -1], h[i, -1], events, None if found is None else (found[0][i], found[1][i])):
+            top_i = None if found is None else (found[0][i], found[1][i])
+            if not self._emit(i, logits[i, -1], h[i, -1], events, top_i):
                 done.append(i)
         for i in reversed(done):
             self._free(i)
