@@ -205,6 +205,27 @@ def test_several_tokens_a_call_give_what_one_at_a_time_gives(loaded):
     assert all(torch.equal(a[..., :len(ids), :], b[..., :len(ids), :]) for a, b in zip(one.k + one.v, many.k + many.v))
 
 
+def test_the_step_looks_up_embeddings_and_rope_rows_as_the_model_gives_them(loaded):
+    """Token ids go to the C++ step, which takes their rows of the embedding table (GGUF blocks,
+    Gemma's normalizer applied) and of the RoPE tables itself: bit for bit what the model's embed and
+    the tables' rows as tensors give (the step without its own tables; its first call makes them)."""
+    step = loaded.decode_step(compile=False)
+    ids = [5, 17, 80, 3, 200, 41, 9, 150, 7, 99, 250, 31, 2]
+    with torch.inference_mode():
+        cache = loaded.new_cache()
+        step(torch.tensor([ids[:1]]), cache, hidden=True)
+        assert step._steps.embedding is not None and step._steps.table_len >= 1
+        lean = [step(torch.tensor([[t]]), cache, hidden=True) for t in ids]
+        step._steps.embedding = None  # (the model's embed and _rope's rows as tensors)
+        cache = loaded.new_cache()
+        step(torch.tensor([ids[:1]]), cache, hidden=True)
+        tensors = [step(torch.tensor([[t]]), cache, hidden=True) for t in ids]
+    for (a, ha), (b, hb) in zip(lean, tensors):
+        assert torch.equal(a, b) and torch.equal(ha, hb)
+    with pytest.raises(ValueError, match="token id"):
+        step._build(cache).run_ids(torch.tensor([10 ** 6]), torch.tensor([0]), torch.tensor([0]), torch.tensor([0]))
+
+
 def test_pieces_give_each_rows_last_token_what_it_gets_alone(loaded, variant):
     """Several rows' tokens in one call (a batch step with new prompts in it): the logits are of the
     pieces' last tokens, which start mid-way through the activations' groups of 8 (row 15 of 20 here,

@@ -74,6 +74,21 @@ LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const in
                                 const float* cos, const float* sin, const float* cos_local, const float* sin_local,
                                 int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
                                 int64_t* top_indices);
+// The embedding table llmcli_steps_run_ids looks token ids up in (after every add_layer): `rows`
+// rows of the hidden size, GGUF blocks of `type` (llmcli_dequantize's) or float32 (type -1), each
+// value times `scale` (Gemma's normalizer; 1 else), as the model's embed gives them. The caller
+// keeps the table alive.
+LLMCLI_API int llmcli_steps_set_embedding(void* steps, const void* table, int type, int64_t rows, float scale);
+// The RoPE tables of positions [0, L) (L, rotary_dim), and the local layers' pair (or null
+// without them), which llmcli_steps_run_ids takes its tokens' rows of. The caller keeps them alive.
+LLMCLI_API int llmcli_steps_set_rope(void* steps, const float* cos, const float* sin, const float* cos_local,
+                                     const float* sin_local, int64_t L);
+// llmcli_steps_run for n token ids at RoPE positions `positions`: their embeddings and RoPE rows
+// from the tables above (no tensors of them for the caller to make). 0; 1: bad arguments (an id
+// outside the table, no table); 2: a position beyond the RoPE tables (nothing was run).
+LLMCLI_API int llmcli_steps_run_ids(void* steps, int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots,
+                                    const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
+                                    int64_t top, float* top_values, int64_t* top_indices);
 LLMCLI_API void llmcli_steps_free(void* steps);
 
 }  // extern "C"

@@ -12,6 +12,7 @@
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
 // same operations whatever rows come with it, so a batch never changes what a row decodes.
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -145,6 +146,52 @@ class DecodeSteps {
 
     void set_head(const float* norm, const LlmcliProjection* h, int64_t n) { final_norm = norm; head = own(h, n); }
 
+    // See llmcli_steps_set_embedding and llmcli_steps_set_rope (api.h)
+    bool set_embedding(const void* table, int type, int64_t rows, float scale) {
+        if (!table || rows <= 0 || hidden <= 0 || type < -1 || type >= kTypes || (type >= 0 && hidden % block_size(type)))
+            return false;
+        emb = static_cast<const uint8_t*>(table);
+        emb_type = type;
+        emb_rows = rows;
+        emb_scale = scale;
+        emb_row_bytes = type < 0 ? hidden * 4 : hidden / block_size(type) * block_bytes(type);
+        return true;
+    }
+    bool set_rope(const float* cos, const float* sin, const float* cos_l, const float* sin_l, int64_t L) {
+        if (!cos || !sin || L <= 0 || (local && (!cos_l || !sin_l))) return false;
+        tables[0] = cos, tables[1] = sin, tables[2] = cos_l, tables[3] = sin_l;
+        table_len = L;
+        return true;
+    }
+
+    // See llmcli_steps_run_ids (api.h): 0, 1 (bad arguments), 2 (a position beyond the tables)
+    int run_ids(int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots, const int64_t* positions,
+                int64_t from, float* logits, float* normed, int64_t top, float* top_values, int64_t* top_indices) {
+        if (!emb || n < 1) return 1;  // (no tables yet: table_len 0, every position beyond them)
+        for (int64_t m = 0; m < n; ++m) {
+            if (ids[m] < 0 || ids[m] >= emb_rows) return 1;
+            if (positions[m] < 0 || positions[m] >= table_len) return 2;
+        }
+        x_ids.resize(n * hidden);
+        for (int64_t m = 0; m < n; ++m) {  // the embedding rows, as the model's embed gives them
+            float* xm = x_ids.data() + m * hidden;
+            const uint8_t* row = emb + ids[m] * emb_row_bytes;
+            if (emb_type < 0) std::memcpy(xm, row, hidden * sizeof(float));
+            else llmcli_dequantize(row, 1, hidden, emb_type, xm, 1);
+            if (emb_scale != 1.f)
+                for (int64_t i = 0; i < hidden; ++i) xm[i] *= emb_scale;
+        }
+        for (int t = 0; t < 4; ++t) {  // each token's rows of the RoPE tables
+            rope_rows[t].resize(tables[t] ? n * R : 0);
+            for (int64_t m = 0; tables[t] && m < n; ++m)
+                std::memcpy(rope_rows[t].data() + m * R, tables[t] + positions[m] * R, R * sizeof(float));
+        }
+        const float* local_cs = tables[2] ? rope_rows[2].data() : nullptr;
+        const float* local_sn = tables[3] ? rope_rows[3].data() : nullptr;
+        return run(n, x_ids.data(), rows, slots, rope_rows[0].data(), rope_rows[1].data(), local_cs, local_sn, from, logits,
+                   normed, top, top_values, top_indices) ? 0 : 1;
+    }
+
     // See llmcli_steps_run (api.h)
     bool run(int64_t n, const float* x_in, const int64_t* rows, const int64_t* slots, const float* cos,
              const float* sin, const float* cos_l, const float* sin_l, int64_t from, float* logits, float* normed,
@@ -252,6 +299,14 @@ class DecodeSteps {
     // in increasing order), merged after the head: the pass over a row's logits after the step, its
     // cache gone cold, took ~45 us a row (SmolLM2, 8 rows); here each chunk is read as it is made
     std::vector<std::vector<TopK>> tops;
+    // run_ids': the embedding table (GGUF blocks of emb_type, or float32 rows for -1) and the RoPE
+    // tables for positions [0, table_len), the caller's; the tokens' rows of them
+    const uint8_t* emb = nullptr;
+    int emb_type = -1;
+    int64_t emb_rows = 0, emb_row_bytes = 0, table_len = 0;
+    float emb_scale = 1.f;
+    const float* tables[4] = {nullptr, nullptr, nullptr, nullptr};
+    std::vector<float> x_ids, rope_rows[4];
     int64_t per_part = 1, parts = 1;  // query heads an attention item takes, items a key head's group makes
 
     // The group of n projections at ps, each read from its interleaved copy where the variant has
@@ -397,6 +452,22 @@ LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const in
                                 int64_t* top_indices) {
     return static_cast<DecodeSteps*>(steps)->run(n, x, rows, slots, cos, sin, cos_local, sin_local, logits_from, logits,
                                                  hidden, top, top_values, top_indices) ? 0 : 1;
+}
+
+LLMCLI_API int llmcli_steps_set_embedding(void* steps, const void* table, int type, int64_t rows, float scale) {
+    return static_cast<DecodeSteps*>(steps)->set_embedding(table, type, rows, scale) ? 0 : 1;
+}
+
+LLMCLI_API int llmcli_steps_set_rope(void* steps, const float* cos, const float* sin, const float* cos_local,
+                                     const float* sin_local, int64_t L) {
+    return static_cast<DecodeSteps*>(steps)->set_rope(cos, sin, cos_local, sin_local, L) ? 0 : 1;
+}
+
+LLMCLI_API int llmcli_steps_run_ids(void* steps, int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots,
+                                    const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
+                                    int64_t top, float* top_values, int64_t* top_indices) {
+    return static_cast<DecodeSteps*>(steps)->run_ids(n, ids, rows, slots, positions, logits_from, logits, hidden, top,
+                                                     top_values, top_indices);
 }
 
 LLMCLI_API void llmcli_steps_free(void* steps) { delete static_cast<DecodeSteps*>(steps); }

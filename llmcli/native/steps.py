@@ -38,6 +38,9 @@ def declare(lib) -> None:
     lib.llmcli_steps_add_layer.argtypes = [_P, ctypes.POINTER(Layer)]
     lib.llmcli_steps_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
     lib.llmcli_steps_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
+    lib.llmcli_steps_set_embedding.argtypes = [_P, _P, ctypes.c_int, _I64, ctypes.c_float]
+    lib.llmcli_steps_set_rope.argtypes = [_P, _P, _P, _P, _P, _I64]
+    lib.llmcli_steps_run_ids.argtypes = [_P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
     lib.llmcli_steps_free.argtypes = [_P]
     lib.llmcli_steps_free.restype = None
 
@@ -57,6 +60,8 @@ class DecodeSteps:
         self.hidden = self.inter = self.vocab = None
         self.max_len = self.rows = None
         self.local = False  # some layer turns by the second RoPE table
+        self.embedding = None  # set_embedding's table (run_ids looks tokens up in it)
+        self.table_len = 0  # positions set_rope's tables cover
     def __del__(self):
         if getattr(self, "_h", None):
             self._lib.llmcli_steps_free(self._h)
@@ -164,6 +169,50 @@ class DecodeSteps:
                                         *((found[0].data_ptr(), found[1].data_ptr()) if found else (None, None)))
         if rc:
             raise ValueError("bad step")
+        return logits, hidden, found
+
+
+    def set_embedding(self, table: torch.Tensor, type_id: int | None, scale: float = 1.0) -> None:
+        """The table run_ids looks token ids up in: GGUF blocks of `type_id` (rows, bytes a row), or
+        float32 rows (type_id None), each value times `scale` (after every add_layer)."""
+        if type_id is None and table.dtype != torch.float32:
+            raise ValueError("an embedding table of floats is float32")
+        table = table.detach().contiguous()
+        if self._lib.llmcli_steps_set_embedding(self._h, table.data_ptr(), -1 if type_id is None else type_id,
+                                                table.shape[0], scale):
+            raise ValueError("the embedding table does not match the layers")
+        self.embedding = table
+
+    def set_rope(self, tables: list[torch.Tensor]) -> None:
+        """cos, sin (L, R) of positions [0, L) (and the local layers' pair): the RoPE rows run_ids
+        takes. Kept alive here until the next set_rope."""
+        tables = [t.to(torch.float32).contiguous() for t in (tables if self.local else tables[:2])]
+        if len({t.shape for t in tables}) != 1 or tables[0].shape[1] != self.R or len(tables) != (4 if self.local else 2):
+            raise ValueError("RoPE tables do not match the rotary dims")
+        ptrs = [t.data_ptr() for t in tables] + [None, None]
+        if self._lib.llmcli_steps_set_rope(self._h, *ptrs[:4], tables[0].shape[0]):
+            raise ValueError("bad RoPE tables")
+        self._rope_tables, self.table_len = tables, tables[0].shape[0]
+
+    def run_ids(self, ids: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                logits_from: int = 0, top: int = 0) -> tuple[torch.Tensor, torch.Tensor, tuple | None] | None:
+        """run() for token ids (n,) int64 at RoPE `positions`, their embeddings and RoPE rows taken
+        in C++ from set_embedding's and set_rope's tables; None where a position is beyond the tables
+        (nothing run). The C side checks the ids, rows and slots."""
+        n = ids.shape[0]
+        if self.embedding is None or not 0 <= logits_from <= n or not 0 <= top <= self.vocab \
+                or rows.shape != (n,) or slots.shape != (n,) or positions.shape != (n,):
+            raise ValueError("bad step")
+        ids, rows, slots, positions = (_longs(t) for t in (ids, rows, slots, positions))
+        logits, hidden = torch.empty(n - logits_from, self.vocab), torch.empty(n, self.hidden)
+        found = (torch.empty(n - logits_from, top), torch.empty(n - logits_from, top, dtype=torch.int64)) if top else None
+        rc = self._lib.llmcli_steps_run_ids(self._h, n, ids.data_ptr(), rows.data_ptr(), slots.data_ptr(),
+                                            positions.data_ptr(), logits_from, logits.data_ptr(), hidden.data_ptr(), top,
+                                            *((found[0].data_ptr(), found[1].data_ptr()) if found else (None, None)))
+        if rc == 2:
+            return None
+        if rc:
+            raise ValueError("bad step: a token id, row or slot outside the model or the cache")
         return logits, hidden, found
 
 

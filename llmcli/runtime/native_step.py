@@ -102,9 +102,8 @@ class NativeStep:
             positions = at if positions is None else positions.reshape(T)
         else:  # a batch: row b's one token at slots[b], which is its position too
             at = positions = slots.reshape(B)
-        x = self.model.embed(tokens).reshape(B * T, -1)
         first = B * T - 1 if last_only and slots is None else 0
-        logits, h = self._run(target, cache, x, rows, at, positions, first, top)
+        logits, h = self._run(target, cache, tokens.reshape(B * T), rows, at, positions, first, top)
         if slots is None:
             cache.length += T
         shape = (B, 1) if slots is not None or last_only else (B, T)
@@ -127,21 +126,32 @@ class NativeStep:
         order = [(row, at + i, t) for row, at, ids in pieces for i, t in enumerate(ids[:-1])]
         order += [(row, at + len(ids) - 1, ids[-1]) for row, at, ids in pieces]
         rows, at, tokens = (torch.tensor(c, dtype=torch.long) for c in zip(*order))
-        x = self.model.embed(tokens.view(1, -1)).reshape(n, -1)
         first = n - len(pieces)
-        logits, h = self._run(cache, cache, x, rows, at, at, first, top)
+        logits, h = self._run(cache, cache, tokens, rows, at, at, first, top)
         return logits, h[first:]
 
-    def _run(self, target, cache, x, rows, at, positions, first: int, top: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The C++ step on `target` (built again for a cache it has not seen): tokens x at cache rows
-        `rows`, slots `at`, RoPE `positions` -> (logits of tokens `first`.., soft-capped for Gemma;
-        the final normed hidden states of every token); last_top as `top` asks (not with soft-capped
-        logits: capping can make equal values of unequal ones, and their order is the index's)."""
+    def _run(self, target, cache, ids, rows, at, positions, first: int, top: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The C++ step on `target` (built again for a cache it has not seen): token ids (n,) at cache
+        rows `rows`, slots `at`, RoPE `positions` -> (logits of tokens `first`.., soft-capped for
+        Gemma; the final normed hidden states of every token); last_top as `top` asks (not with
+        soft-capped logits: capping can make equal values of unequal ones, and their order is the
+        index's). The C++ side looks the ids up in the embedding and RoPE tables itself, where it
+        has them: the lookups as torch ops took ~0.15 ms of SmolLM2's ~3 ms token, each op slow
+        right after a step; else (an embedding it cannot read, positions past the tables) the
+        model's embed and _rope's rows go in."""
         if target is not self._cache:
             self._steps, self._cache = self._build(target), target
         cap = getattr(self.model.args, "final_logit_softcapping", None)
         top = min(top, self._steps.vocab) if not cap else 0
-        logits, h, self.last_top = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first, top=top)
+        out = None
+        if self._steps.embedding is not None:
+            out = self._steps.run_ids(ids, rows, at, positions, first, top)
+            if out is None and self._rope(positions, cache, tables_only=True):  # the tables grown: again
+                out = self._steps.run_ids(ids, rows, at, positions, first, top)
+        if out is None:
+            x = self.model.embed(ids.view(1, -1)).reshape(ids.shape[0], -1)
+            out = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first, top=top)
+        logits, h, self.last_top = out
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits, h
@@ -159,22 +169,24 @@ class NativeStep:
             return None, None
         return torch.full((T,), getattr(cache, "index", 0), dtype=torch.int64), target
 
-    def _rope(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
+    def _rope(self, positions: torch.Tensor, cache, tables_only: bool = False):
         """cos, sin (n, rotary_dim) for the positions, and Gemma's local layers' pair: rows of tables
         made once for positions [0, L) (L doubles as positions pass it). torch's cos and sin on the CPU
         start OpenMP threads for any size, which then spin beside the step's own threads: computed
         each step, they took a tenth of an 8-row step's time on 2 cores. The rows are taken with
         index_select, which stays on this thread for a few rows: `t[positions]` went parallel too, and
         with the embedding rows' gather and the picker's copy of the logits, SmolLM2's 8-row step took
-        18.7 ms where it takes 15.5 without them (Intel Xeon, 2 threads)."""
+        18.7 ms where it takes 15.5 without them (Intel Xeon, 2 threads). `tables_only`: only make
+        the tables cover the positions and give them to the C++ step; whether they do."""
         top = int(positions.max()) + 1
         if top > TABLE_POSITIONS:  # a long shifted conversation: computed for these positions alone
-            return self._cos_sin(positions, cache)
+            return False if tables_only else self._cos_sin(positions, cache)
         if self._tables is None or top > self._tables[0].shape[0]:
             have = 0 if self._tables is None else self._tables[0].shape[0]
             at = torch.arange(min(TABLE_POSITIONS, max(top, 2 * have, 1024)))
-            self._tables = [t.contiguous() for t in self._cos_sin(at, cache)]
-        return [t.index_select(0, positions) for t in self._tables]
+            self._tables = [t.to(torch.float32).contiguous() for t in self._cos_sin(at, cache)]
+            self._steps.set_rope(self._tables)
+        return True if tables_only else [t.index_select(0, positions) for t in self._tables]
 
     def _cos_sin(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
         if not self._gemma:
@@ -204,6 +216,15 @@ class NativeStep:
             steps.add_layer(norm(layer.input_layernorm), qkv, q_norm, k_norm, o, norm(mlp_in), gate_up, down,
                             cache.k[i], cache.v[i], a.window or 0, **extra)
         steps.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
+        emb = self.model.model.embed_tokens  # as the model's embed gives its rows (Gemma: times its normalizer)
+        scale = float(torch.tensor(args.hidden_size ** 0.5, dtype=torch.float32)) if self._gemma else 1.0
+        if getattr(emb, "dtype", None) == torch.float32 and isinstance(getattr(emb, "packed", None), GGUFBlockWeight) \
+                and emb.packed.device.type == "cpu":
+            steps.set_embedding(emb.packed.blocks, TYPE_IDS[emb.packed.type_name], scale)
+        elif isinstance(emb, torch.nn.Embedding) and emb.weight.dtype == torch.float32 and emb.weight.device.type == "cpu":
+            steps.set_embedding(emb.weight, None, scale)
+        if self._tables is not None:
+            steps.set_rope(self._tables)
         return steps
 
 
