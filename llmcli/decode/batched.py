@@ -251,10 +251,12 @@ class BatchEngine:
         self.steps += 1
         self.row_steps += n
         done = []
+        # each row's (V,) and (H,) in one op each: 2 indexing ops a row, each slow right after a step
+        row_logits, row_h = logits[:, -1].unbind(0), h[:, -1].unbind(0)
         for i, seq in enumerate(self.running):
             seq.length = ends[i]
             top_i = None if found is None else (found[0][i], found[1][i])
-            if not self._emit(i, logits[i, -1], h[i, -1], events, top_i):
+            if not self._emit(i, row_logits[i], row_h[i], events, top_i):
                 done.append(i)
         for i in reversed(done):
             self._free(i)
