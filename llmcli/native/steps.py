@@ -217,4 +217,6 @@ class DecodeSteps:
 
 
 def _longs(t) -> torch.Tensor:
+    if isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.dim() == 1 and t.is_contiguous():
+        return t  # (as callers give them: three ops fewer a tensor, each slow right after a step)
     return torch.as_tensor(t, dtype=torch.int64).reshape(-1).contiguous()
