@@ -4,6 +4,21 @@
 #include "blocks.h"
 
 // One block of 32 floats -> int8 codes, scale and scaled sum: the bytes quantize_block_scalar gives
+#if defined(LLMCLI_AVX512VNNI)
+static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out) {  // two 16-float halves
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    const __m512 vid = _mm512_set1_ps(id);
+    constexpr int even = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // round half to even, as nearbyint
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, vid), even));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, vid), even));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8 + 16), _mm512_cvtsepi32_epi8(q1));
+    d_out = d;
+    s_out = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
+#else
 static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes packs' lane interleave
@@ -25,6 +40,7 @@ static inline void quantize_block(const float* x, int8_t* q8, float& d_out, floa
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), _mm256_permutevar8x32_epi32(packed, order));
     d_out = d; s_out = d * (float)_mm_cvtsi128_si32(s4);
 }
+#endif
 
 static inline __m256i nibbles(const uint8_t* qs) {  // 16 bytes -> 32 codes: low nibbles, then high ones
     const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
