@@ -7,7 +7,8 @@
 // norm and the output projection. Five stages a layer share their rows or heads among the team's
 // threads (team.h); each projection reads a weight row once for all n tokens. The per-token work
 // between them (norms, RoPE, quantization: a few thousand floats a token) is the `then` of the stage
-// before for up to 8 tokens (a batch step's), a stage of its own over the tokens for more.
+// before for one token, a stage of its own over the tokens for more (per_token). The head finds each
+// row's largest logits as it makes them, where the caller asks (top).
 //
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
