@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from tiny import tokenizer_json
@@ -160,6 +161,26 @@ def test_quantized_heads_read_back_their_rows(smollm2_gguf):
     head = load_model(smollm2_gguf, place("cpu", "bfloat16", threads=1)).model.lm_head
     ids = torch.tensor([0, 17, 49151])
     assert torch.equal(head.weight_rows(ids, torch.float32), head.dequantize(torch.float32)[ids])
+
+
+def test_a_quantized_head_rescores_its_rows_in_one_call(smollm2_gguf):
+    """A near tie's candidates from the real model's Q8_0 head: out[ids] = its dequantized rows . h,
+    summed in float64 (one C call where weight_rows and a product took ~130 us in place); the other
+    logits untouched; an id outside the head refused."""
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
+
+    head = load_model(smollm2_gguf, place("cpu", "float32", threads=1)).model.lm_head
+    ids = torch.tensor([0, 17, 49151, 500])
+    h = torch.randn(576, generator=torch.Generator().manual_seed(4))
+    out = torch.full((49152,), -1.0)
+    assert head.weight_dot_into(ids, h, out)
+    want = head.dequantize(torch.float32)[ids].double() @ h.double()
+    np.testing.assert_allclose(out[ids].double().numpy(), want.numpy(), rtol=1e-6)
+    out[ids] = -1.0
+    assert torch.equal(out, torch.full((49152,), -1.0))
+    with pytest.raises(ValueError, match="outside"):
+        head.weight_dot_into(torch.tensor([49152]), h, out)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0), SamplingParams(top_k=1),

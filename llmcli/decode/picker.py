@@ -79,7 +79,7 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor, top=None) -> 
     Half-precision kernels give logits 8 significant bits: near 20 they are 0.125 apart, so near-ties
     become ties and greedy decoding would turn on rounding (on SmolLM2 q4, one step in ~50), and on
     which kernels ran (eager or compiled). Rescoring from the head's weight rows and the hidden state
-    `h` (H,) costs a few dot products, only then. A quantized head rounds too, whatever the compute
+    `h` (H,) costs a few dot products, only then (GGUF blocks: one C call, float64 sums). A quantized head rounds too, whatever the compute
     dtype: its kernels take bfloat16 activations (a float32 model on a CPU without native bf16).
     The candidates are written into `logits` in place: a copy of a vocabulary's logits started
     torch's OpenMP threads, which then spun beside a batch's decode step (native_step.py's _rope).
@@ -93,6 +93,9 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor, top=None) -> 
         values, indices = top_k(logits, k)
         values = values[:2].tolist()
     if not near_tie(*values):
+        return logits
+    into = getattr(head, "weight_dot_into", None)  # (GGUF blocks: one C call, ~130 -> ~30 us in place)
+    if into is not None and logits.is_contiguous() and into(indices, h, logits):
         return logits
     rows = head.weight_rows(indices, torch.float32)
     if rows is None:

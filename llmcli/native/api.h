@@ -26,6 +26,11 @@ LLMCLI_API int llmcli_mm_grouped(const float* x, int64_t M, const uint8_t* w, in
 // y (N, K) = W's rows dequantized
 LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
 // x (M, K) -> q (M, K) int8, d and s (M, K/32): the activations as mm's integer dot products take them
+// out[ids[i]] = row ids[i] of W (N rows of GGUF blocks of `type`, K wide), dequantized, . x (K floats),
+// summed in float64 and rounded once, for i < n (a near tie's candidates recomputed from the final
+// hidden state: decode/picker.py's rescore_near_ties); 1 for an id outside W
+LLMCLI_API int llmcli_dot_rows(const uint8_t* w, int64_t N, int64_t K, int type, const int64_t* ids, int64_t n,
+                               const float* x, float* out);
 LLMCLI_API int llmcli_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s);
 
 // One query per row: q (B, H, D), k and v (B, KV, S, D) with strides {batch, head, slot} and rows of

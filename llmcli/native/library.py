@@ -95,6 +95,7 @@ class Kernels:
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
         self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
         self._top_k = _fn(lib, "llmcli_top_k", _I32, _P, _I64, _I64, _P, _P)
+        self._dot_rows = _fn(lib, "llmcli_dot_rows", _I32, _P, _I64, _I64, _I32, _P, _I64, _P, _P)
         self._attend = _fn(lib, "llmcli_attend_one", _I32, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P,
                            _I64, _F32, _P, _I32)
         declare(lib)
@@ -164,6 +165,21 @@ class Kernels:
         values, indices = torch.empty(k), torch.empty(k, dtype=torch.int64)
         self._top_k(x.data_ptr(), x.numel(), k, values.data_ptr(), indices.data_ptr())
         return values, indices
+
+    def dot_rows_into(self, blocks: torch.Tensor, type_id: int, K: int, ids: torch.Tensor, x: torch.Tensor,
+                      out: torch.Tensor) -> None:
+        """out[ids] = rows ids of the blocks (N, row bytes), dequantized, . x (K,): float64 sums rounded
+        once. out: a float32 CPU vector of N."""
+        blocks = blocks.contiguous()
+        check_blocks(blocks, type_id, K)
+        ids = ids.to(torch.int64).contiguous()
+        x = x.detach().to(torch.float32).contiguous()
+        if x.shape != (K,) or out.dtype != torch.float32 or out.dim() != 1 or out.shape[0] != blocks.shape[0] \
+                or not out.is_contiguous() or not out.is_cpu:
+            raise ValueError("dot_rows_into takes x (K,) and out, a float32 CPU vector of the blocks' rows")
+        if self._dot_rows(blocks.data_ptr(), blocks.shape[0], K, type_id, ids.data_ptr(), ids.numel(), x.data_ptr(),
+                          out.data_ptr()):
+            raise ValueError("a row id outside the blocks")
 
     def attend_one(self, q, k, v, mask, scale: float) -> torch.Tensor:
         """q (B, H, 1, D), k and v (B, KV, S, D) float32 with rows of D contiguous, mask bool (1 or B, S)

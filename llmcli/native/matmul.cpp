@@ -364,6 +364,22 @@ LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int typ
     return 0;
 }
 
+LLMCLI_API int llmcli_dot_rows(const uint8_t* w, int64_t N, int64_t K, int type, const int64_t* ids, int64_t n,
+                               const float* x, float* out) {
+    if (type < 0 || type >= kTypes || K % block_size(type) || n < 0) return 1;
+    for (int64_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= N) return 1;
+    const int64_t rb = K / block_size(type) * block_bytes(type);
+    std::vector<float> row(K);
+    for (int64_t i = 0; i < n; ++i) {
+        llmcli_dequantize(w + ids[i] * rb, 1, K, type, row.data(), 1);
+        double sum = 0;
+        for (int64_t k = 0; k < K; ++k) sum += (double)row[k] * x[k];
+        out[ids[i]] = (float)sum;
+    }
+    return 0;
+}
+
 LLMCLI_API int llmcli_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s) {
     if (K % 32) return 1;
     for (int64_t i = 0; i < M * K / 32; ++i) quantize_block(x + 32 * i, q + 32 * i, d[i], s[i]);

@@ -166,6 +166,14 @@ class GGUFBlockWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._rows(self.blocks, dtype)
 
+    def dot_rows_into(self, ids: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """out[ids] = rows ids . x (float64 sums, rounded once) through the kernels; False where they
+        do not serve (another device, no kernels, out not a float32 CPU vector)."""
+        if self.device.type != "cpu" or not native.available() or out.dtype != torch.float32 or not out.is_cpu:
+            return False
+        native.module().dot_rows_into(self.blocks, TYPE_IDS[self.type_name], self.shape[1], ids, x, out)
+        return True
+
     @property
     def nbytes(self) -> int:
         return self.blocks.numel()

@@ -40,6 +40,12 @@ class QuantLinear(nn.Module):
             return None
         return self.packed.rows(ids, dtype)
 
+    def weight_dot_into(self, ids: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """out[ids] = rows ids of W . x in one call (GGUF blocks on the CPU: float64 sums); False where
+        the packed layout has no such call (then weight_rows and a product)."""
+        into = getattr(self.packed, "dot_rows_into", None)
+        return bool(into is not None and self.bias is None and into(ids, x, out))
+
     @classmethod
     def concat(cls, modules: list["QuantLinear"]) -> "QuantLinear | None":
         """One module computing all of `modules`' outputs side by side (models/fusion.py): rows are
