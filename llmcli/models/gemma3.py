@@ -117,7 +117,11 @@ class Transformer(llama.Transformer):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(tokens)  # (B, T, hidden)
-        return x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)  # the scale rounded like HF's
+        return x * self.embed_scale(x.dtype)
+
+    def embed_scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """What embed multiplies the table's rows by: sqrt(hidden), rounded to `dtype` as HF's is."""
+        return torch.tensor(self.args.hidden_size ** 0.5, dtype=dtype)
 
     def run_layers(self, x, positions, cache, start, mask, slots) -> torch.Tensor:
         global_rope = per_row(*rope_cos_sin(self.inv_freq, positions, x.dtype), slots)

@@ -161,15 +161,11 @@ class DecodeSteps:
             raise ValueError("RoPE tables do not match the tokens and the rotary dims")
         x = x.to(torch.float32).contiguous()
         tables = [t.to(torch.float32).contiguous() for t in tables] + [None, None]
-        logits, hidden = torch.empty(n - logits_from, self.vocab), torch.empty(n, self.hidden)
-        found = (torch.empty(n - logits_from, top), torch.empty(n - logits_from, top, dtype=torch.int64)) if top else None
-        rc = self._lib.llmcli_steps_run(self._h, n, x.data_ptr(), rows.data_ptr(), slots.data_ptr(),
-                                        *(None if t is None else t.data_ptr() for t in tables[:4]), logits_from,
-                                        logits.data_ptr(), hidden.data_ptr(), top,
-                                        *((found[0].data_ptr(), found[1].data_ptr()) if found else (None, None)))
-        if rc:
+        out, ptrs = _outputs(n, logits_from, self.vocab, self.hidden, top)
+        if self._lib.llmcli_steps_run(self._h, n, x.data_ptr(), rows.data_ptr(), slots.data_ptr(),
+                                      *(None if t is None else t.data_ptr() for t in tables[:4]), logits_from, *ptrs):
             raise ValueError("bad step")
-        return logits, hidden, found
+        return out
 
 
     def set_embedding(self, table: torch.Tensor, type_id: int | None, scale: float = 1.0) -> None:
@@ -204,16 +200,23 @@ class DecodeSteps:
                 or rows.shape != (n,) or slots.shape != (n,) or positions.shape != (n,):
             raise ValueError("bad step")
         ids, rows, slots, positions = (_longs(t) for t in (ids, rows, slots, positions))
-        logits, hidden = torch.empty(n - logits_from, self.vocab), torch.empty(n, self.hidden)
-        found = (torch.empty(n - logits_from, top), torch.empty(n - logits_from, top, dtype=torch.int64)) if top else None
+        out, ptrs = _outputs(n, logits_from, self.vocab, self.hidden, top)
         rc = self._lib.llmcli_steps_run_ids(self._h, n, ids.data_ptr(), rows.data_ptr(), slots.data_ptr(),
-                                            positions.data_ptr(), logits_from, logits.data_ptr(), hidden.data_ptr(), top,
-                                            *((found[0].data_ptr(), found[1].data_ptr()) if found else (None, None)))
+                                            positions.data_ptr(), logits_from, *ptrs)
         if rc == 2:
             return None
         if rc:
             raise ValueError("bad step: a token id, row or slot outside the model or the cache")
-        return logits, hidden, found
+        return out
+
+
+def _outputs(n: int, logits_from: int, vocab: int, hidden: int, top: int):
+    """A step's outputs, (logits, hidden, (top values, top indices) or None), and the pointers the C
+    calls take for them: logits, hidden, top, values, indices."""
+    logits, h = torch.empty(n - logits_from, vocab), torch.empty(n, hidden)
+    found = (torch.empty(n - logits_from, top), torch.empty(n - logits_from, top, dtype=torch.int64)) if top else None
+    ptrs = (logits.data_ptr(), h.data_ptr(), top, *((found[0].data_ptr(), found[1].data_ptr()) if found else (None, None)))
+    return (logits, h, found), ptrs
 
 
 def _longs(t) -> torch.Tensor:

@@ -146,7 +146,7 @@ class NativeStep:
         out = None
         if self._steps.embedding is not None:
             out = self._steps.run_ids(ids, rows, at, positions, first, top)
-            if out is None and self._rope(positions, cache, tables_only=True):  # the tables grown: again
+            if out is None and self._cover(positions, cache):  # the tables grown: again
                 out = self._steps.run_ids(ids, rows, at, positions, first, top)
         if out is None:
             x = self.model.embed(ids.view(1, -1)).reshape(ids.shape[0], -1)
@@ -169,24 +169,29 @@ class NativeStep:
             return None, None
         return torch.full((T,), getattr(cache, "index", 0), dtype=torch.int64), target
 
-    def _rope(self, positions: torch.Tensor, cache, tables_only: bool = False):
+    def _rope(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
         """cos, sin (n, rotary_dim) for the positions, and Gemma's local layers' pair: rows of tables
         made once for positions [0, L) (L doubles as positions pass it). torch's cos and sin on the CPU
         start OpenMP threads for any size, which then spin beside the step's own threads: computed
         each step, they took a tenth of an 8-row step's time on 2 cores. The rows are taken with
         index_select, which stays on this thread for a few rows: `t[positions]` went parallel too, and
         with the embedding rows' gather and the picker's copy of the logits, SmolLM2's 8-row step took
-        18.7 ms where it takes 15.5 without them (Intel Xeon, 2 threads). `tables_only`: only make
-        the tables cover the positions and give them to the C++ step; whether they do."""
+        18.7 ms where it takes 15.5 without them (Intel Xeon, 2 threads)."""
+        if not self._cover(positions, cache):  # a long shifted conversation: computed for these positions alone
+            return self._cos_sin(positions, cache)
+        return [t.index_select(0, positions) for t in self._tables]
+
+    def _cover(self, positions: torch.Tensor, cache) -> bool:
+        """Make the tables (given to the C++ step too) cover the positions; False past TABLE_POSITIONS."""
         top = int(positions.max()) + 1
-        if top > TABLE_POSITIONS:  # a long shifted conversation: computed for these positions alone
-            return False if tables_only else self._cos_sin(positions, cache)
+        if top > TABLE_POSITIONS:
+            return False
         if self._tables is None or top > self._tables[0].shape[0]:
             have = 0 if self._tables is None else self._tables[0].shape[0]
             at = torch.arange(min(TABLE_POSITIONS, max(top, 2 * have, 1024)))
             self._tables = [t.to(torch.float32).contiguous() for t in self._cos_sin(at, cache)]
             self._steps.set_rope(self._tables)
-        return True if tables_only else [t.index_select(0, positions) for t in self._tables]
+        return True
 
     def _cos_sin(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
         if not self._gemma:
@@ -217,7 +222,7 @@ class NativeStep:
                             cache.k[i], cache.v[i], a.window or 0, **extra)
         steps.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
         emb = self.model.model.embed_tokens  # as the model's embed gives its rows (Gemma: times its normalizer)
-        scale = float(torch.tensor(args.hidden_size ** 0.5, dtype=torch.float32)) if self._gemma else 1.0
+        scale = float(self.model.embed_scale(torch.float32)) if self._gemma else 1.0
         if getattr(emb, "dtype", None) == torch.float32 and isinstance(getattr(emb, "packed", None), GGUFBlockWeight) \
                 and emb.packed.device.type == "cpu":
             steps.set_embedding(emb.packed.blocks, TYPE_IDS[emb.packed.type_name], scale)
