@@ -1,6 +1,6 @@
 // The k largest of a row of floats, found in one pass that compares a vector at a time with a
 // floor under the k-th largest, so that only a handful of values are looked at one by one. The
-// values may come in pieces (a thread's chunks of a vocabulary, in increasing index order); several
+// values may come in pieces (a thread's chunks of a vocabulary, in any order); several
 // finders' candidates for one row merge into its k largest (merge_into). Larger values first; of
 // equal values the earlier one; NaN as the largest (torch.topk's order).
 #pragma once
@@ -25,17 +25,22 @@ class TopK {
         c_.reserve(cap() + kVW);
         thr_ = floor > -INFINITY ? std::nextafter(floor, -INFINITY) : -INFINITY;  // y > thr_: from the floor up
         filling_ = !(floor > -INFINITY);  // no floor: the first k values go in whatever they are (-inf too)
+        seen_ = 0;
     }
 
-    // x[lo, hi), indices lo.. (each call's indices after the last call's)
+    // x[lo, hi), indices lo.. (pieces that do not overlap; one before an earlier piece, which a
+    // thread's chunks taken from another thread's range are, lets values equal to the k-th in)
     void offer(const float* x, int64_t lo, int64_t hi) {
+        ties_ = lo < seen_;
+        seen_ = std::max(seen_, hi);
         int64_t i = lo;
         for (; filling_ && i < hi; ++i) {
             c_.push_back({nan_last(x[i]), i});
             if ((int64_t)c_.size() == k_) thr_ = keep_best(), filling_ = false;
         }
+        const bool all = ties_ && thr_ == -INFINITY;  // (-inf ties: no vector test lets them through)
         for (; i + kVW <= hi; i += kVW) {
-            if (!vany_above(vload(x + i), thr_)) continue;  // the usual case once the threshold is up
+            if (!all && !vany_above(vload(x + i), ties_ ? std::nextafter(thr_, -INFINITY) : thr_)) continue;  // the usual case
             for (int j = 0; j < kVW; ++j) look_at(x, i + j);
         }
         for (; i < hi; ++i) look_at(x, i);
@@ -57,6 +62,8 @@ class TopK {
     int64_t k_ = 1;
     float thr_ = -INFINITY;
     bool filling_ = true;
+    int64_t seen_ = 0;   // the end of the pieces offered so far
+    bool ties_ = false;  // this piece comes before an earlier one: its values equal to the k-th beat it (by index)
     std::vector<Pair> c_;
 
     int64_t cap() const { return 4 * k_ + 48; }
@@ -64,11 +71,11 @@ class TopK {
 
     void look_at(const float* x, int64_t i) {
         const float y = nan_last(x[i]);
-        if (y > thr_) c_.push_back({y, i});
+        if (y > thr_ || (ties_ && y == thr_)) c_.push_back({y, i});
         if ((int64_t)c_.size() > cap()) thr_ = keep_best();
     }
 
-    // keeps the k best (sorted), returns the k-th value: later values must beat it strictly
+    // keeps the k best (sorted), returns the k-th value: later values must beat it strictly (earlier ones equal it)
     float keep_best() {
         const int64_t k = std::min<int64_t>(k_, c_.size());
         std::partial_sort(c_.begin(), c_.begin() + k, c_.end(), before);
