@@ -14,6 +14,12 @@
 #endif
 
 #if !defined(LLMCLI_X86)
+// One block quantized with its negated sums of 4 (x86.h's quantize_block computes them itself)
+static inline void quantize_block(const float* x, int8_t* q, float& d, float& s, int32_t* n4) {
+    quantize_block(x, q, d, s);
+    sums_of_four(q, n4);
+}
+
 // NEON and portable name their kernels alike: one dispatcher by block type
 template <int T>
 static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {

@@ -14,10 +14,7 @@
 
 void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) {
     const int64_t nb = K / 32;
-    for (int64_t i = m0 * nb; i < m1 * nb; ++i) {
-        quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i]);
-        sums_of_four(q.data() + 32 * i, n4.data() + 8 * i);
-    }
+    for (int64_t i = m0 * nb; i < m1 * nb; ++i) quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i], n4.data() + 8 * i);
     if (layouts & kColsLayout) to_cols(m0, m1);
 #if defined(LLMCLI_AVX512VNNI)
     for (int64_t m = m0; m < m1; ++m) {
@@ -54,14 +51,15 @@ static inline void block_to_cols(const int8_t* rows, int64_t K, int n, int8_t* t
     }
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    __m256i out[8];  // out[j]: codes 4j..4j+3 of every row
+    // codes 4j..4j+3 of every row (j and 4 + j from the same two vectors), stored as they are made:
+    // gcc kept an array of the eight in memory and moved them through general registers (2x the time)
+    const auto put = [&](int j, __m256i codes) __attribute__((always_inline)) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32 * j), codes);
+        half[j / 4] = _mm256_sub_epi32(half[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, codes), ones16));
+    };
     for (int j = 0; j < 4; ++j) {
-        out[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
-        out[4 + j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
-    }
-    for (int j = 0; j < 8; ++j) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32 * j), out[j]);
-        half[j / 4] = _mm256_sub_epi32(half[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, out[j]), ones16));
+        put(j, _mm256_permute2x128_si256(u[j], u[4 + j], 0x20));
+        put(4 + j, _mm256_permute2x128_si256(u[j], u[4 + j], 0x31));
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(n16), half[0]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(n16 + kColGroup), half[1]);
@@ -85,14 +83,22 @@ void Q8Rows::to_cols(int64_t m0, int64_t m1) {
     for (int64_t g0 = m0; g0 < m1; g0 += kColGroup) {
         const int n = (int)std::min<int64_t>(kColGroup, m1 - g0);
         const Q8Cols g = cols(g0);
+        const int8_t* codes = q.data() + g0 * K;
+        const int32_t* sums = n4.data() + g0 * K / 4;
         for (int64_t b = 0; b < nb; ++b) {
             int8_t* to = const_cast<int8_t*>(g.q) + 32 * kColGroup * b;
             int32_t *n32 = const_cast<int32_t*>(g.n32) + kColGroup * b, *n16 = const_cast<int32_t*>(g.n16) + 2 * kColGroup * b;
-            if (n == 1) block_to_col(q.data() + g0 * K + 32 * b, n4.data() + g0 * K / 4 + 8 * b, to, n32, n16);
-            else block_to_cols(q.data() + g0 * K + 32 * b, K, n, to, n32, n16);
-            for (int c = 0; c < n; ++c) {
-                const_cast<float*>(g.d)[kColGroup * b + c] = d[(g0 + c) * nb + b];
-                const_cast<float*>(g.s)[kColGroup * b + c] = s[(g0 + c) * nb + b];
+            if (n == 1) block_to_col(codes + 32 * b, sums + 8 * b, to, n32, n16);
+            else block_to_cols(codes + 32 * b, K, n, to, n32, n16);
+        }
+        // each row's d and s to its column (through locals: stores through the columns' pointers
+        // made the compiler load the vectors' data pointers again for every value, a third of this)
+        float *to_d = const_cast<float*>(g.d), *to_s = const_cast<float*>(g.s);
+        for (int c = 0; c < n; ++c) {
+            const float *dc = d.data() + (g0 + c) * nb, *sc = s.data() + (g0 + c) * nb;
+            for (int64_t b = 0; b < nb; ++b) {
+                to_d[kColGroup * b + c] = dc[b];
+                to_s[kColGroup * b + c] = sc[b];
             }
         }
     }

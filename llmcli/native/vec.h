@@ -285,11 +285,19 @@ static inline void gelu_tanh_mul(float* g, const float* u, int64_t n) {
 }
 
 // y = x * rsqrt(mean(x^2) + eps) * w, in float32 as models/llama.py's RMSNorm (squares summed in double)
+// Sixteen sums side by side (which the compiler turns into vectors of doubles): one sum of 576
+// waited on each add, 0.47 us a norm (0.11 so), 16 norms a layer for 8 tokens.
 static inline void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; ++i) ss += (double)x[i] * x[i];
+    double part[16] = {};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; ++j) part[j] += (double)x[i + j] * x[i + j];
+    for (int j = 8; j > 0; j /= 2)
+        for (int k = 0; k < j; ++k) part[k] += part[k + j];
+    double ss = part[0];
+    for (; i < n; ++i) ss += (double)x[i] * x[i];
     const float r = 1.f / std::sqrt((float)(ss / n) + eps);
-    for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
+    for (i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
 }
 
 // RoPE in the half-split layout: channel i < R/2 turns with channel i + R/2; channels >= R pass

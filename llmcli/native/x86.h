@@ -3,9 +3,11 @@
 #pragma once
 #include "blocks.h"
 
-// One block of 32 floats -> int8 codes, scale and scaled sum: the bytes quantize_block_scalar gives
+// One block of 32 floats -> int8 codes, scale and scaled sum: the bytes quantize_block_scalar gives;
+// with n4, also the codes' 8 negated sums of 4 (sums_of_four's, from the codes in registers: the
+// scalar sums were a fifth of a block's quantization)
 #if defined(LLMCLI_AVX512VNNI)
-static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out) {  // two 16-float halves
+static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out, int32_t* n4 = nullptr) {  // two 16-float halves
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
@@ -13,13 +15,17 @@ static inline void quantize_block(const float* x, int8_t* q8, float& d_out, floa
     constexpr int even = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // round half to even, as nearbyint
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, vid), even));
     const __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, vid), even));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8 + 16), _mm512_cvtsepi32_epi8(q1));
+    const __m256i codes = _mm256_set_m128i(_mm512_cvtsepi32_epi8(q1), _mm512_cvtsepi32_epi8(q0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), codes);
+    if (n4) {
+        const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), codes);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(n4), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+    }
     d_out = d;
     s_out = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 #else
-static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out) {
+static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out, int32_t* n4 = nullptr) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes packs' lane interleave
     __m256 v[4];
@@ -37,7 +43,12 @@ static inline void quantize_block(const float* x, int8_t* q8, float& d_out, floa
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
     s4 = _mm_hadd_epi32(s4, s4); s4 = _mm_hadd_epi32(s4, s4);
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), _mm256_permutevar8x32_epi32(packed, order));
+    const __m256i codes = _mm256_permutevar8x32_epi32(packed, order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), codes);
+    if (n4) {
+        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), codes), _mm256_set1_epi16(1));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(n4), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+    }
     d_out = d; s_out = d * (float)_mm_cvtsi128_si32(s4);
 }
 #endif
