@@ -5,10 +5,12 @@
 // Per layer: RMSNorm -> q, k, v -> (q/k norm) -> RoPE -> cache write -> attention -> o -> (norm) ->
 // residual -> RMSNorm -> gate, up -> act(gate) * up -> down -> (norm) -> residual; then the final
 // norm and the output projection. Five stages a layer share their rows or heads among the team's
-// threads (team.h); each projection reads a weight row once for all n tokens. The per-token work
-// between them (norms, RoPE, quantization: a few thousand floats a token) is the `then` of the stage
-// before for one token, a stage of its own over the tokens for more (per_token). The head finds each
-// row's largest logits as it makes them, where the caller asks (top).
+// threads (team.h); each projection reads a weight row once for all n tokens. The qkv projection's
+// chunks are whole heads, which the thread that made them norms, turns and puts in the cache; each
+// attention item quantizes the blocks of the heads it wrote. The other per-token work (norms,
+// quantization: a few thousand floats a token) is the `then` of the stage before for one token, a
+// stage of its own over the tokens for more (per_token). The head finds each row's largest logits
+// as it makes them, where the caller asks (top).
 //
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
@@ -17,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <tuple>
 
@@ -223,12 +226,21 @@ class DecodeSteps {
             const Layer& l = layers[i];
             const float* next_norm = i + 1 < layers.size() ? layers[i + 1].spec.in_norm : final_norm;
             const unsigned next_in = i + 1 < layers.size() ? layers[i + 1].qkv_in : head_in;
-            stages.push_back({rows_of(l.qkv), 16, [this, &l](int, int64_t lo, int64_t hi) {
+            // chunks of whole heads: each chunk's heads normed, turned and placed by the thread that made
+            // them, from its cache (a stage of its own a layer, reading the other core's rows, was ~3 %)
+            stages.push_back({rows_of(l.qkv), head_rows, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.qkv, a.q, a.x.data(), 0, N, qkv.data(), QKV, lo, hi);
+                for (int64_t m = 0; m < N; ++m) place_heads(l, m, lo / D, hi / D);
             }, {}});
-            per_token(stages, [this, &l](int64_t m) { place_heads(l, m); });
-            stages.push_back({N * KV * parts, 1, [this, &l](int t, int64_t lo, int64_t hi) { attend(l, t, lo, hi); }, {}});
-            per_token(stages, [this, &l](int64_t m) { quantize(a_attn, m, l.o_in); }, &a_attn, l.o_in);
+            // each attention item quantizes the blocks of the heads it wrote, where the o projection
+            // reads nothing that takes whole rows; then the rows to their columns
+            const bool by_blocks = N <= kColGroup && D % 32 == 0 && Q8Rows::by_blocks(l.o_in);
+            std::function<void()> cols;
+            if (by_blocks && (l.o_in & kColsLayout)) cols = [this] { a_attn.q.to_cols(0, N); };
+            stages.push_back({N * KV * parts, 1, [this, &l, by_blocks](int t, int64_t lo, int64_t hi) {
+                attend(l, t, lo, hi, by_blocks);
+            }, cols});
+            if (!by_blocks) per_token(stages, [this, &l](int64_t m) { quantize(a_attn, m, l.o_in); }, &a_attn, l.o_in);
             stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.o, a_attn.q, a_attn.x.data(), 0, N, y.data(), hidden, lo, hi);
             }, {}});
@@ -309,6 +321,7 @@ class DecodeSteps {
     const float* tables[4] = {nullptr, nullptr, nullptr, nullptr};
     std::vector<float> x_ids, rope_rows[4];
     int64_t per_part = 1, parts = 1;  // query heads an attention item takes, items a key head's group makes
+    const int64_t head_rows = std::lcm<int64_t>(D, 16);  // the qkv stage's chunks: whole heads, whole row groups
 
     // The group of n projections at ps, each read from its interleaved copy where the variant has
     // row-group kernels for it and its rows start at a multiple of a group in the group (the stages
@@ -385,33 +398,34 @@ class DecodeSteps {
         quantize(a_mlp, m, layouts);
     }
 
-    // token m: q/k norms and RoPE on its new q and k heads; its new k and v rows to its cache row and slot
-    void place_heads(const Layer& l, int64_t m) {
+    // token m's heads [h0, h1) of its H + 2 KV new ones (q, k, v): q/k norms and RoPE on the q and
+    // k heads; the k and v heads to its cache row and slot
+    void place_heads(const Layer& l, int64_t m, int64_t h0, int64_t h1) {
         const LlmcliLayer& s = l.spec;
         const float* c = (s.local_rope ? cs_l : cs) + m * R;
         const float* sn_m = (s.local_rope ? sn_l : sn) + m * R;
         float* t = qkv.data() + m * QKV;
         const int64_t row = rows_[m], slot = slots_[m];
-        for (int64_t h = 0; h < H + KV; ++h) {
+        for (int64_t h = h0; h < h1; ++h) {
             float* v = t + h * D;
-            const float* norm = h < H ? s.q_norm : s.k_norm;
-            if (norm) rms_norm(v, norm, D, eps, v);
-            rope(v, c, sn_m, R);
+            if (h < H + KV) {
+                const float* norm = h < H ? s.q_norm : s.k_norm;
+                if (norm) rms_norm(v, norm, D, eps, v);
+                rope(v, c, sn_m, R);
+            }
             if (h >= H) {
-                const int64_t g = h - H, ko = row * s.k_strides[0] + g * s.k_strides[1] + slot * s.k_strides[2];
-                const int64_t vo = row * s.v_strides[0] + g * s.v_strides[1] + slot * s.v_strides[2];
-                const float* vv = t + (H + KV + g) * D;
-                with_kv(s, [&](auto* k_cache, auto* v_cache) {
-                    store_kv(v, k_cache + ko, D);
-                    store_kv(vv, v_cache + vo, D);
-                });
+                const bool key = h < H + KV;
+                const int64_t g = key ? h - H : h - H - KV;
+                const int64_t* st = key ? s.k_strides : s.v_strides;
+                const int64_t at = row * st[0] + g * st[1] + slot * st[2];
+                with_kv(s, [&](auto* k_cache, auto* v_cache) { store_kv(v, (key ? k_cache : v_cache) + at, D); });
             }
         }
     }
 
     // items [lo, hi) of (token, key head, part of its query heads): each token over its own row's
-    // slots up to its own
-    void attend(const Layer& l, int t, int64_t lo, int64_t hi) {
+    // slots up to its own; `by_blocks`: then the blocks of its heads' output quantized (D % 32 == 0)
+    void attend(const Layer& l, int t, int64_t lo, int64_t hi, bool by_blocks) {
         const LlmcliLayer& s = l.spec;
         const int64_t G = H / KV;
         for (int64_t i = lo; i < hi; ++i) {
@@ -425,6 +439,7 @@ class DecodeSteps {
                 attend_heads(qkv.data() + m * QKV + h * D, n, k_cache + ko, s.k_strides[2], v_cache + vo, s.v_strides[2],
                              S, D, nullptr, scale, scores[t].data(), a_attn.row(m) + h * D);
             });
+            if (by_blocks) a_attn.q.quantize_blocks(a_attn.x.data(), m, h * D / 32, (h + n) * D / 32);
         }
     }
 };

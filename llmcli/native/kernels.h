@@ -65,6 +65,18 @@ struct Q8Rows {
     }
     // rows [m0, m1) of x (rows of K floats), with the `layouts` the next weights read (the others are left stale)
     void quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts);
+    // blocks [b0, b1) of row m alone (q, d, s, n4): whole rows come to the same bytes block by block.
+    // Enough for the `layouts` where by_blocks(layouts) (then to_cols for the columns), whose other
+    // copies (AVX-512's orders for the blocks as stored) take whole rows.
+    void quantize_blocks(const float* x, int64_t m, int64_t b0, int64_t b1);
+    static bool by_blocks(unsigned layouts) {
+#if defined(LLMCLI_AVX512VNNI)
+        return (layouts & ~kColsLayout) == 0;
+#else
+        (void)layouts;
+        return true;
+#endif
+    }
     // rows [m0, m1), quantized already, to their columns (kColsLayout's part of quantize), m0 a
     // multiple of kColGroup; the codes of the last group's columns from m1 on become zeros (rows
     // no one reads). Rows that share a group share the cache lines of its columns, so two threads

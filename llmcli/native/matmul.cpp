@@ -12,9 +12,14 @@
 #include "kernels.h"
 #include "vec.h"
 
+void Q8Rows::quantize_blocks(const float* x, int64_t m, int64_t b0, int64_t b1) {
+    for (int64_t i = m * (K / 32) + b0; i < m * (K / 32) + b1; ++i)
+        quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i], n4.data() + 8 * i);
+}
+
 void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) {
     const int64_t nb = K / 32;
-    for (int64_t i = m0 * nb; i < m1 * nb; ++i) quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i], n4.data() + 8 * i);
+    for (int64_t m = m0; m < m1; ++m) quantize_blocks(x, m, 0, nb);
     if (layouts & kColsLayout) to_cols(m0, m1);
 #if defined(LLMCLI_AVX512VNNI)
     for (int64_t m = m0; m < m1; ++m) {
