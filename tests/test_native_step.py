@@ -205,6 +205,28 @@ def test_several_tokens_a_call_give_what_one_at_a_time_gives(loaded):
     assert all(torch.equal(a[..., :len(ids), :], b[..., :len(ids), :]) for a, b in zip(one.k + one.v, many.k + many.v))
 
 
+def test_a_step_for_a_new_cache_finds_the_weights_copies_the_last_one_made(loaded):
+    """The interleaved copies of the weights outlive the step that made them (the model holds them):
+    a batch engine made after the last one is gone (a benchmark's pass, a second `batch`) reads the
+    same copies instead of making them again, and decodes what the first one did."""
+    import gc
+
+    lib = native.module().lib
+    made = []
+    outs = []
+    for _ in range(2):
+        engine = loaded.batch_engine(2, 32)
+        step = engine.step_fn
+        with torch.inference_mode():
+            cache = engine.cache
+            logits = step(torch.tensor([[5], [17]]), cache, slots=torch.tensor([0, 0]), last_only=True)
+        outs.append(logits)
+        made.append(lib.llmcli_copies_made())
+        del engine, step, cache
+        gc.collect()
+    assert made[1] == made[0] and torch.equal(outs[0], outs[1])
+
+
 def test_the_step_looks_up_embeddings_and_rope_rows_as_the_model_gives_them(loaded):
     """Token ids go to the C++ step, which takes their rows of the embedding table (GGUF blocks,
     Gemma's normalizer applied) and of the RoPE tables itself: bit for bit what the model's embed and

@@ -95,5 +95,12 @@ LLMCLI_API int llmcli_steps_run_ids(void* steps, int64_t n, const int64_t* ids, 
                                     const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
                                     int64_t top, float* top_values, int64_t* top_indices);
 LLMCLI_API void llmcli_steps_free(void* steps);
+// The interleaved copies of the weights a step reads, held apart from it until llmcli_copies_free:
+// a model keeps them between its steps, so that a step built for a new cache (a batch engine, a
+// benchmark's repetition) finds them instead of making them again (SmolLM2: ~100 ms; without a
+// holder they go with the last step that reads them).
+LLMCLI_API void* llmcli_steps_copies(void* steps);
+LLMCLI_API void llmcli_copies_free(void* copies);
+LLMCLI_API int64_t llmcli_copies_made(void);  // copies this library has made (not found) so far
 
 }  // extern "C"

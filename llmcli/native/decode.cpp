@@ -89,10 +89,13 @@ class Copies {
             interleave_groups((int)p.type, p.blocks, p.N, p.K, copy.get(), lo, hi);
         }, {}}};
         team.run(stages);
+        ++made_count;
         want.copy = copy;
         (*made)[key] = want;
         return copy;
     }
+
+    static inline int64_t made_count = 0;  // (under the lock)
 
   private:
     using Key = std::tuple<const uint8_t*, int64_t, int64_t, int64_t>;
@@ -181,6 +184,7 @@ class DecodeSteps {
     }
 
     void set_head(const float* norm, const LlmcliProjection* h, int64_t n) { final_norm = norm; head = own(h, n); }
+    const std::vector<std::shared_ptr<const uint8_t>>& held_copies() const { return copies; }
 
     // See llmcli_steps_set_embedding and llmcli_steps_set_rope (api.h)
     bool set_embedding(const void* table, int type, int64_t rows, float scale) {
@@ -519,5 +523,10 @@ LLMCLI_API int llmcli_steps_run_ids(void* steps, int64_t n, const int64_t* ids, 
 }
 
 LLMCLI_API void llmcli_steps_free(void* steps) { delete static_cast<DecodeSteps*>(steps); }
+
+using HeldCopies = std::vector<std::shared_ptr<const uint8_t>>;
+LLMCLI_API void* llmcli_steps_copies(void* steps) { return new HeldCopies(static_cast<DecodeSteps*>(steps)->held_copies()); }
+LLMCLI_API void llmcli_copies_free(void* copies) { delete static_cast<HeldCopies*>(copies); }
+LLMCLI_API int64_t llmcli_copies_made(void) { return Copies::made_count; }
 
 }  // extern "C"

@@ -43,6 +43,25 @@ def declare(lib) -> None:
     lib.llmcli_steps_run_ids.argtypes = [_P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
     lib.llmcli_steps_free.argtypes = [_P]
     lib.llmcli_steps_free.restype = None
+    lib.llmcli_steps_copies.restype = _P
+    lib.llmcli_steps_copies.argtypes = [_P]
+    lib.llmcli_copies_free.argtypes = [_P]
+    lib.llmcli_copies_free.restype = None
+    lib.llmcli_copies_made.restype = _I64
+    lib.llmcli_copies_made.argtypes = []
+
+
+class HeldCopies:
+    """The interleaved copies of the weights a DecodeSteps reads, kept after it is gone (api.h's
+    llmcli_steps_copies): a later step of the same model finds them instead of making them again."""
+
+    def __init__(self, lib, steps_handle):
+        self._lib, self._h = lib, lib.llmcli_steps_copies(steps_handle)
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self._lib.llmcli_copies_free(self._h)
+            self._h = None
 
 
 class DecodeSteps:
@@ -128,6 +147,10 @@ class DecodeSteps:
         self.local |= bool(local_rope)
         if self._lib.llmcli_steps_add_layer(self._h, ctypes.byref(layer)):
             raise ValueError("layers differ in shape")
+
+    def copies(self) -> HeldCopies:
+        """The copies of the weights this step reads, held apart from it (after every add_layer and set_head)."""
+        return HeldCopies(self._lib, self._h)
 
     def set_head(self, norm, head) -> None:
         arr, rows, K = self._group(head)

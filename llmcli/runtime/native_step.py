@@ -22,6 +22,8 @@ kind of cache, several rows of several tokens) runs the model eagerly.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -34,6 +36,10 @@ from ..quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF general.architecture the step runs
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
+# Each model's copies of its weights for the step (interleaved for the row-group kernels), held as
+# long as the model: a step built for a new cache finds them (a batch engine per `batch_throughput`
+# pass re-made them, ~100 ms of SmolLM2's 1.2 s 8-row pass, while the last engine's step was gone)
+_HELD_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh")}
 
@@ -230,6 +236,7 @@ class NativeStep:
             steps.set_embedding(emb.weight, None, scale)
         if self._tables is not None:
             steps.set_rope(self._tables)
+        _HELD_COPIES[self.model] = steps.copies()
         return steps
 
 
