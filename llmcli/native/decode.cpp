@@ -15,6 +15,7 @@
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
 // same operations whatever rows come with it, so a batch never changes what a row decodes.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -43,6 +44,7 @@ struct Projection : LlmcliProjection {
 // transparent huge pages, asked for with madvise where they are not on for everything): a step
 // streams ~100 MB of weights a token, a few hundred KB a projection, and in 4 KB pages the page
 // walks held up the stream (SmolLM2 step, Intel Xeon: 1 row 2.87 -> 2.71 ms, 8 rows 5.87 -> 5.48).
+// Faulting 2 MB pages in can cost more on a VM: a first step took 50-300 ms longer on that one.
 // A region lives while a buffer cut from it does. (Copies::of's lock is held.)
 static std::shared_ptr<uint8_t> region_buffer(int64_t bytes) {
     constexpr int64_t kPage = 2 << 20, kRegion = 32 << 20, kAlign = 4096;
@@ -95,7 +97,7 @@ class Copies {
         return copy;
     }
 
-    static inline int64_t made_count = 0;  // (under the lock)
+    static inline std::atomic<int64_t> made_count{0};  // (llmcli_copies_made reads it without the lock)
 
   private:
     using Key = std::tuple<const uint8_t*, int64_t, int64_t, int64_t>;
@@ -527,6 +529,6 @@ LLMCLI_API void llmcli_steps_free(void* steps) { delete static_cast<DecodeSteps*
 using HeldCopies = std::vector<std::shared_ptr<const uint8_t>>;
 LLMCLI_API void* llmcli_steps_copies(void* steps) { return new HeldCopies(static_cast<DecodeSteps*>(steps)->held_copies()); }
 LLMCLI_API void llmcli_copies_free(void* copies) { delete static_cast<HeldCopies*>(copies); }
-LLMCLI_API int64_t llmcli_copies_made(void) { return Copies::made_count; }
+LLMCLI_API int64_t llmcli_copies_made(void) { return Copies::made_count.load(); }
 
 }  // extern "C"
