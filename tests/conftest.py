@@ -132,6 +132,12 @@ def _deterministic():
     torch.manual_seed(0)
 
 
+# The signal tests send Ctrl-C to their children, which inherit an ignored SIGINT where the suite
+# itself started with it ignored (a non-interactive shell's background job, nohup): Python then
+# keeps it ignored, and `run` streams on through Ctrl-C. Taken back here, so that they can be
+# interrupted (3 signal tests failed so in a backgrounded .ci/run).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 _SIGNALS = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
 _DEFAULT_SIGNALS = {s: signal.getsignal(s) for s in _SIGNALS}
 
