@@ -347,7 +347,7 @@ class DecodeSteps {
     Activation a, a_attn, a_mlp;
     std::vector<std::vector<float>> scores;  // each thread's
     // each thread's finders of the k largest logits of each row (a thread's chunks of the head come
-    // in increasing order), merged after the head: the pass over a row's logits after the step, its
+    // in any order: its own range's, then those it takes from another's), merged after the head: the pass over a row's logits after the step, its
     // cache gone cold, took ~45 us a row (SmolLM2, 8 rows); here each chunk is read as it is made
     std::vector<std::vector<TopK>> tops;
     // run_ids': the embedding table (GGUF blocks of emb_type, or float32 rows for -1) and the RoPE
