@@ -146,3 +146,26 @@ def test_real_model_answers(smollm2_gguf):
                 "--dtype", "float32", "--quant", "f32")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
+
+
+def test_collector_paused_while_starting_resumes_once_the_model_is_open(tiny_gguf, tmp_path):
+    """entry() pauses the garbage collector; the CLI's open_model freezes what the start made and
+    resumes collecting, whether the model opened or the open failed (a long chat or server collects)."""
+    import gc
+
+    from llmcli.cli import startup
+
+    try:
+        for model, fails in ((str(tiny_gguf), False), (str(tmp_path / "missing.gguf"), True)):
+            gc.unfreeze()
+            startup.pause()
+            assert not gc.isenabled()
+            try:
+                rt = startup.open_model(model)
+                assert not fails and rt.loaded is not None
+            except Exception:
+                assert fails
+            assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()

@@ -19,7 +19,7 @@ import typer
 
 from .. import notices
 from ..errors import LlmcliError, LlmcliWarning
-from . import batch, bench, chat, embed, models, quant, run, serve
+from . import batch, bench, chat, embed, models, quant, run, serve, startup
 from .signals import Terminated, install_signal_handlers, stopped
 
 app = typer.Typer(
@@ -64,7 +64,9 @@ _default_showwarning = warnings.showwarning
 def entry() -> None:
     """The `llmcli` command: main(), then an exit without the interpreter's teardown, which spent
     0.2-0.4 s of a two-second `llmcli run` freeing torch's modules and the model's tensors. atexit
-    handlers still run and the streams are flushed first; every file was written (atomically) before."""
+    handlers still run and the streams are flushed first; every file was written (atomically) before.
+    The garbage collector waits while the command starts (startup.py)."""
+    startup.pause()
     try:
         main()
         code = 0

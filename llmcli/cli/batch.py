@@ -93,7 +93,7 @@ def _fallback(text: str):
 
 def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, settings: dict) -> list:
     """Load the model, answer the jobs into `output`; returns the lines that could not start."""
-    from ..runtime.runtime import open_model
+    from .startup import open_model
     from ..serve.batch_jobs import ResultWriter
     from ..serve.batch_runner import BatchRunner
     from .progress import download_progress

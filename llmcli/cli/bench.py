@@ -76,7 +76,7 @@ def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: in
              binary, baseline):
     """One model under one preset: its results (and the baseline's, interleaved), progress on stderr."""
     from ..bench import bench as b
-    from ..runtime.runtime import open_model
+    from .startup import open_model
     from .progress import download_progress
 
     with download_progress(err) as progress:

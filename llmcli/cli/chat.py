@@ -47,7 +47,8 @@ def chat(
     from ..chat import conversation
     from ..chat.session import ChatSession
     from ..decode.strategy import Strategy
-    from ..runtime.runtime import DEFAULT_MODEL, open_model
+    from ..runtime.runtime import DEFAULT_MODEL
+    from .startup import open_model
     from . import repl
     from .progress import download_progress
 

@@ -36,7 +36,7 @@ def embed(
 ):
     """Write the embedding of TEXT as JSON: {"tokens": N, "embedding": [...]}. With --lines or --jsonl,
     one JSON object a line for each line of the input."""
-    from ..runtime.runtime import open_model
+    from .startup import open_model
     from .progress import download_progress
 
     if lines and jsonl:

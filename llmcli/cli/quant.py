@@ -80,7 +80,8 @@ def quantize(
 def _open_reference(flags, reference: str):
     """--reference: a preset (the same MODEL quantized so) or another model path."""
     from ..quant.presets import shipped_names
-    from ..runtime.runtime import locate, open_model
+    from ..runtime.runtime import locate
+    from .startup import open_model
 
     if reference in shipped_names() or (reference.endswith(".toml") and not locate(reference).is_dir()):
         return open_model(flags.with_(quant=reference))
@@ -99,7 +100,8 @@ def perplexity(
 ):
     """Perplexity of MODEL over a text, in windows scored on their second half (like llama-perplexity)."""
     from ..bench.perplexity import evaluate
-    from ..runtime.runtime import check_ctx_size, open_model
+    from ..runtime.runtime import check_ctx_size
+    from .startup import open_model
 
     from ..text_input import MAX_DATA_BYTES, read_text_file
 

@@ -93,7 +93,7 @@ def read_prompt(prompt: str | None) -> str:
 def _open(err, flags, draft: str | None, draft_quant: str | None, sample: str):
     """The model, and the draft model for --draft (checked to speak the same tokens)."""
     from ..decode.speculative import check_draft
-    from ..runtime.runtime import open_model
+    from .startup import open_model
     from .progress import download_progress
 
     with download_progress(err) as progress:

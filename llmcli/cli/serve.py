@@ -72,7 +72,7 @@ def serve(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
 ):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics)."""
-    from ..runtime.runtime import open_model
+    from .startup import open_model
     from ..serve.http import Server
     from ..serve.listener import Timeouts, bind
     from .progress import download_progress
