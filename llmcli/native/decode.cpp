@@ -16,7 +16,6 @@
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
 // same operations whatever rows come with it, so a batch never changes what a row decodes.
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -24,10 +23,6 @@
 #include <numeric>
 #include <string>
 #include <tuple>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "api.h"
 #include "kernels.h"
@@ -40,38 +35,13 @@ struct Projection : LlmcliProjection {
     bool grouped = false;
 };
 
-// Buffers for the copies, cut from 32 MB regions in 2 MB pages where the OS gives them (Linux's
-// transparent huge pages, asked for with madvise where they are not on for everything): a step
-// streams ~100 MB of weights a token, a few hundred KB a projection, and in 4 KB pages the page
-// walks held up the stream (SmolLM2 step, Intel Xeon: 1 row 2.87 -> 2.71 ms, 8 rows 5.87 -> 5.48).
-// Faulting 2 MB pages in can cost more on a VM: a first step took 50-300 ms longer on that one.
-// A region lives while a buffer cut from it does. (Copies::of's lock is held.)
-static std::shared_ptr<uint8_t> region_buffer(int64_t bytes) {
-    constexpr int64_t kPage = 2 << 20, kRegion = 32 << 20, kAlign = 4096;
-    static auto* current = new std::weak_ptr<uint8_t>();  // (never destroyed, as Copies' map)
-    static int64_t used = 0, size = 0;
-    bytes = (bytes + kAlign - 1) / kAlign * kAlign;
-    std::shared_ptr<uint8_t> region = current->lock();
-    if (!region || used + bytes > size) {
-        size = (std::max(bytes, kRegion) + kPage - 1) / kPage * kPage;
-        void* p = std::aligned_alloc(kPage, size);
-        if (!p) throw std::bad_alloc();
-#if defined(__linux__)
-        madvise(p, size, MADV_HUGEPAGE);  // (a hint: refused, the pages stay small)
-#endif
-        region = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
-        *current = region;
-        used = 0;
-    }
-    std::shared_ptr<uint8_t> buffer(region, region.get() + used);  // (shares the region's count)
-    used += bytes;
-    return buffer;
-}
-
 // The interleaved copies, one a weight for every step that reads it: a step is built again for each
 // new cache (bench's repetitions, a session's), and making the copy again took a third of a pp512
 // (qwen2 0.5B). Found by the blocks' address, shape and first and last bytes; freed with the last
-// step that holds it.
+// step that holds it. In 4 KB pages: cut from regions in 2 MB pages (madvise), a step took ~6 % less
+// in one process's A/B, but neither `run` (354 vs 350 t/s) nor a batch of 8 rows moved, and faulting
+// the 2 MB pages in made a first step ~100 ms longer on a VM (Intel Xeon: `llmcli run smollm2 "hi"
+// -n 16` 1.95 -> 1.75 s without them, alternated).
 class Copies {
   public:
     static std::shared_ptr<const uint8_t> of(const LlmcliProjection& p, Team& team) {
@@ -86,7 +56,7 @@ class Copies {
         if (it != made->end()) {
             if (auto copy = it->second.copy.lock(); copy && it->second.ends == want.ends) return copy;
         }
-        std::shared_ptr<uint8_t> copy = region_buffer(bytes);
+        std::shared_ptr<uint8_t> copy(new uint8_t[bytes], std::default_delete<uint8_t[]>());
         std::vector<Stage> stages{{p.N / group_rows(), 1, [&](int, int64_t lo, int64_t hi) {
             interleave_groups((int)p.type, p.blocks, p.N, p.K, copy.get(), lo, hi);
         }, {}}};
