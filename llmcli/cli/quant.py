@@ -57,9 +57,11 @@ def quantize(
     from ..quant.pipeline import quantize_to_folder
     from ..quant.presets import load_preset
     from ..runtime.runtime import locate
+    from .startup import resume
 
     source = locate(model)
     chosen = load_preset(preset)
+    resume()  # (it opens no model through startup.open_model: its long work collects as usual)
     out = output if output is not None else Path.cwd() / f"{source.stem if source.is_file() else source.name}-{chosen.name}"
     with _progress_bar(f"quantizing ({chosen.name})", sys.stderr.isatty()) as update:
         summary = quantize_to_folder(source, chosen, out, force=force, search=search, progress=update)

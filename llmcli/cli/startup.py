@@ -4,8 +4,8 @@ Importing torch and loading a model make ~350,000 objects that live to the end o
 collecting as they came (~540 collections, three of them over everything) took 0.18 s of a 2-second
 `llmcli run smollm2 "hi" -n 16` (Intel Xeon, 2 cores). entry() pauses the collector; once a
 command has its model, `open_model` here freezes what exists (no later collection looks at it
-again) and resumes collecting, so a long chat or server collects as usual. `pull`, whose download
-can be long, resumes before it starts; list, show and rm end quickly either way.
+again) and resumes collecting, so a long chat or server collects as usual. `pull` and `quantize`,
+long without a model opened here, resume before their work; list, show and rm end quickly.
 """
 
 from __future__ import annotations
