@@ -12,7 +12,8 @@ every prompt the shorter did.
     n = cache.restore(prompt, kv, row)     # copy the longest held prefix of `prompt` into row `row`; its length
     cache.store(ids, kv, row)              # keep row `row`'s first len(ids) slots (they hold `ids`)
 
-`kv` is a StaticKVCache (batched.py's rows); entries are in its storage dtype, on its device.
+`kv` is a StaticKVCache (batched.py's rows); entries are in its storage dtype, on its device, every
+layer's slots in one tensor (its k_layers'), copied in and out in one op each.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import torch
 @dataclass(eq=False)
 class Entry:
     ids: np.ndarray  # (n,) int64: the tokens whose keys and values are held
-    k: list[torch.Tensor]  # per layer (KV, n, D)
-    v: list[torch.Tensor]
+    k: torch.Tensor  # (layers, KV, n, D)
+    v: torch.Tensor
     nbytes: int = field(init=False)
 
     def __post_init__(self):
-        self.nbytes = sum(t.numel() * t.element_size() for t in self.k + self.v)
+        self.nbytes = sum(t.numel() * t.element_size() for t in (self.k, self.v))
 
 
 class PromptCache:
@@ -65,8 +66,8 @@ class PromptCache:
             return 0
         self.entries.move_to_end(key)  # the most recently used
         entry = self.entries[key]
-        for t, held in zip(kv.k + kv.v, entry.k + entry.v):
-            t[row, :, :n] = held[:, :n]
+        for t, held in ((kv.k_layers, entry.k), (kv.v_layers, entry.v)):
+            t[:, row, :, :n] = held[:, :, :n]
         self.hits += 1
         self.reused_tokens += n
         return n
@@ -75,7 +76,7 @@ class PromptCache:
         """Keep the first len(ids) slots of row `row` of `kv`, which hold `ids`."""
         n = len(ids)
         a = np.asarray(ids, dtype=np.int64)
-        per_token = sum(t[row, :, :1].numel() * t.element_size() for t in kv.k + kv.v)
+        per_token = sum(t[:, row, :, :1].numel() * t.element_size() for t in (kv.k_layers, kv.v_layers))
         if n == 0 or n * per_token > self.max_bytes:
             return
         for key, entry in list(self.entries.items()):
@@ -85,7 +86,7 @@ class PromptCache:
                 return
             if shared == len(entry.ids):  # this one starts the new one: the new one serves its prompts
                 self._drop(key)
-        entry = Entry(a, [t[row, :, :n].clone() for t in kv.k], [t[row, :, :n].clone() for t in kv.v])
+        entry = Entry(a, kv.k_layers[:, row, :, :n].clone(), kv.v_layers[:, row, :, :n].clone())
         self.entries[self._next] = entry
         self._next += 1
         self.nbytes += entry.nbytes
