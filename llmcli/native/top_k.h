@@ -38,10 +38,16 @@ class TopK {
             c_.push_back({nan_last(x[i]), i});
             if ((int64_t)c_.size() == k_) thr_ = keep_best(), filling_ = false;
         }
-        const bool all = ties_ && thr_ == -INFINITY;  // (-inf ties: no vector test lets them through)
+        // the vectors' test, made again only when the threshold rises (look_at): values equal to the
+        // k-th pass too in a piece before an earlier one, and -inf ties no vector test lets through
+        bool all = false;
+        float bar = thr_;
+        const auto set_bar = [&] { all = ties_ && thr_ == -INFINITY; bar = ties_ && !all ? std::nextafter(thr_, -INFINITY) : thr_; };
+        set_bar();
         for (; i + kVW <= hi; i += kVW) {
-            if (!all && !vany_above(vload(x + i), ties_ ? std::nextafter(thr_, -INFINITY) : thr_)) continue;  // the usual case
+            if (!all && !vany_above(vload(x + i), bar)) continue;  // the usual case
             for (int j = 0; j < kVW; ++j) look_at(x, i + j);
+            set_bar();
         }
         for (; i < hi; ++i) look_at(x, i);
     }
