@@ -320,3 +320,25 @@ def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded, jo
                          max_tokens=r.max_tokens, step=step, ignore_eos=True)
         assert got[r.tag] == [t for c in alone for t in c.tokens][:len(got[r.tag])], f"request {r.tag}"
         assert len(got[r.tag]) == r.max_tokens or got[r.tag][-1] in loaded.loaded.tokenizer.eos_ids
+
+
+def test_a_step_s_numbers_do_not_depend_on_how_many_threads_run_it(loaded, variant):
+    """Decode steps on a team of 3 threads, which tries 2 (and may keep them: more threads than this
+    machine's CPUs) every so many steps (thread_choice.h), give the logits of steps on one thread,
+    bit for bit, over enough steps for several tries: each row is computed by one thread, whatever
+    the others do."""
+    from llmcli.cache import new_cache
+    from llmcli.runtime.native_step import NativeStep
+
+    args = loaded.loaded.args
+    logits = []
+    for threads in (1, 3):
+        step = NativeStep(loaded.loaded.model, threads=threads)
+        cache = new_cache(args, 128, torch.device("cpu"), torch.float32, "f16")
+        with torch.inference_mode():
+            tok, out = torch.tensor([[5]]), []
+            for _ in range(100):
+                out.append(step(tok, cache, last_only=True))
+                tok = out[-1][0, -1].argmax().view(1, 1)
+        logits.append(torch.cat(out, 1))
+    assert torch.equal(logits[0], logits[1])

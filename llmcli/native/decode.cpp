@@ -16,6 +16,7 @@
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
 // same operations whatever rows come with it, so a batch never changes what a row decodes.
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -26,6 +27,7 @@
 
 #include "api.h"
 #include "kernels.h"
+#include "thread_choice.h"
 #include "top_k.h"
 #include "vec.h"
 
@@ -140,7 +142,7 @@ class DecodeSteps {
     DecodeSteps(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale,
                 int64_t act, int threads)
         : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), QKV((heads + 2 * kv_heads) * head_dim), act(act),
-          eps(eps), scale(scale), team(threads) {}
+          eps(eps), scale(scale), team(threads), threads_used(threads) {}
 
     bool add_layer(const LlmcliLayer& s) {
         Layer l{s, own(s.qkv, s.n_qkv), own(s.o, s.n_o), own(s.gate_up, s.n_gate_up), own(s.down, s.n_down), 0, 0, 0, 0};
@@ -293,7 +295,14 @@ class DecodeSteps {
             for (int64_t m = 0; m < n; ++m) norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in);
             if (cols_apart && (layers[0].qkv_in & kColsLayout)) a.q.to_cols(0, n);
         }
-        team.run(stages);
+        if (n > kChosenSteps) {
+            team.run(stages);
+        } else {  // a decode step: on as many threads as run it fastest now (thread_choice.h)
+            const int t = threads_used.next(n);
+            const auto start = std::chrono::steady_clock::now();
+            team.run(stages, t);
+            threads_used.took(n, t, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
         std::copy(a.x.begin(), a.x.end(), normed);  // the final norm's output, which the head read
         return true;
     }
@@ -308,6 +317,8 @@ class DecodeSteps {
     const float* final_norm = nullptr;
     Group head;
     Team team;
+    static constexpr int64_t kChosenSteps = 16;  // steps of up to this many tokens: decode (a prompt's take every thread)
+    ThreadChoice threads_used;
     // one run's state, shared by the team's threads: N tokens' rows of each
     int64_t N = 0;
     bool cols_apart = false;  // the tokens' quantized activations go to their columns after all of them (per_token)

@@ -84,23 +84,23 @@ class Team {
 
     int size() const { return n_; }
 
-    // Every stage in order, on every thread of the team (the caller is thread 0); returns when all are done
-    void run(std::vector<Stage>& stages) {
+    // Every stage in order, on the team's first `threads` threads (all: 0; the caller is thread 0);
+    // returns when all are done
+    void run(std::vector<Stage>& stages, int threads = 0) {
         if (stages.empty()) return;
         std::lock_guard<std::mutex> one_at_a_time(run_);
-        if (n_ == 1) {  // no job to share: a microsecond less a call
+        const int active = threads > 0 ? std::min(threads, n_) : n_;
+        if (active == 1) {  // no job to share: a microsecond less a call
             for (auto& s : stages) {
                 if (s.n) s.work(0, 0, s.n);
                 if (s.then) s.then();
             }
             return;
         }
-        auto job = std::make_shared<Job>(stages, n_);
+        auto job = std::make_shared<Job>(stages, active);
         open_empty(*job, 0);
-        if (n_ > 1) {
-            { std::lock_guard<std::mutex> g(job_m_); current_ = job; }
-            jobs_.set(jobs_.value() + 1);
-        }
+        { std::lock_guard<std::mutex> g(job_m_); current_ = job; }
+        jobs_.set(jobs_.value() + 1);
         work_on(*job, 0);
         job->open.wait_above((int64_t)stages.size(), kStageSpinUs);
     }
@@ -177,7 +177,7 @@ class Team {
             if (stop_.load()) return;
             std::shared_ptr<Job> job;
             { std::lock_guard<std::mutex> g(job_m_); job = current_; }
-            if (job) work_on(*job, t);
+            if (job && t < job->threads) work_on(*job, t);
         }
     }
 
