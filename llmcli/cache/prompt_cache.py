@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .one_thread import one_thread
+
 
 @dataclass(eq=False)
 class Entry:
@@ -66,8 +68,9 @@ class PromptCache:
             return 0
         self.entries.move_to_end(key)  # the most recently used
         entry = self.entries[key]
-        for t, held in ((kv.k_layers, entry.k), (kv.v_layers, entry.v)):
-            t[:, row, :, :n] = held[:, :, :n]
+        with one_thread():
+            for t, held in ((kv.k_layers, entry.k), (kv.v_layers, entry.v)):
+                t[:, row, :, :n] = held[:, :, :n]
         self.hits += 1
         self.reused_tokens += n
         return n
@@ -86,7 +89,8 @@ class PromptCache:
                 return
             if shared == len(entry.ids):  # this one starts the new one: the new one serves its prompts
                 self._drop(key)
-        entry = Entry(a, kv.k_layers[:, row, :, :n].clone(), kv.v_layers[:, row, :, :n].clone())
+        with one_thread():
+            entry = Entry(a, kv.k_layers[:, row, :, :n].clone(), kv.v_layers[:, row, :, :n].clone())
         self.entries[self._next] = entry
         self._next += 1
         self.nbytes += entry.nbytes

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .one_thread import one_thread
+
 
 class CacheSlots:
     """What every cache kind shares: the first `length` of its `max_len` slots hold tokens."""
@@ -103,8 +105,9 @@ class StaticKVCache(CacheSlots):
 
     def move_row(self, src: int, dst: int, n: int) -> None:
         """Row dst takes row src's first n slots (batched.py keeps its live rows at the front)."""
-        for t in (self.k_layers, self.v_layers):
-            t[:, dst, :, :n] = t[:, src, :, :n]
+        with one_thread():
+            for t in (self.k_layers, self.v_layers):
+                t[:, dst, :, :n] = t[:, src, :, :n]
 
     def shift(self, keep: int, drop: int, rerotate) -> None:
         shift_layers(self.k, self.v, keep, drop, self.length, rerotate)
