@@ -13,6 +13,7 @@ says how full it was.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -50,6 +51,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=None)
     a = ap.parse_args()
     rt = open_model(a.model, dtype=a.dtype, threads=a.threads, ctx_size=2048)
+    gc.freeze()  # as `llmcli batch` and `serve` do once their model is open (cli/startup.py)
     prompts = [rt.prompt_ids([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]) for i in range(a.requests)]
     rows = [int(r) for r in a.rows.split(",")]
     one_pass(rt, max(rows), prompts[:2], 4)  # warm-up
