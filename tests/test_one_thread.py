@@ -52,3 +52,32 @@ def test_row_copies_run_on_one_thread_and_leave_the_count(two_threads, monkeypat
     assert {name for name, _ in seen} == {"__setitem__", "clone"} and {n for _, n in seen} == {1}
     assert torch.get_num_threads() == 2
     assert torch.equal(cache.k_layers[:, 0, :, :5], cache.k_layers[:, 1, :, :5])
+
+
+def test_overlapping_scopes_of_two_threads_leave_the_count_as_it_was(two_threads):
+    """Thread A opens, B opens (seeing one thread), A closes (B still inside: still one), B closes."""
+    import threading
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with one_thread():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b():
+        a_in.wait(5)
+        with one_thread():
+            b_in.set()
+            a_out.wait(5)
+            seen["b after a left"] = torch.get_num_threads()
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"b after a left": 1}
+    assert torch.get_num_threads() == 2

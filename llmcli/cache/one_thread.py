@@ -3,29 +3,41 @@
 Such a copy (a finished request's row moved, a prompt's entry kept or restored: 100k-600k values)
 is big enough for torch to share it among its OpenMP threads. Those then spin for a while after it,
 on the cores where the native decode step's own threads (native/team.h) run the next step: an
-8-row batch of SmolLM2 on 2 cores made 815 t/s with the copies shared, 905 with them on one thread
-(in one process, alternated, AMD EPYC Zen 4). A copy of a few MB on one thread takes ~0.1-0.2 ms.
+8-row batch of SmolLM2 on 2 cores made 815 and 697 t/s with the copies shared, 905 and 794 with
+them on one thread (two runs, each in one process, alternated; AMD EPYC Zen 4). A copy of a few MB
+on one thread takes ~0.1-0.2 ms.
 
 torch's thread count is process-wide: another thread's torch ops meanwhile run on one thread too.
+Scopes may overlap (a server's threads): the count goes back when the last one ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
 
+_lock = threading.Lock()
+_inside = 0  # scopes open now
+_before = 1  # the count when the first of them opened
+
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """torch's ops on this thread alone inside; its thread count as it was after (~0.3 us)."""
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
+    """torch's ops on one thread inside; its thread count as it was once no scope is open (~2 us)."""
+    global _inside, _before
+    with _lock:
+        if _inside == 0:
+            _before = torch.get_num_threads()
+            if _before > 1:
+                torch.set_num_threads(1)
+        _inside += 1
     try:
         yield
     finally:
-        torch.set_num_threads(n)
+        with _lock:
+            _inside -= 1
+            if _inside == 0 and _before > 1:
+                torch.set_num_threads(_before)
