@@ -57,7 +57,7 @@ def _variant(path: Path, which: str, reference: LoadedModel) -> LoadedModel:
 
 
 def quality(a) -> None:
-    from llmcli.bench.bench import weights_bytes
+    from llmcli.bench.measure import weights_bytes
     from llmcli.quant.gguf_import import AS_STORED
 
     text = Path(a.file).read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import run_cli
 
-from llmcli.bench.bench import Result, format_results, parse_sizes, stddev
+from llmcli.bench.measure import Result, format_results, parse_sizes, stddev
 from llmcli.errors import InvalidParameterError
 
 
@@ -51,13 +51,13 @@ def _parse(text: str, fmt: str) -> list[dict]:
 
 def test_every_format_holds_the_same_numbers(tiny_folder):
     """One measurement, written in each format and read back: the same rows and numbers."""
-    from llmcli.bench import bench
+    from llmcli.bench import measure
     from llmcli.runtime.runtime import open_model
 
     results = []
     for preset in ("none", "q8"):
         rt = open_model(str(tiny_folder), device="cpu", threads=1, ctx_size=64, quant=None if preset == "none" else preset)
-        results += [r for event, r in bench.run_tests(rt, "tiny", preset, [16, 32], [8], 0, 2) if event == "done"]
+        results += [r for event, r in measure.run_tests(rt, "tiny", preset, [16, 32], [8], 0, 2) if event == "done"]
     # one row per preset x test: 2 presets x (pp16, pp32, tg8)
     assert [(r.quant, r.test) for r in results] == [(q, t) for q in ("none", "q8") for t in ("pp16", "pp32", "tg8")]
     for r in results:
@@ -145,7 +145,7 @@ def test_llama_bench_unreadable_output_is_an_error():
 def test_llama_bench_runs_interleaved_with_llmcli(tiny_gguf, tmp_path):
     """A fake llama-bench: one invocation per repetition, alternating with llmcli's (L B L B), never warmed
     up separately (it warms up itself), and its rows and the ratio come out."""
-    from llmcli.bench import bench
+    from llmcli.bench import measure
     from llmcli.bench.baseline_llamabench import LlamaBenchBaseline
     from llmcli.runtime.runtime import open_model
 
@@ -161,15 +161,15 @@ def test_llama_bench_runs_interleaved_with_llmcli(tiny_gguf, tmp_path):
         return rt.loaded.model(*a, **k)
 
     base = LlamaBenchBaseline(rt.loaded.path, 1, fake)
-    results = [r for e, r in bench.run_tests(rt, "tiny", "none", [0], [4], 0, 3, step, base) if e == "done"]
+    results = [r for e, r in measure.run_tests(rt, "tiny", "none", [0], [4], 0, 3, step, base) if e == "done"]
     calls = log.read_text().split()
     runs = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]
     assert runs == ["L", "B"] * 3  # 3 rounds, the first after llmcli's warm-up
     assert calls.count("L") == 4 * 4 and calls.count("B") == 3  # 4 steps: warm-up + 3 repetitions
     ours, theirs = results
     assert theirs.engine == "llama-bench" and theirs.quant == "gguf (Q8_0)" and theirs.samples == [100.0] * 3
-    assert theirs.ttft_ms == 0 and "-" in bench.row(theirs)
-    assert bench.ratios(results) == [f"tiny none tg4: llmcli / llama-bench = {ours.mean / 100:.2f}x"]
+    assert theirs.ttft_ms == 0 and "-" in measure.row(theirs)
+    assert measure.ratios(results) == [f"tiny none tg4: llmcli / llama-bench = {ours.mean / 100:.2f}x"]
 
 
 def test_cli_llama_bench_flag_runs_it(tiny_gguf, tmp_path):

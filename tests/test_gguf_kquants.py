@@ -195,7 +195,7 @@ def test_packed_blocks_give_the_logits_of_their_dequantized_weights(mixed_gguf):
 
 
 def test_held_bytes_are_the_plan_and_about_the_file_size(mixed_gguf):
-    from llmcli.bench.bench import weights_bytes
+    from llmcli.bench.measure import weights_bytes
     from llmcli.formats.gguf import open_gguf
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model

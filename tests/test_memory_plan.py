@@ -129,7 +129,7 @@ def test_quantized_weights_are_planned_at_their_packed_size(tmp_path, preset_nam
 def test_gguf_blocks_kept_as_stored_are_planned_at_their_size(smollm2_gguf):
     """The default 16-bit load keeps the file's Q4_1/Q8_0 blocks packed: the plan counts them so, and
     bench's weight size (the tensors held) agrees."""
-    from llmcli.bench.bench import weights_bytes
+    from llmcli.bench.measure import weights_bytes
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model
 

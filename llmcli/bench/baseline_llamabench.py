@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import LlmcliError
-from .bench import Result
+from .measure import Result
 
 ENV = "LLAMA_BENCH"
 HOW_TO_BUILD = ("build it from the llama-cpp-python sdist: pip download --no-deps --no-binary :all: "

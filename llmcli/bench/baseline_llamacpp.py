@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LlmcliError
-from .bench import Result
+from .measure import Result
 
 INSTALL = ("--baseline llama.cpp needs llama-cpp-python: pip install 'llmcli[llamacpp]' "
            "(it compiles llama.cpp from source, about 10 minutes on two cores)")

@@ -15,8 +15,9 @@ from typing import Callable, Iterator
 import torch
 
 from .. import heap
-from ..decode.generate import generate, prefill, prefill_runner
-from ..decode.sampling import SamplingParams
+from ..decode.generate import generate
+from ..decode.prefill import prefill, prefill_runner
+from ..decode.request import Request
 from ..errors import InvalidParameterError
 from ..runtime.device import synchronize
 
@@ -157,15 +158,15 @@ def time_prefill(model, new_cache: Callable, n: int, depth: int, vocab: int, dev
 @torch.inference_mode()
 def time_decode(rt, step, n: int, depth: int, device, ignore_eos: bool = True) -> tuple[float, float, int]:
     """Seconds for n decode steps made as `llmcli run` makes them: generate() with run's default
-    sampling (SamplingParams(): temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), the decode step
+    sampling (Request's default SamplingParams: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), the decode step
     run takes and its text stream, going on past end-of-sequence tokens as llama-bench does; after
     `depth` tokens (at least one) of prompt (`ignore_eos` False: an end token ends it early).
     Returns the seconds, the first step's seconds, and the steps made."""
     loaded = rt.loaded
     prompt = _tokens(max(1, depth), loaded.args.vocab_size, device, 1)[0].tolist()
     times, last = [], None
-    for chunk in generate(loaded.model, loaded.tokenizer, prompt, SamplingParams(), rt.new_cache(),
-                          max_tokens=n + 1, device=device, step=step, ignore_eos=ignore_eos):
+    request = Request(max_tokens=n + 1, ignore_eos=ignore_eos)  # run's default sampling
+    for chunk in generate(loaded.model, loaded.tokenizer, prompt, request, rt.new_cache(), step):
         if chunk.tokens:
             times.append(time.perf_counter())  # the first token comes out of the prefill; n steps follow
         last = chunk
