@@ -15,8 +15,9 @@ from test_constrained import cli
 from tiny import VOCAB, hf_model, save_hf
 
 from llmcli.cache.static import StaticKVCache
-from llmcli.decode.batched import BatchEngine, Request
-from llmcli.decode.generate import Logprobs, generate
+from llmcli.decode.batched import BatchEngine, Sequence
+from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import InvalidParameterError, PromptTooLongError
 from llmcli.runtime.device import place
@@ -34,21 +35,25 @@ def loaded(request, tmp_path_factory):
     return load_model(folder, place("cpu", "float32"))
 
 
-def _requests(n: int, seed: int = 0) -> list[Request]:
+def _sequences(n: int, seed: int = 0, logprobs: int | None = None) -> list[Sequence]:
     """Prompts of 2..30 tokens, caps of 1..40, greedy and seeded sampling."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         prompt = torch.randint(3, VOCAB, (int(torch.randint(2, 30, (1,), generator=g)),), generator=g).tolist()
         params = SamplingParams(temperature=0) if i % 2 == 0 else SamplingParams(seed=100 + i, top_k=0, min_p=0.0)
-        out.append(Request(prompt, params, int(torch.randint(1, 40, (1,), generator=g)), tag=i))
+        cap = int(torch.randint(1, 40, (1,), generator=g))
+        out.append(Sequence(prompt, Request(params, cap, logprobs=logprobs), tag=i))
     return out
 
 
-def _alone(loaded, req: Request, logprobs: Logprobs | None = None):
+def _alone(loaded, seq: Sequence, keep: list | None = None):
+    """What generate() makes of the sequence alone; `keep` gets its Generation (logprobs)."""
     cache = StaticKVCache.for_model(loaded.model.args, CTX, CPU, torch.float32)
-    chunks = list(generate(loaded.model, loaded.tokenizer, req.prompt, req.params, cache, max_tokens=req.max_tokens,
-                           stop=req.stop, logprobs=logprobs))
+    generation = generate(loaded.model, loaded.tokenizer, seq.prompt, seq.request, cache)
+    chunks = list(generation)
+    if keep is not None:
+        keep.append(generation)
     return _summary(chunks)
 
 
@@ -65,10 +70,10 @@ def _batched(engine, reqs):
 
 
 def test_batched_sequences_match_each_one_alone(loaded):
-    reqs = _requests(9)
+    reqs = _sequences(9)
     for r in reqs[2::3]:  # a stop string that this sequence's text holds half way (a random model never says "e")
-        text = _alone(loaded, Request(r.prompt, r.params, 40))[1]
-        r.stop, r.max_tokens = (text[len(text) // 2:len(text) // 2 + 2],), 40
+        text = _alone(loaded, Sequence(r.prompt, r.request.with_(max_tokens=40)))[1]
+        r.request = r.request.with_(stop=(text[len(text) // 2:len(text) // 2 + 2],), max_tokens=40)
     engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=4, max_len=CTX)
     got = _batched(engine, reqs)
     for r in reqs:
@@ -80,21 +85,19 @@ def test_batched_sequences_match_each_one_alone(loaded):
 
 def test_bfloat16_cache_under_a_float32_model(loaded):
     """A 16-bit cache converts the rows it returns; sequences still finish as alone (same cache kind)."""
-    reqs = [r for r in _requests(4, seed=3)]
+    reqs = _sequences(4, seed=3)
     engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=2, max_len=CTX, kv_type="bf16")
     got = _batched(engine, reqs)
     assert set(got) == {r.tag for r in reqs}
     for r in reqs:
         tokens, _, reason = got[r.tag]
-        assert reason in ("stop", "length") and 1 <= len(tokens) <= r.max_tokens + 1
+        assert reason in ("stop", "length") and 1 <= len(tokens) <= r.request.max_tokens + 1
 
 
 def test_logprobs_and_cancel(loaded):
-    reqs = _requests(4, seed=5)
-    for r in reqs:
-        r.logprobs = Logprobs(3)
+    reqs = _sequences(4, seed=5, logprobs=3)
     engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=3, max_len=CTX)
-    victim = Request(list(range(5, 25)), SamplingParams(temperature=0), 30, tag="victim")
+    victim = Sequence(list(range(5, 25)), Request(SamplingParams(temperature=0), 30), tag="victim")
     engine.submit(victim)
     for r in reqs:
         engine.submit(r)
@@ -108,8 +111,9 @@ def test_logprobs_and_cancel(loaded):
             got.setdefault(req.tag, []).append(chunk)
     assert "victim" not in got or got["victim"][-1].finish_reason is None
     for r in reqs:
-        alone = Logprobs(3)
-        assert _summary(got[r.tag]) == _alone(loaded, r, alone)
+        kept = []
+        assert _summary(got[r.tag]) == _alone(loaded, r, kept)
+        alone = kept[0].logprobs
         assert len(r.logprobs.entries) == len(alone.entries)
         for (t1, lp1, top1), (t2, lp2, top2) in zip(r.logprobs.entries, alone.entries):
             assert t1 == t2 and lp1 == pytest.approx(lp2, abs=1e-4)
@@ -119,7 +123,8 @@ def test_logprobs_and_cancel(loaded):
 def test_the_last_chunk_says_which_limit_ended_it(loaded):
     engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=2, max_len=24)
     greedy = SamplingParams(temperature=0)
-    reqs = [Request(list(range(5, 21)), greedy, 40, tag="context"), Request(list(range(5, 10)), greedy, 3, tag="n")]
+    reqs = [Sequence(list(range(5, 21)), Request(greedy, 40), tag="context"),
+            Sequence(list(range(5, 10)), Request(greedy, 3), tag="n")]
     last = {req.tag: chunk for req, chunk in engine.run(reqs) if chunk.finish_reason}
     assert last["n"].finish_reason == "length" and last["n"].stopped_by == "max_tokens"
     if last["context"].finish_reason == "length":  # a random model may end on an end token first
@@ -129,7 +134,7 @@ def test_the_last_chunk_says_which_limit_ended_it(loaded):
 def test_a_prompt_with_no_room_is_refused_at_submit(loaded):
     engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=2, max_len=16)
     with pytest.raises(PromptTooLongError):
-        engine.submit(Request(list(range(3, 19)), SamplingParams(temperature=0), 4))
+        engine.submit(Sequence(list(range(3, 19)), Request(SamplingParams(temperature=0), 4)))
     assert not engine.busy
 
 
@@ -138,8 +143,8 @@ def test_a_constraint_is_followed_in_a_batch(loaded):
 
     compiler = GrammarCompiler(loaded.tokenizer)
     grammar = from_regex("(ab|ba){2,4}")
-    reqs = [Request([5 + i, 40, 70], SamplingParams(seed=i), 40, constraint=compiler.constraint(grammar), tag=f"g{i}")
-            for i in range(3)] + _requests(2, seed=9)
+    reqs = [Sequence([5 + i, 40, 70], Request(SamplingParams(seed=i), 40, grammar=grammar),
+                     compiler.constraint(grammar), tag=f"g{i}") for i in range(3)] + _sequences(2, seed=9)
     engine = BatchEngine(loaded.model, loaded.tokenizer, CPU, torch.float32, rows=3, max_len=CTX)
     got = _batched(engine, reqs)
     for i in range(3):
@@ -168,7 +173,7 @@ def test_a_constraint_is_followed_in_a_batch(loaded):
 def test_bad_lines_say_what_is_wrong(line, needle):
     items = list(bj.read_jobs(['{"id": "ok", "prompt": "fine"}', line, '{"id": "ok2", "prompt": "fine"}']))
     assert [type(i).__name__ for i in items] == ["Job", "LineError", "Job"]
-    assert items[1].line == 2 and needle in str(items[1]) and str(items[1]).startswith("line 2: ")
+    assert items[1].line == 2 and needle in str(items[1]) and str(items[1]).startswith("line 2")
 
 
 def test_duplicates_blank_lines_and_done_ids():

@@ -13,6 +13,7 @@ from llmcli.chat.conversation import Conversation, ConversationFileError, fit, l
 from llmcli.chat.session import ChatSession
 from llmcli.cli.repl import dropped_notice
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import InvalidParameterError, PromptTooLongError
 from llmcli.runtime.device import place
@@ -291,7 +292,8 @@ def fresh_reply(session: ChatSession, max_tokens: int) -> list[int]:
     """Greedy tokens of a cold run over the whole conversation, with a new cache."""
     loaded = session.rt.loaded
     ids = session.rt.prompt_ids(session.conv.window())
-    chunks = generate(loaded.model, loaded.tokenizer, ids, GREEDY, session.rt.new_cache(), max_tokens=max_tokens)
+    chunks = generate(loaded.model, loaded.tokenizer, ids, Request(GREEDY, max_tokens=max_tokens),
+                      session.rt.new_cache())
     return loaded.tokenizer.decode([t for c in chunks for t in c.tokens])
 
 

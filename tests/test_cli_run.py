@@ -149,11 +149,12 @@ def test_real_model_answers(smollm2_gguf):
 
 
 def test_collector_paused_while_starting_resumes_once_the_model_is_open(tiny_gguf, tmp_path):
-    """entry() pauses the garbage collector; the CLI's open_model freezes what the start made and
+    """entry() pauses the garbage collector; the CLI's `opening()` freezes what the start made and
     resumes collecting, whether the model opened or the open failed (a long chat or server collects)."""
     import gc
 
     from llmcli.cli import startup
+    from llmcli.runtime.runtime import open_model
 
     try:
         for model, fails in ((str(tiny_gguf), False), (str(tmp_path / "missing.gguf"), True)):
@@ -161,7 +162,8 @@ def test_collector_paused_while_starting_resumes_once_the_model_is_open(tiny_ggu
             startup.pause()
             assert not gc.isenabled()
             try:
-                rt = startup.open_model(model)
+                with startup.opening() as progress:
+                    rt = open_model(model, progress)
                 assert not fails and rt.loaded is not None
             except Exception:
                 assert fails

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.runtime.compiled import CompiledStep
 from llmcli.runtime.runtime import Runtime
@@ -24,8 +25,8 @@ def test_compiled_and_eager_decode_choose_the_same_tokens(smollm2_gguf, tmp_path
     loaded.model.fuse()
     rt = Runtime(loaded, 512)
     ids = rt.prompt_ids([{"role": "user", "content": "Name the planets of the solar system."}])
-    chunks = generate(loaded.model, loaded.tokenizer, ids, SamplingParams(temperature=0), rt.new_cache(),
-                      max_tokens=48)
+    chunks = generate(loaded.model, loaded.tokenizer, ids, Request(SamplingParams(temperature=0), max_tokens=48),
+                      rt.new_cache())
     reply = [t for c in chunks for t in c.tokens]
     assert len(reply) > 8
 

@@ -19,6 +19,7 @@ from tiny import tokenizer_json
 from llmcli.cache.static import StaticKVCache
 from llmcli.decode import constrained
 from llmcli.decode.generate import Logprobs, generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams, token_logprobs
 from llmcli.errors import GrammarError, InvalidParameterError
 from llmcli.formats.tokenizer import from_hf_folder
@@ -80,7 +81,7 @@ def test_generation_follows_the_grammar_and_ends_without_another_step(tok, compi
     model.prompt_len = len(prompt)
     cache = StaticKVCache(1, 1, 1, 64, torch.device("cpu"), torch.float32)
     c = compiler.constraint(constrained.from_regex("yes|no"))
-    chunks = list(generate(model, tok, prompt, GREEDY, cache, constraint=c))
+    chunks = list(generate(model, tok, prompt, Request(GREEDY), cache, constraint=c))
     text = "".join(ch.text for ch in chunks)
     assert text in ("yes", "no")
     last = chunks[-1]
@@ -96,7 +97,7 @@ def test_max_tokens_before_the_grammar_is_complete_gives_length(tok, compiler):
     model.prompt_len = len(prompt)
     cache = StaticKVCache(1, 1, 1, 64, torch.device("cpu"), torch.float32)
     c = compiler.constraint(constrained.from_json_schema(json.dumps(PERSON)))
-    chunks = list(generate(model, tok, prompt, GREEDY, cache, max_tokens=3, constraint=c))
+    chunks = list(generate(model, tok, prompt, Request(GREEDY, max_tokens=3), cache, constraint=c))
     assert chunks[-1].finish_reason == "length" and not c.is_accepting()
     message = constrained.incomplete_message(constrained.from_json_schema(json.dumps(PERSON)), 3, 3)
     assert message == "the output was cut at 3 tokens before the JSON was complete; raise -n/--max-tokens"
@@ -252,7 +253,7 @@ def test_generation_with_a_gbnf_grammar(tok, compiler):
     model.prompt_len = len(prompt)
     cache = StaticKVCache(1, 1, 1, 64, torch.device("cpu"), torch.float32)
     c = compiler.constraint(constrained.from_flags(grammar=GRAMMARS / "list.gbnf"))
-    chunks = list(generate(model, tok, prompt, GREEDY, cache, max_tokens=20, constraint=c))
+    chunks = list(generate(model, tok, prompt, Request(GREEDY, max_tokens=20), cache, constraint=c))
     text = "".join(ch.text for ch in chunks)
     assert re.fullmatch(r"(- [^\n]+\n)+", text + ("" if text.endswith("\n") else "\n")) or \
         chunks[-1].finish_reason == "length", text
@@ -281,11 +282,15 @@ def smol(smollm2_loaded):
     return rt, constrained.GrammarCompiler(smollm2_loaded.tokenizer)
 
 
-def _generate(rt, compiler, grammar, prompt, params=GREEDY, max_tokens=64, logprobs=None):
+def _generate(rt, compiler, grammar, prompt, params=GREEDY, max_tokens=64, logprobs=None, keep=None):
+    """(text, last chunk, prompt ids) of a constrained answer; `keep` gets the Generation."""
     ids = rt.prompt_ids([{"role": "user", "content": prompt}])
-    c = compiler.constraint(grammar)
-    chunks = list(generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
-                           max_tokens=max_tokens, constraint=c, logprobs=logprobs))
+    request = Request(params, max_tokens, grammar=grammar, logprobs=logprobs)
+    generation = generate(rt.loaded.model, rt.loaded.tokenizer, ids, request, rt.new_cache(),
+                          constraint=compiler.constraint(grammar))
+    chunks = list(generation)
+    if keep is not None:
+        keep.append(generation)
     return "".join(ch.text for ch in chunks), chunks[-1], ids
 
 
@@ -324,9 +329,10 @@ def test_real_model_follows_a_gbnf_grammar_through_the_cli(smollm2_gguf):
 @pytest.mark.slow
 def test_real_model_logprobs_match_a_full_forward(smol):
     rt, compiler = smol
-    record = Logprobs(5)
+    kept = []
     text, last, prompt = _generate(rt, compiler, constrained.from_regex("[A-Z][a-z]+"), "Name a colour.",
-                                   logprobs=record)
+                                   logprobs=5, keep=kept)
+    record = kept[0].logprobs
     ids = prompt + [t for t, _, _ in record.entries]
     with torch.inference_mode():  # one forward over everything: logits at each generated position
         ref = rt.loaded.model(torch.tensor([ids]), rt.new_cache()).float()[0, len(prompt) - 1:-1].log_softmax(-1)
@@ -387,7 +393,7 @@ def test_chat_refuses_stop_texts_with_a_grammar_before_adding_the_message(tok):
     from llmcli.chat.session import ChatSession
 
     rt = type("Rt", (), {"new_cache": lambda self: None, "ctx_size": 64})()
-    session = ChatSession(rt, Conversation(stop=("}",)), grammar=constrained.from_regex("[0-9]+"))
+    session = ChatSession(rt, Conversation(stop=("}",)), request=Request(grammar=constrained.from_regex("[0-9]+")))
     with pytest.raises(InvalidParameterError, match="stop texts do not combine"):
         session.add_user("hi")
     assert session.conv.messages == []

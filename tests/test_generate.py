@@ -11,6 +11,7 @@ from tiny import tokenizer_json
 
 from llmcli.cache.static import StaticKVCache
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import PromptTooLongError
 from llmcli.formats.tokenizer import from_hf_folder
@@ -49,7 +50,7 @@ def run(tok, script, stop=(), max_tokens=None, ctx=64, prompt="Hello"):
     model = ScriptedModel(script, tok.vocab_size)
     model.prompt_len = len(tok.encode(prompt))
     cache = StaticKVCache(1, 1, 1, ctx, torch.device("cpu"), torch.float32)
-    chunks = list(generate(model, tok, tok.encode(prompt), GREEDY, cache, max_tokens=max_tokens, stop=stop))
+    chunks = list(generate(model, tok, tok.encode(prompt), Request(GREEDY, max_tokens=max_tokens, stop=stop), cache))
     return chunks, model
 
 
@@ -118,7 +119,7 @@ def test_prompt_longer_than_context_is_an_error(tok):
 
 
 def test_long_prompt_is_prefilled_in_chunks(tok, monkeypatch):
-    import llmcli.decode.generate as g
+    import llmcli.decode.prefill as g
 
     monkeypatch.setattr(g, "PREFILL_CHUNK", 4)
     chunks, model = run(tok, ids_of(tok, "ok") + [2], prompt="a prompt of quite a few tokens here")

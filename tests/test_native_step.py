@@ -296,14 +296,16 @@ def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded, jo
     the running rows' step (up to `joined` tokens a step, else prefilled alone), and every greedy
     sequence is token for token what `run` (generate() through the same step) makes of it alone."""
     from llmcli.decode import batched
-    from llmcli.decode.batched import Request
+    from llmcli.decode.batched import Sequence
     from llmcli.decode.generate import generate
+    from llmcli.decode.request import Request
     from llmcli.decode.sampling import SamplingParams
     from llmcli.runtime.native_step import NativeStep
 
     monkeypatch.setattr(batched, "JOINED_TOKENS", joined)
     g = torch.Generator().manual_seed(2)
-    reqs = [Request(torch.randint(3, 250, (int(n),), generator=g).tolist(), SamplingParams(temperature=0), int(m), tag=i)
+    greedy = Request(SamplingParams(temperature=0))
+    reqs = [Sequence(torch.randint(3, 250, (int(n),), generator=g).tolist(), greedy.with_(max_tokens=int(m)), tag=i)
             for i, (n, m) in enumerate([(3, 20), (11, 9), (6, 25), (20, 14), (2, 30), (9, 17)])]
     engine = loaded.batch_engine(4, 64, prompt_cache=0)
     assert isinstance(engine.step_fn, NativeStep)
@@ -318,10 +320,10 @@ def test_a_batch_through_the_native_step_decodes_each_row_as_run_does(loaded, jo
     assert calls["pieces"] >= (2 if joined == 256 else 1) if joined else calls["pieces"] == 0
     step = loaded.decode_step(compile=False)
     for r in reqs:
-        alone = generate(loaded.loaded.model, loaded.loaded.tokenizer, r.prompt, r.params, loaded.new_cache(),
-                         max_tokens=r.max_tokens, step=step, ignore_eos=True)
+        alone = generate(loaded.loaded.model, loaded.loaded.tokenizer, r.prompt, r.request.with_(ignore_eos=True),
+                         loaded.new_cache(), step)
         assert got[r.tag] == [t for c in alone for t in c.tokens][:len(got[r.tag])], f"request {r.tag}"
-        assert len(got[r.tag]) == r.max_tokens or got[r.tag][-1] in loaded.loaded.tokenizer.eos_ids
+        assert len(got[r.tag]) == r.request.max_tokens or got[r.tag][-1] in loaded.loaded.tokenizer.eos_ids
 
 
 def test_a_step_s_numbers_do_not_depend_on_how_many_threads_run_it(loaded, variant):

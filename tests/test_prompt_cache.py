@@ -15,8 +15,9 @@ from test_cli_run import assert_one_line_error
 
 from llmcli.cache import common_prefix, new_cache
 from llmcli.cache.prompt_cache import PromptCache
-from llmcli.decode.batched import BatchEngine, Request
+from llmcli.decode.batched import BatchEngine, Sequence
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.runtime.runtime import Runtime, open_model
 from llmcli.serve.http import Server
@@ -80,13 +81,12 @@ def test_engine_answers_equal_cold_ones_and_count_cached_tokens(tiny_folder, one
     for question in QUESTIONS[:3]:
         messages.append({"role": "user", "content": question})
         ids = rt.prompt_ids(messages)
-        events = list(engine.run([Request(ids, GREEDY, 16)]))
+        events = list(engine.run([Sequence(ids, Request(GREEDY, 16))]))
         text, last = "".join(c.text for _, c in events), events[-1][1]
-        want = "".join(c.text for c in generate(rt.loaded.model, rt.loaded.tokenizer, ids, GREEDY, rt.new_cache(),
-                                                max_tokens=16))
+        want = "".join(c.text for c in rt.generate(ids, Request(GREEDY, max_tokens=16), rt.new_cache()))
         assert text == want
         assert last.stats.cached_tokens >= previous and (previous == 0 or last.stats.cached_tokens > 0)
-        assert list(cold.run([Request(ids, GREEDY, 16)]))[-1][1].stats.cached_tokens == 0
+        assert list(cold.run([Sequence(ids, Request(GREEDY, 16))]))[-1][1].stats.cached_tokens == 0
         previous = len(ids)  # the next turn's prompt starts with this one
         messages.append({"role": "assistant", "content": text})
 
@@ -113,8 +113,7 @@ def chat_through(client, turns, reference, model="m", max_tokens=24, stream_ever
 
 def cold(rt, max_tokens):
     def answer(messages):
-        chunks = generate(rt.loaded.model, rt.loaded.tokenizer, rt.prompt_ids(messages), GREEDY, rt.new_cache(),
-                          max_tokens=max_tokens)
+        chunks = rt.generate(rt.prompt_ids(messages), Request(GREEDY, max_tokens=max_tokens), rt.new_cache())
         return "".join(c.text for c in chunks)
     return answer
 
@@ -254,7 +253,7 @@ def test_requests_that_arrive_together_compute_their_shared_start_once(model, re
         engine = rt.batch_engine(4, 256)
         native = getattr(engine.step_fn, "native", False)
         assert native == (model == "tiny_gguf")
-        reqs = [Request(p, GREEDY, 8, cache_prompt=cache_prompt) for p in prompts]
+        reqs = [Sequence(p, Request(GREEDY, 8, cache_prompt=cache_prompt)) for p in prompts]
         texts, last = {r: "" for r in reqs}, {}
         for req, chunk in engine.run(reqs):
             texts[req] += chunk.text
@@ -267,5 +266,5 @@ def test_requests_that_arrive_together_compute_their_shared_start_once(model, re
             assert cached == [0, 0, 0, 0]
         if native:
             for req, ids in zip(reqs, prompts):
-                want = generate(rt.loaded.model, rt.loaded.tokenizer, ids, GREEDY, rt.new_cache(), max_tokens=8)
+                want = rt.generate(ids, Request(GREEDY, max_tokens=8), rt.new_cache())
                 assert texts[req] == "".join(c.text for c in want)

@@ -17,6 +17,7 @@ from tiny import hf_model, save_hf, write_gguf
 
 from llmcli.cache.static import StaticKVCache
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.formats.tensors import gguf_sources
 from llmcli.quant import checkpoint
@@ -48,7 +49,7 @@ def tiny_q4_gguf(tmp_path_factory):
 def _greedy(loaded, n: int = 12) -> list[int]:
     ids = loaded.tokenizer.encode("The quick brown fox")
     cache = StaticKVCache.for_model(loaded.args, 64, loaded.placement.device, loaded.placement.dtype)
-    chunks = generate(loaded.model, loaded.tokenizer, ids, SamplingParams(temperature=0), cache, max_tokens=n)
+    chunks = generate(loaded.model, loaded.tokenizer, ids, Request(SamplingParams(temperature=0), max_tokens=n), cache)
     return [t for c in chunks for t in c.tokens]
 
 

@@ -16,6 +16,7 @@ from conftest import GEMMA3_SHA256
 from conftest import test_cache_dir as cache_dir
 
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.formats.chat_template import GEMMA_TEMPLATE
 from llmcli.quant.presets import load_preset
@@ -81,8 +82,8 @@ def test_gemma3_prompt_and_greedy_tokens_match_transformers(gemma3_loaded, refer
     ids = rt.prompt_ids(PROMPTS[index])
     assert gemma3_loaded.tokenizer.decode(ids, skip_special=False) == expected["text"]
     assert ids == expected["ids"] and ids[0] == 2  # one <bos>, written by the template
-    chunks = list(generate(gemma3_loaded.model, gemma3_loaded.tokenizer, ids, SamplingParams(temperature=0),
-                           rt.new_cache(), max_tokens=NEW_TOKENS))
+    request = Request(SamplingParams(temperature=0), max_tokens=NEW_TOKENS)
+    chunks = list(generate(gemma3_loaded.model, gemma3_loaded.tokenizer, ids, request, rt.new_cache()))
     ours = [t for c in chunks for t in c.tokens]
     # transformers does not stop at <end_of_turn> (106) the way llmcli does: compare up to it
     stop = next((i for i, t in enumerate(expected["tokens"]) if t in gemma3_loaded.tokenizer.eos_ids), None)
@@ -115,6 +116,6 @@ def test_gemma3_native_step_gives_the_model_s_logits_on_the_real_file(gemma3_ggu
             assert (got - want).abs().max() / want.abs().max() < 0.08
             assert int(got.argmax()) == int(want.argmax())
             tokens.append(torch.tensor([[int(want.argmax())]]))
-    chunks = list(generate(model, rt.loaded.tokenizer, ids, SamplingParams(temperature=0), rt.new_cache(),
-                           max_tokens=12, step=step))
+    chunks = list(generate(model, rt.loaded.tokenizer, ids, Request(SamplingParams(temperature=0), max_tokens=12),
+                           rt.new_cache(), step=step))
     assert [t for c in chunks for t in c.tokens] == reference[0]["tokens"][:12]

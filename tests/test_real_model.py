@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.runtime.runtime import Runtime
 
@@ -42,8 +43,8 @@ def test_chat_template_and_greedy_output_match_transformers(smollm2_loaded, refe
     with torch.no_grad():
         out = hf_model.generate(torch.tensor([expected_ids]), max_new_tokens=64, do_sample=False)
     expected = out[0, len(expected_ids):].tolist()
-    chunks = list(generate(smollm2_loaded.model, smollm2_loaded.tokenizer, ids, SamplingParams(temperature=0),
-                           rt.new_cache(), max_tokens=64))
+    request = Request(SamplingParams(temperature=0), max_tokens=64)
+    chunks = list(generate(smollm2_loaded.model, smollm2_loaded.tokenizer, ids, request, rt.new_cache()))
     ours = [t for c in chunks for t in c.tokens]
     assert ours == expected
     assert "".join(c.text for c in chunks) == hf_tok.decode(expected, skip_special_tokens=True)

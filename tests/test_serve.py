@@ -23,8 +23,9 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from llmcli.decode.batched import BatchEngine, Request
-from llmcli.decode.generate import Logprobs, generate
+from llmcli.decode.batched import BatchEngine, Sequence
+from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import ServeError
 from llmcli.runtime.runtime import Runtime, open_model
@@ -52,10 +53,12 @@ def client(tiny):
     return openai.OpenAI(base_url=tiny.url, api_key="x", max_retries=0, timeout=60)
 
 
-def reference(rt, ids, params=GREEDY, max_tokens=None, stop=(), logprobs=None):
-    """What generate() makes of the same prompt: (text, last chunk)."""
-    chunks = list(generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
-                           max_tokens=max_tokens, stop=stop, logprobs=logprobs))
+def reference(rt, ids, params=GREEDY, max_tokens=None, stop=(), logprobs=None, keep=None):
+    """What generate() makes of the same prompt: (text, last chunk); `keep` gets its Generation."""
+    generation = rt.generate(ids, Request(params, max_tokens, stop, logprobs=logprobs), rt.new_cache())
+    chunks = list(generation)
+    if keep is not None:
+        keep.append(generation)
     return "".join(c.text for c in chunks), chunks[-1]
 
 
@@ -152,8 +155,9 @@ def test_seed_reproduces_sampled_answers(tiny, client):
 def test_logprobs_match_the_recorded_ones(tiny, client):
     rt, tok = tiny.rt, tiny.rt.loaded.tokenizer
     ids = rt.prompt_ids(ASK)
-    record = Logprobs(3)
-    want, _ = reference(rt, ids, max_tokens=12, logprobs=record)
+    kept = []
+    want, _ = reference(rt, ids, max_tokens=12, logprobs=3, keep=kept)
+    record = kept[0].logprobs
     r = client.chat.completions.create(model="tiny", messages=ASK, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3)
     content = r.choices[0].logprobs.content
     assert r.choices[0].message.content == want and len(content) == len(record.entries) == 12
@@ -176,8 +180,9 @@ def test_completions_raw_prompt_legacy_logprobs_and_stream(tiny, client):
     rt, tok = tiny.rt, tiny.rt.loaded.tokenizer
     prompt = "The quick brown fox"
     ids = tok.encode(prompt)
-    record = Logprobs(2)
-    want, _ = reference(rt, ids, max_tokens=10, logprobs=record)
+    kept = []
+    want, _ = reference(rt, ids, max_tokens=10, logprobs=2, keep=kept)
+    record = kept[0].logprobs
     r = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=10, logprobs=2)
     choice = r.choices[0]
     assert r.object == "text_completion" and choice.text == want and choice.finish_reason == "length"
@@ -294,11 +299,11 @@ def test_cancelling_a_finished_request_spares_the_next_one(tiny):
     engine = BatchEngine(rt.loaded.model, rt.loaded.tokenizer, rt.placement.device, rt.placement.dtype, 2, 64)
     ids = rt.prompt_ids(ASK)
     for _ in range(20):
-        old = Request(ids, GREEDY, 2)
+        old = Sequence(ids, Request(GREEDY, 2))
         assert len(list(engine.run([old]))) == 3  # two tokens, the last chunk
         engine.cancel(old)  # the client went away just as its answer ended
         del old  # CPython gives the next Request its address, and so its id()
-        assert len(list(engine.run([Request(ids, GREEDY, 2)]))) == 3
+        assert len(list(engine.run([Sequence(ids, Request(GREEDY, 2))]))) == 3
 
 
 def test_a_busy_port_is_one_clear_error(tiny):

@@ -21,6 +21,7 @@ from conftest import REPO, run_cli
 
 from llmcli.cli import serve as cli_serve
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.json_input import MAX_JSON_DEPTH
 from llmcli.runtime.runtime import open_model
@@ -108,8 +109,7 @@ def post(path: str, body: bytes, headers: str = "") -> bytes:
 
 
 def reference(rt, ids, max_tokens):
-    return "".join(c.text for c in generate(rt.loaded.model, rt.loaded.tokenizer, ids, GREEDY, rt.new_cache(),
-                                            max_tokens=max_tokens))
+    return "".join(c.text for c in rt.generate(ids, Request(GREEDY, max_tokens=max_tokens), rt.new_cache()))
 
 
 # ------------------------------------------------------------------------------ many clients

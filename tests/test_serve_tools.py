@@ -158,7 +158,7 @@ def test_a_model_that_answers_in_text_gets_no_tool_calls(plain):
 @pytest.mark.parametrize("extra, needle", [
     ({"tool_choice": "get_weather"}, "tool_choice must be"),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
-    ({"response_format": {"type": "json_object"}}, "do not combine with response_format"),
+    ({"response_format": {"type": "json_object"}}, "tools and response_format or grammar exclude each other"),
     ({"stop": ["x"]}, "stop does not combine with tools"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "if": {}}}}]},
      "cannot be used for constrained output"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from tiny import VOCAB, hf_model, save_hf
 
 from llmcli.cache.static import StaticKVCache
 from llmcli.decode.generate import Stats, generate, token_stream
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.decode.speculative import DraftModel, PromptLookup, speculative_stream
 from llmcli.quant.presets import load_preset
@@ -106,13 +106,14 @@ def test_through_generate_with_stops(tiny, one_thread, tmp_path):
     tok = from_hf_folder(tmp_path, {"eos_token_id": 2})
     target, q4, _ = tiny
     prompt = _prompts(1)[-1]
-    plain = list(generate(target, tok, prompt, GREEDY, _cache(target), max_tokens=40))
+    plain = list(generate(target, tok, prompt, Request(GREEDY, max_tokens=40), _cache(target)))
     text = "".join(c.text for c in plain)
     stop = (text[len(text) // 2: len(text) // 2 + 3],) if len(text) > 8 else ()
     for stops in ((), stop):
-        expected = list(generate(target, tok, prompt, GREEDY, _cache(target), max_tokens=40, stop=stops))
-        stream = partial(speculative_stream, proposer=DraftModel(q4, _cache(q4), CPU32.device), draft_tokens=4)
-        got = list(generate(target, tok, prompt, GREEDY, _cache(target), max_tokens=40, stop=stops, stream=stream))
+        expected = list(generate(target, tok, prompt, Request(GREEDY, max_tokens=40, stop=stops), _cache(target)))
+        drafted = Request(GREEDY, max_tokens=40, stop=stops, guesses="draft", draft_tokens=4)
+        draft = DraftModel(q4, _cache(q4), CPU32.device)
+        got = list(generate(target, tok, prompt, drafted, _cache(target), draft=draft))
         assert [(c.text, c.tokens, c.finish_reason) for c in got] == [(c.text, c.tokens, c.finish_reason) for c in expected]
 
 

@@ -17,6 +17,7 @@ from tool_templates import TEMPLATES
 from llmcli.cache.static import StaticKVCache
 from llmcli.decode.constrained import GrammarCompiler
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.decode.tool_grammar import opener_id, tool_grammar
 from llmcli.errors import GrammarError, InvalidOutputError, InvalidParameterError
@@ -151,7 +152,7 @@ def scripted(tok, folder_template, text: str, grammar, max_tokens=300):
     model.prompt_len = len(prompt)
     cache = StaticKVCache(1, 1, 1, 256, torch.device("cpu"), torch.float32)
     constraint = GrammarCompiler(tok).constraint(grammar)
-    return list(generate(model, tok, prompt, GREEDY, cache, max_tokens=max_tokens, constraint=constraint))
+    return list(generate(model, tok, prompt, Request(GREEDY, max_tokens=max_tokens), cache, constraint=constraint))
 
 
 def read(fmt, tok, chunks, calls_only=False, tools=TOOLS):
@@ -303,7 +304,7 @@ def test_chat_template_file_gives_a_model_a_tools_section(capsys, tmp_path, call
     ("{", [], "is not valid JSON"),
     (json.dumps([WEATHER]), ["--tool-choice", "nope"], "--tool-choice 'nope' is not"),
     (json.dumps([WEATHER]), ["--regex", "a"], "exclude each other"),
-    (None, ["--tool-choice", "required"], "--tool-choice needs --tools"),
+    (None, ["--tool-choice", "required"], "--tool-choice 'required' needs --tools"),
 ])
 def test_bad_tools_flags_are_one_line_before_the_model_loads(capsys, tmp_path, content, args, needle):
     from test_cli_run import assert_one_line_error

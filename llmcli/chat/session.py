@@ -13,9 +13,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..decode.constrained import GrammarCompiler, incomplete_message
-from ..decode.generate import Stats, generate
-from ..decode.strategy import Strategy
+from ..decode.constrained import incomplete_message
+from ..decode.picker import Stats
+from ..decode.request import Request
 from ..errors import IncompleteOutputError, InvalidParameterError
 from ..runtime.runtime import Runtime
 from ..text_input import check_text
@@ -36,21 +36,19 @@ class Turn:
     calls_cut: bool = False  # with tools: the reply ended inside a call
 
 
-class ChatSession:
-    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, context_shift: bool = False,
-                 grammar=None, tools=None, tool_choice: str = "auto"):
-        """`tools` (formats.tools.Tool list): offered with every message; `tool_choice` as --tool-choice."""
-        self.rt = rt
-        self.tools = tools if tools and tool_choice != "none" else None
-        self.tool_choice = tool_choice
-        self._reader = None  # the reply's CallReader, with tools
-        if self.tools:  # a template without tools is refused now, not at the first message
-            from ..decode.tool_grammar import tool_grammar
+# How the REPL's settings are named in a request's messages (/set parameter stop ...)
+CHAT_SPELLING = {"stop": "stop texts", "max_tokens": "max-tokens", "hint": "; /set parameter stop none"}
 
-            grammar = tool_grammar(rt.tool_support().format, self.tools, tool_choice, rt.loaded.tokenizer)
-        self.grammar = grammar  # constrained.Grammar every reply must follow (None: free text)
-        self._compiler = None  # its GrammarCompiler, built with the first constrained reply
-        self.context_shift = context_shift  # a reply may run past the context (context_shift.py)
+
+class ChatSession:
+    def __init__(self, rt: Runtime, conv: Conversation | None = None, step=None, request: Request = Request()):
+        """`request`: what every reply follows beside the conversation's own parameters (sampling,
+        max-tokens, stop: /set changes them): a grammar, or tools offered with every message (their
+        calls are read out of the reply), a context shift."""
+        self.rt = rt
+        self.request = request
+        # a template without tools is refused now, not at the first message
+        self.grammar = rt.grammar(request) if request.tools else request.grammar  # every reply follows it
         self.conv = conv or Conversation()
         self.cache = rt.new_cache()
         self.step = step  # what runs decode steps (a compiled model); None: the model
@@ -58,6 +56,15 @@ class ChatSession:
         self.replies = 0
         self.generated = 0
         self._prompt: list[int] | None = None  # set by add_user / take_back_reply, used by reply()
+
+    @property
+    def tools(self):
+        return self.request.tools
+
+    def reply_request(self) -> Request:
+        """The next reply's request: the session's, with the conversation's parameters now."""
+        c = self.conv
+        return self.request.with_(CHAT_SPELLING, sampling=c.params, max_tokens=c.max_tokens, stop=c.stop)
 
     def decode_mode(self) -> str:
         """How decode steps run (Runtime.describe_step)."""
@@ -75,7 +82,7 @@ class ChatSession:
                 "weights": loaded.weights_type, "path": str(loaded.path)}
 
     def encode(self, messages: list[dict]) -> list[int]:
-        return self.rt.prompt_ids(messages, tools=self.tools)
+        return self.rt.prompt_ids(messages, tools=self.request.tools)
 
     def context_used(self) -> int:
         """Tokens the conversation takes in the context now (0 before the first message)."""
@@ -87,7 +94,7 @@ class ChatSession:
         if not text.strip():
             raise InvalidParameterError("the message is empty; type some text")
         check_text(text, "the message")
-        self._check_stop()
+        self.reply_request()  # stop texts that could cut a reply the grammar must complete: refused now
         return self._add({"role": "user", "content": text})
 
     def _add(self, message: dict) -> list[dict]:
@@ -129,7 +136,7 @@ class ChatSession:
         reply = self.conv.last_reply
         if reply is None:
             raise InvalidParameterError("there is no reply to generate again; send a message first")
-        self._check_stop()
+        self.reply_request()
         self.conv.messages.pop()
         try:
             fitted = fit(self.conv, self.encode, self.ctx_size)
@@ -145,15 +152,13 @@ class ChatSession:
         if self._prompt is None:
             raise RuntimeError("reply() needs add_user() or take_back_reply() first")
         prompt, self._prompt = self._prompt, None
-        loaded = self.rt.loaded
+        request = self.reply_request()
         t0 = time.perf_counter()
         pieces, tokens, ttft, last = [], 0, None, None
-        shift = self.rt.context_shift(self.conv.window()) if self.context_shift else None
-        reader = self._tool_reader()
+        shift = self.rt.context_shift(self.conv.window()) if request.context_shift else None
+        reader = self.rt.call_reader(request)
         calls_cut = False
-        chunks = generate(loaded.model, loaded.tokenizer, prompt, self.conv.params, self.cache,
-                          max_tokens=self.conv.max_tokens, stop=self.conv.stop, device=self.rt.placement.device,
-                          step=self.step, shift=shift, constraint=self._constraint())
+        chunks = self.rt.generate(prompt, request, self.cache, self.step, shift=shift)
         try:
             for chunk in chunks:
                 if chunk.tokens and ttft is None:
@@ -186,34 +191,11 @@ class ChatSession:
                              len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1,
                              last.stopped_by if last else None, calls, calls_cut)
 
-    def _tool_reader(self):
-        """A fresh reader of the reply's tool calls (None without tools)."""
-        if not self.tools:
-            return None
-        from ..decode.tool_grammar import opener_id
-        from ..formats.tool_reply import CallReader
-
-        fmt = self.rt.tool_support().format
-        return CallReader(fmt, opener_id(fmt, self.rt.loaded.tokenizer), self.tools, self.tool_choice != "auto")
-
     def calls_json(self) -> str | None:
         """The last reply's calls as --tools prints them (one JSON line), or None."""
         if self.last is None or not self.last.calls:
             return None
         return json.dumps([{"name": c.name, "arguments": c.arguments} for c in self.last.calls], ensure_ascii=False)
-
-    def _constraint(self):
-        """A fresh per-reply matcher for the session's grammar (None without one)."""
-        if self.grammar is None:
-            return None
-        if self._compiler is None:
-            self._compiler = GrammarCompiler(self.rt.loaded.tokenizer)
-        return self._compiler.constraint(self.grammar)
-
-    def _check_stop(self) -> None:
-        """Before a message is added: stop texts could cut a reply the grammar must complete."""
-        Strategy(context_shift=self.context_shift, constrained=self.grammar is not None,
-                 stop=self.conv.stop).check(self.conv.params, "stop texts", hint="; /set parameter stop none")
 
     def check_reply(self) -> None:
         """With a grammar: raise unless the last reply is complete and valid (an interrupted one is
@@ -222,7 +204,7 @@ class ChatSession:
         if self.grammar is None or turn is None or turn.finish == "interrupted":
             return
         if self.tools:  # free text may end at -n; a call may not
-            if turn.finish == "length" and (turn.calls_cut or (self.tool_choice != "auto" and not turn.calls)):
+            if turn.finish == "length" and (turn.calls_cut or (self.request.tool_choice != "auto" and not turn.calls)):
                 raise IncompleteOutputError(incomplete_message(self.grammar, turn.tokens, self.conv.max_tokens))
             return
         if turn.finish == "length":

@@ -41,20 +41,19 @@ def batch(
     cache_ram: CacheRam = None,
 ):
     """Answer every request in INPUT (JSONL) into --output (JSONL), several sequences at a time."""
-    from ..decode.strategy import Strategy
+    from ..decode.request import Request
     from ..serve import batch_jobs as bj
 
-    params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
-                             presence_penalty, frequency_penalty, seed)
-    _check_numbers(rows, retries, max_tokens)
+    _check_numbers(rows, retries)
+    request = Request(sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+                                      frequency_penalty, seed),
+                      max_tokens, tuple(stop or ()), grammar=read_grammar(json_schema, regex, grammar))
     prompt_cache = cache_ram_bytes(cache_ram)
     fallback_value = _fallback(fallback)
-    check_text_options(system, stop)
-    command_grammar = read_grammar(json_schema, regex, grammar)
-    Strategy(constrained=command_grammar is not None, stop=tuple(stop or ())).check(params)
+    check_text_options(system)
     lines = _read_lines(input, output)
     with bj.output_lock(output):  # a second run on the same -o would write every result again
-        parsed = list(bj.read_jobs(lines, bj.done_ids(output), system))
+        parsed = list(bj.read_jobs(lines, bj.done_ids(output), system, request))
         jobs = [j for j in parsed if isinstance(j, bj.Job)]
         bad = [e for e in parsed if isinstance(e, bj.LineError)]
         err = stderr_console()
@@ -66,22 +65,19 @@ def batch(
         if jobs:
             flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
                                 registry=registry, offline=offline, rows=min(rows, len(jobs)))
-            bad += _run(err, flags, jobs, output, verbose, prompt_cache,
-                        dict(params=params, max_tokens=max_tokens, stop=tuple(stop or ()), raw=raw,
-                             grammar=command_grammar, retries=retries, fallback=fallback_value))
+            bad += _run(err, flags, jobs, output, verbose, prompt_cache, raw=raw, retries=retries,
+                        fallback=fallback_value)
         if bad:
             err.print(f"error: {len(bad)} input lines were skipped (see the warnings above); fix them and run again "
                       "to add their results", markup=False, highlight=False)
             raise typer.Exit(1)
 
 
-def _check_numbers(rows: int, retries: int, max_tokens: int) -> None:
+def _check_numbers(rows: int, retries: int) -> None:
     if rows < 1:
         raise InvalidParameterError(f"--rows must be at least 1, got {rows}")
     if retries < 0:
         raise InvalidParameterError(f"--retries must be >= 0, got {retries}")
-    if max_tokens < 1:
-        raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
 
 
 def _fallback(text: str):
@@ -91,17 +87,18 @@ def _fallback(text: str):
         raise InvalidParameterError(f"--fallback must be JSON (null, \"text\", {{...}}), got {text!r} ({e.msg})") from None
 
 
-def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, settings: dict) -> list:
-    """Load the model, answer the jobs into `output`; returns the lines that could not start."""
-    from .startup import open_model
+def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, **settings) -> list:
+    """Load the model, answer the jobs into `output`; returns the lines that could not start.
+    `settings`: BatchRunner's (raw, retries, fallback)."""
+    from ..runtime.runtime import open_model
     from ..serve.batch_jobs import ResultWriter
     from ..serve.batch_runner import BatchRunner
-    from .progress import download_progress
+    from .startup import opening
 
-    with download_progress(err) as progress:
+    with opening(err) as progress:
         rt = open_model(flags, progress)
     engine = rt.batch_engine(flags.rows, prompt_cache=prompt_cache)  # retries and shared system prompts reuse KV
-    runner = BatchRunner(rt, engine, settings.pop("params"), **settings)
+    runner = BatchRunner(rt, engine, **settings)
     t0, bad = time.perf_counter(), []
     with ResultWriter(output) as writer, _progress(err, len(jobs)) as bar:
         for kind, what in runner.run(jobs, writer):

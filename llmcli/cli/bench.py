@@ -31,7 +31,7 @@ def bench(
     registry: RegistryFile = None, offline: Offline = False,
 ):
     """Measure prefill (ppN) and generation (tgN) speed, time to first token, load time and peak memory."""
-    from ..bench import bench as b
+    from ..bench import measure as b
     from ..runtime.runtime import DEFAULT_MODEL
 
     prompts, gens = b.parse_sizes(n_prompt, "-p"), b.parse_sizes(n_gen, "-n")
@@ -75,11 +75,11 @@ def _baseline(baseline: str | None, llama_bench: str | None):
 def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: int, compile: bool, ignore_eos: bool,
              binary, baseline):
     """One model under one preset: its results (and the baseline's, interleaved), progress on stderr."""
-    from ..bench import bench as b
-    from .startup import open_model
-    from .progress import download_progress
+    from ..bench import measure as b
+    from ..runtime.runtime import open_model
+    from .startup import opening
 
-    with download_progress(err) as progress:
+    with opening(err) as progress:
         rt = open_model(flags, progress)
     step = rt.decode_step(compile)
     base = None

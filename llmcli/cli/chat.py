@@ -12,7 +12,7 @@ from ..errors import InvalidParameterError
 from .options import (ChatTemplateFile, ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile,
                       JsonSchema, KvOffload, KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant, Regex,
                       RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, ToolChoice,
-                      ToolsFile, TopK, TopP, check_max_tokens, check_text_options, model_flags, read_chat_template,
+                      ToolsFile, TopK, TopP, check_text_options, model_flags, read_chat_template,
                       read_grammar, read_tools, report_plan, sampling_params, stderr_console)
 
 # the default is runtime.DEFAULT_MODEL (not imported here: that would load torch for `--help`)
@@ -46,38 +46,30 @@ def chat(
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
     from ..chat import conversation
     from ..chat.session import ChatSession
-    from ..decode.strategy import Strategy
-    from ..runtime.runtime import DEFAULT_MODEL
-    from .startup import open_model
+    from ..decode.request import Request
+    from ..runtime.runtime import DEFAULT_MODEL, open_model
     from . import repl
-    from .progress import download_progress
+    from .startup import opening
 
-    params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
-                             presence_penalty, frequency_penalty, seed)
-    check_max_tokens(max_tokens)
-    check_text_options(system, stop)
-    constraint = read_grammar(json_schema, regex, grammar)  # every reply follows it
-    tools = read_tools(tools_file, tool_choice)  # offered with every message; calls are printed as JSON
+    request = Request(sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+                                      frequency_penalty, seed),
+                      max_tokens, tuple(stop or ()), grammar=read_grammar(json_schema, regex, grammar),
+                      **read_tools(tools_file, tool_choice), context_shift=context_shift)  # every reply follows it
+    check_text_options(system)
     template = read_chat_template(chat_template_file)
-    if tools is not None and constraint is not None:
-        raise InvalidParameterError("--tools and --json-schema, --regex or --grammar exclude each other; pass one")
-    offered = tools is not None and tool_choice != "none"
-    Strategy(context_shift=context_shift, constrained=constraint is not None or offered,
-             stop=tuple(stop or ())).check(params)
     if single and sys.stdin.isatty():  # before the model loads, to fail at once
         raise InvalidParameterError("--single reads the message from stdin; pipe it in, "
                                     "e.g. `cat notes.txt | llmcli chat --single`")
-    conv = conversation.Conversation(system, params=params, max_tokens=max_tokens, stop=tuple(stop or ()))
+    conv = conversation.Conversation(system, params=request.sampling, max_tokens=max_tokens, stop=request.stop)
     if load is not None:  # read it before the model loads, so a bad file fails at once
         conv = _with_flags(conversation.load(load), conv, _given(ctx))
     err = stderr_console()
-    with download_progress(err) as progress:
+    with opening(err) as progress:
         rt = open_model(model_flags(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads,
                                     ctx_size=ctx_size, quant=quant, kv_type=kv_type, kv_offload=kv_offload,
                                     registry=registry, offline=offline, chat_template=template), progress)
     report_plan(err, rt, verbose=False)
-    session = ChatSession(rt, conv, _decode_step(rt, compile), context_shift=context_shift, grammar=constraint,
-                          tools=tools, tool_choice=tool_choice)
+    session = ChatSession(rt, conv, _decode_step(rt, compile), request)
     raise typer.Exit(repl.run(session, render=render, single=single, check_model=load is not None))
 
 

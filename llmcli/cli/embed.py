@@ -36,8 +36,8 @@ def embed(
 ):
     """Write the embedding of TEXT as JSON: {"tokens": N, "embedding": [...]}. With --lines or --jsonl,
     one JSON object a line for each line of the input."""
-    from .startup import open_model
-    from .progress import download_progress
+    from ..runtime.runtime import open_model
+    from .startup import opening
 
     if lines and jsonl:
         raise InvalidParameterError("--lines and --jsonl read the input in two different ways; pass one")
@@ -47,7 +47,7 @@ def embed(
         raise InvalidParameterError(f"--batch-size must be at least 1, got {batch_size}")
     source = _input(text, lines or jsonl)
     err = stderr_console()
-    with download_progress(err) as progress:
+    with opening(err) as progress:
         rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                                     registry=registry, offline=offline, allow_encoder=True), progress)
     embedder = rt.embedder(pooling, normalize, batch_size)

@@ -1,5 +1,6 @@
 """What every command shares: option types (hf CLI style `Annotated` aliases), the stderr console,
-and the checks and bundles that turn flags into library arguments (ModelFlags, SamplingParams)."""
+and the checks and bundles that turn flags into library arguments (ModelFlags, SamplingParams, the
+request's fields)."""
 
 from __future__ import annotations
 
@@ -98,19 +99,12 @@ def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, pr
                           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed)
 
 
-def check_max_tokens(max_tokens: int | None) -> None:
-    if max_tokens is not None and max_tokens < 1:
-        raise InvalidParameterError(f"--max-tokens must be at least 1, got {max_tokens}")
-
-
-def check_text_options(system: str | None, stop: list[str] | None) -> None:
-    """--system and --stop arrive from argv like the prompt: UTF-8 text or an error."""
+def check_text_options(system: str | None) -> None:
+    """--system arrives from argv like the prompt: UTF-8 text or an error (the Request checks --stop)."""
     from ..text_input import check_text
 
     if system is not None:
         check_text(system, "--system")
-    for s in stop or ():
-        check_text(s, "--stop")
 
 
 def read_grammar(json_schema: Path | None, regex: str | None, grammar: Path | None):
@@ -122,23 +116,18 @@ def read_grammar(json_schema: Path | None, regex: str | None, grammar: Path | No
     return from_flags(json_schema, regex, grammar)
 
 
-def read_tools(path: Path | None, choice: str = "auto"):
-    """--tools FILE (formats.tools.Tool list, None without it) and --tool-choice, checked before
-    the model loads."""
+def read_tools(path: Path | None, choice: str = "auto") -> dict:
+    """--tools FILE and --tool-choice as the request's fields: the tools offered (none for
+    --tool-choice none) and the choice; the Request checks the choice against them."""
     if path is None:
-        if choice != "auto":
-            raise InvalidParameterError("--tool-choice needs --tools")
-        return None
+        return {"tool_choice": choice}  # anything but auto: "--tool-choice needs --tools"
     from ..formats.tools import parse_tools
     from ..json_input import load_json
     from ..text_input import read_text_file
 
     text = read_text_file(path, "--tools", hint="pass a JSON list of OpenAI tool definitions")
     tools = parse_tools(load_json(text, f"--tools {path}"), f"--tools {path}")
-    if choice not in ("auto", "none", "required") and all(t.name != choice for t in tools):
-        raise InvalidParameterError(f"--tool-choice {choice!r} is not auto, none, required or one of the tools "
-                                    f"({', '.join(t.name for t in tools)})")
-    return tools
+    return {} if choice == "none" else {"tools": tuple(tools), "tool_choice": choice}
 
 
 def report_plan(err, rt, verbose: bool) -> None:

@@ -61,7 +61,7 @@ def quantize(
 
     source = locate(model)
     chosen = load_preset(preset)
-    resume()  # (it opens no model through startup.open_model: its long work collects as usual)
+    resume()  # (it opens no model: its long work collects as usual)
     out = output if output is not None else Path.cwd() / f"{source.stem if source.is_file() else source.name}-{chosen.name}"
     with _progress_bar(f"quantizing ({chosen.name})", sys.stderr.isatty()) as update:
         summary = quantize_to_folder(source, chosen, out, force=force, search=search, progress=update)
@@ -79,15 +79,15 @@ def quantize(
         f"  {summary.quantized_tensors} tensors quantized{imported}; {summary.seconds:.1f} s\n")
 
 
-def _open_reference(flags, reference: str):
+def _open_reference(flags, reference: str, progress=None):
     """--reference: a preset (the same MODEL quantized so) or another model path."""
     from ..quant.presets import shipped_names
     from ..runtime.runtime import locate
-    from .startup import open_model
+    from ..runtime.runtime import open_model
 
     if reference in shipped_names() or (reference.endswith(".toml") and not locate(reference).is_dir()):
-        return open_model(flags.with_(quant=reference))
-    return open_model(flags.with_(model=reference, quant=None))
+        return open_model(flags.with_(quant=reference), progress)
+    return open_model(flags.with_(model=reference, quant=None), progress)
 
 
 def perplexity(
@@ -102,8 +102,8 @@ def perplexity(
 ):
     """Perplexity of MODEL over a text, in windows scored on their second half (like llama-perplexity)."""
     from ..bench.perplexity import evaluate
-    from ..runtime.runtime import check_ctx_size
-    from .startup import open_model
+    from ..runtime.runtime import check_ctx_size, open_model
+    from .startup import opening
 
     from ..text_input import MAX_DATA_BYTES, read_text_file
 
@@ -111,9 +111,10 @@ def perplexity(
     if chunks is not None and chunks < 1:
         raise InvalidParameterError(f"--chunks must be at least 1, got {chunks}")
     flags = model_flags(model, device=device, dtype=dtype, threads=threads, quant=quant)
-    rt = open_model(flags)
-    ctx = check_ctx_size(ctx_size, rt.loaded.args.max_position_embeddings)
-    ref = _open_reference(flags, reference) if reference else None
+    with opening(stderr_console()) as progress:
+        rt = open_model(flags, progress)
+        ctx = check_ctx_size(ctx_size, rt.loaded.args.max_position_embeddings)
+        ref = _open_reference(flags, reference, progress) if reference else None
     with _progress_bar("scoring", sys.stderr.isatty()) as update:
         result = evaluate(rt.loaded, text, ctx, chunks, ref.loaded if ref else None,
                           progress=lambda done, total: update(done, total, f"{done}/{total} windows"))

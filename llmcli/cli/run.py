@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import partial
 from typing import Annotated, Optional
 
 import typer
@@ -14,7 +13,7 @@ from .options import (Beams, ChatTemplateFile, Compile, ContextShift, CtxSize, D
                       Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup,
                       LookupNgram, MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile,
                       RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, ToolChoice, ToolsFile, TopK, TopP,
-                      Verbose, check_max_tokens, check_text_options, model_flags, read_chat_template, read_grammar,
+                      Verbose, check_text_options, model_flags, read_chat_template, read_grammar,
                       read_tools, report_plan, sampling_params, stderr_console)
 
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when absent or '-'.", show_default=False)]
@@ -42,23 +41,20 @@ def run(
     logprobs: LogprobsN = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
     """Generate one answer to PROMPT and stream it to stdout."""
-    from ..decode.strategy import Strategy
+    from ..decode.request import Request
 
-    params = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
-                             presence_penalty, frequency_penalty, seed)
-    check_max_tokens(max_tokens)
-    check_text_options(system, stop)
+    if draft is not None and lookup:
+        raise InvalidParameterError("--draft and --lookup are two ways to guess tokens; choose one")
+    request = Request(sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+                                      frequency_penalty, seed),
+                      max_tokens, tuple(stop or ()), ignore_eos, read_grammar(json_schema, regex, grammar),
+                      **read_tools(tools_file, tool_choice), logprobs=logprobs, beams=beams,
+                      length_penalty=length_penalty, guesses="draft" if draft else "lookup" if lookup else None,
+                      draft_tokens=draft_tokens, lookup_ngram=lookup_ngram, context_shift=context_shift)
+    check_text_options(system)
     if logprobs is not None and not json_out:
         raise InvalidParameterError("--logprobs needs --json: the log-probabilities are part of the JSON object")
-    grammar_of = read_grammar(json_schema, regex, grammar)
-    tools = read_tools(tools_file, tool_choice)
     template = read_chat_template(chat_template_file)
-    if tools is not None and grammar_of is not None:
-        raise InvalidParameterError("--tools and --json-schema, --regex or --grammar exclude each other; pass one")
-    offered = tools if tool_choice != "none" else None
-    strategy = Strategy(beams, length_penalty, draft is not None, draft_tokens, lookup, lookup_ngram, context_shift,
-                        grammar_of is not None or offered is not None, logprobs, tuple(stop or ()))
-    strategy.check(params)
     text = read_prompt(prompt)
     flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
                         kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline,
@@ -69,9 +65,8 @@ def run(
     if verbose:
         _report_model(err, rt)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    answer = _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw, max_tokens, compile, json_out,
-                     ignore_eos, offered, tool_choice)
-    _print_result(err, rt, answer, json_out, verbose)
+    answer = _answer(rt, draft_rt, messages, request, raw, compile, held=json_out or request.constrained)
+    _print_result(err, rt, request, answer, json_out, verbose)
 
 
 def read_prompt(prompt: str | None) -> str:
@@ -93,10 +88,10 @@ def read_prompt(prompt: str | None) -> str:
 def _open(err, flags, draft: str | None, draft_quant: str | None, sample: str):
     """The model, and the draft model for --draft (checked to speak the same tokens)."""
     from ..decode.speculative import check_draft
-    from .startup import open_model
-    from .progress import download_progress
+    from ..runtime.runtime import open_model
+    from .startup import opening
 
-    with download_progress(err) as progress:
+    with opening(err) as progress:
         rt = open_model(flags, progress)
         draft_rt = None
         if draft is not None:
@@ -115,13 +110,13 @@ def _report_model(err, rt) -> None:
 
 class _Answer:
     """What generation produced: the text (streamed already unless held), the last chunk, and what
-    rode along (the grammar's constraint, the logprobs recorder, the context shift)."""
+    rode along (the grammar, the Generation with its constraint and logprobs, the context shift)."""
 
     def __init__(self, held: bool):
-        self.held = held  # --json or a grammar: printed at the end, not streamed
+        self.held = held  # --json, a grammar or tools: printed at the end, not streamed
         self.pieces: list[str] = []
         self.last = None
-        self.grammar = self.constraint = self.recorder = self.shift = self.max_tokens = None
+        self.grammar = self.generation = self.shift = None
         self.reader = None  # formats.tool_reply.CallReader, with --tools
         self.calls_whole = True  # with --tools: the reply did not end inside a call
         self.step = ""  # how decode steps ran (Runtime.describe_step)
@@ -131,33 +126,23 @@ class _Answer:
         return "".join(self.pieces)
 
 
-def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max_tokens, compile: bool,
-            json_out: bool, ignore_eos: bool, tools=None, tool_choice: str = "auto") -> _Answer:
-    """Generate, streaming the text to stdout as it comes unless it is held for the end. `tools`:
-    offered to the model (the reply is held: it may be calls)."""
-    from ..decode.constrained import GrammarCompiler
-    from ..decode.generate import generate, output_limit
-    from ..decode.picker import Logprobs
+def _answer(rt, draft_rt, messages, request, raw: bool, compile: bool, held: bool) -> _Answer:
+    """Generate, streaming the text to stdout as it comes unless it is `held` for the end (a
+    reply with tools may be calls)."""
+    from ..decode.generate import output_limit
 
-    out = _Answer(held=json_out or grammar_of is not None or tools is not None)  # printed once complete and valid
-    out.grammar, out.max_tokens = grammar_of, max_tokens
-    ids = rt.prompt_ids(messages, raw=raw, tools=tools)
-    if tools:
-        out.grammar, out.reader = tool_calling(rt, tools, tool_choice)
-    if strategy.beams > 1 and rt.plan is not None:  # the search's own cache: beams x (prompt + answer)
-        answer_room = output_limit(len(ids), rt.ctx_size, max_tokens)
-        rt.plan.check_rows(strategy.beams, len(ids), answer_room, f"--beams {strategy.beams}")
-    out.shift = rt.context_shift(messages, raw) if strategy.context_shift else None
-    if out.grammar is not None:
-        out.constraint = GrammarCompiler(rt.loaded.tokenizer).constraint(out.grammar)
-    out.recorder = Logprobs(strategy.logprobs) if strategy.logprobs is not None else None
+    out = _Answer(held)
+    ids = rt.prompt_ids(messages, raw=raw, tools=request.tools)
+    out.grammar, out.reader = rt.grammar(request), rt.call_reader(request)
+    if request.beams > 1 and rt.plan is not None:  # the search's own cache: beams x (prompt + answer)
+        answer_room = output_limit(len(ids), rt.ctx_size, request.max_tokens)
+        rt.plan.check_rows(request.beams, len(ids), answer_room, f"--beams {request.beams}")
+    out.shift = rt.context_shift(messages, raw) if request.context_shift else None
     step = rt.decode_step(compile)
     out.step = rt.describe_step(step)
-    for chunk in generate(rt.loaded.model, rt.loaded.tokenizer, ids, params, rt.new_cache(),
-                          max_tokens=max_tokens, stop=strategy.stop, device=rt.placement.device,
-                          step=step, shift=out.shift, constraint=out.constraint,
-                          logprobs=out.recorder, stream=decoding_stream(rt, draft_rt, compile, strategy),
-                          ignore_eos=ignore_eos):
+    draft = draft_rt.draft(rt.ctx_size, compile) if draft_rt is not None else None
+    out.generation = rt.generate(ids, request, rt.new_cache(), step, shift=out.shift, draft=draft)
+    for chunk in out.generation:
         text = out.reader.push(chunk.text, chunk.tokens)[0] if out.reader else chunk.text
         if out.reader and chunk.finish_reason is not None:
             rest, out.calls_whole = out.reader.finish()
@@ -170,23 +155,12 @@ def _answer(rt, draft_rt, messages, params, strategy, grammar_of, raw: bool, max
     return out
 
 
-def tool_calling(rt, tools, choice: str):
-    """The grammar that keeps calls valid and the reader that takes them out of the reply."""
-    from ..decode.tool_grammar import opener_id, tool_grammar
-    from ..formats.tool_reply import CallReader
-
-    support = rt.tool_support()  # ToolsUnsupportedError: a template that takes no tools
-    grammar = tool_grammar(support.format, tools, choice, rt.loaded.tokenizer)
-    return grammar, CallReader(support.format, opener_id(support.format, rt.loaded.tokenizer), tools,
-                               calls_only=choice != "auto")
-
-
 def calls_json(calls) -> list[dict]:
     """A reply's calls as --tools prints them: [{"name", "arguments": {...}}] (arguments as objects)."""
     return [{"name": c.name, "arguments": c.arguments} for c in calls]
 
 
-def _print_result(err, rt, answer: _Answer, json_out: bool, verbose: bool) -> None:
+def _print_result(err, rt, request, answer: _Answer, json_out: bool, verbose: bool) -> None:
     """The end of the answer (or its JSON object), then with -v the figures; a grammar's output that
     is incomplete ends in an error after --json's object, which keeps the partial text."""
     last, stats = answer.last, answer.last.stats
@@ -199,10 +173,10 @@ def _print_result(err, rt, answer: _Answer, json_out: bool, verbose: bool) -> No
             from ..errors import IncompleteOutputError
 
             problem = IncompleteOutputError(incomplete_message(answer.grammar, stats.completion_tokens,
-                                                               answer.max_tokens))
-    elif answer.constraint is not None:  # checked before anything is printed
-        problem = check_constrained(answer.grammar, answer.constraint, answer.text, last.finish_reason, stats,
-                                    answer.max_tokens)
+                                                               request.max_tokens))
+    elif answer.generation.constraint is not None:  # checked before anything is printed
+        problem = check_constrained(answer.grammar, answer.generation.constraint, answer.text, last.finish_reason,
+                                    stats, request.max_tokens)
     if json_out:
         sys.stdout.write(json.dumps(result_json(rt, answer), ensure_ascii=False) + "\n")
     elif problem is None and calls:  # the answer is the calls; text the model wrote before them goes aside
@@ -221,7 +195,7 @@ def _print_result(err, rt, answer: _Answer, json_out: bool, verbose: bool) -> No
     if problem is not None:
         raise problem
     if last.stopped_by == "context":  # never silent: the answer is shorter than asked for
-        err.print(f"warning: {context_filled(rt.ctx_size, stats.completion_tokens, answer.max_tokens)}",
+        err.print(f"warning: {context_filled(rt.ctx_size, stats.completion_tokens, request.max_tokens)}",
                   markup=False, highlight=False)
 
 
@@ -243,13 +217,13 @@ def result_json(rt, answer: _Answer) -> dict:
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
                      "total_tokens": stats.prompt_tokens + stats.completion_tokens},
            "timings": {"load_s": round(rt.loaded.load_seconds, 4), **stats.as_dict()}}
-    if answer.recorder is not None:
-        out["logprobs"] = logprobs_json(answer.recorder, rt.loaded.tokenizer)
+    if answer.generation.logprobs is not None:
+        out["logprobs"] = logprobs_json(answer.generation.logprobs, rt.loaded.tokenizer)
     return out
 
 
 def _report_stats(err, answer: _Answer) -> None:
-    stats, constraint = answer.last.stats, answer.constraint
+    stats, constraint = answer.last.stats, answer.generation.constraint
     if constraint is not None:
         step_ms = stats.decode_s / max(1, stats.completion_tokens - 1) * 1000
         err.print(f"[dim]constraint ({answer.grammar.kind}): mask + advance {constraint.mean_s * 1000:.3f} ms/token "
@@ -293,23 +267,3 @@ def logprobs_json(recorder, tokenizer) -> list[dict]:
         return {"token": tokenizer.decode([token_id], skip_special=False), "id": token_id, "logprob": round(logprob, 6)}
 
     return [{**one(t, lp), "top": [one(a, alp) for a, alp in top]} for t, lp, top in recorder.entries]
-
-
-def decoding_stream(rt, draft_rt, compile: bool, strategy):
-    """generate()'s `stream`: beam search, speculative decoding, or None (token by token)."""
-    from ..decode import speculative
-    from ..decode.beam import beam_stream
-
-    if strategy.beams > 1:
-        return partial(beam_stream, beams=strategy.beams, length_penalty=strategy.length_penalty,
-                       eos_ids=rt.loaded.tokenizer.eos_ids)
-    if draft_rt is None and not strategy.lookup:
-        return None
-    if strategy.lookup:
-        proposer = speculative.PromptLookup(strategy.lookup_ngram)
-        k = strategy.draft_tokens or speculative.LOOKUP_TOKENS
-    else:
-        proposer = speculative.DraftModel(draft_rt.loaded.model, draft_rt.new_cache(rt.ctx_size),
-                                          draft_rt.placement.device, draft_rt.decode_step(compile))
-        k = strategy.draft_tokens or speculative.DRAFT_TOKENS
-    return partial(speculative.speculative_stream, proposer=proposer, draft_tokens=k)

@@ -17,7 +17,7 @@ import typer
 
 from ..errors import InvalidParameterError
 from .options import (CacheRam, ChatTemplateFile, Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads,
-                      cache_ram_bytes, check_max_tokens, check_text_options, model_flags, read_chat_template,
+                      cache_ram_bytes, check_text_options, model_flags, read_chat_template,
                       read_grammar, report_plan, stderr_console)
 from .signals import Terminated
 
@@ -72,10 +72,10 @@ def serve(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
 ):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics)."""
-    from .startup import open_model
+    from ..runtime.runtime import open_model
     from ..serve.http import Server
     from ..serve.listener import Timeouts, bind
-    from .progress import download_progress
+    from .startup import opening
 
     if not 1 <= rows <= 256:
         raise InvalidParameterError(f"--rows must be from 1 to 256, got {rows}")
@@ -104,7 +104,7 @@ def serve(
               "(--api-key)", file=sys.stderr)
     listener = bind(host, port)  # a busy port fails now, before the model loads
     try:
-        with download_progress(err) as progress:
+        with opening(err) as progress:
             rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                                         quant=quant, registry=registry, offline=offline, rows=rows,
                                         ctx_cap=DEFAULT_CTX, allow_encoder=True, chat_template=template), progress)
@@ -155,13 +155,13 @@ def _details(rt, server) -> str:
 
 def _defaults(sampling: dict, max_tokens: int | None, system: str | None, grammar):
     """openai_api.Defaults from the flags given (checked as run checks them)."""
+    from ..decode.request import Request
     from ..decode.sampling import SamplingParams
     from ..serve.openai_api import Defaults
 
     given = {k: v for k, v in sampling.items() if v is not None}
-    SamplingParams(**given)  # InvalidParameterError naming the flag, as for run
-    check_max_tokens(max_tokens)
-    check_text_options(system, None)
+    Request(SamplingParams(**given), max_tokens)  # InvalidParameterError naming the flag, as for run
+    check_text_options(system)
     return Defaults(given, max_tokens, system, grammar)
 
 

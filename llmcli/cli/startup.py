@@ -1,16 +1,21 @@
 """A command's start with Python's cyclic garbage collector paused.
 
-Importing torch and loading a model make ~350,000 objects that live to the end of the process;
-collecting as they came (~540 collections, three of them over everything) took 0.18 s of a 2-second
-`llmcli run smollm2 "hi" -n 16` (Intel Xeon, 2 cores). entry() pauses the collector; once a
-command has its model, `open_model` here freezes what exists (no later collection looks at it
-again) and resumes collecting, so a long chat or server collects as usual. `pull` and `quantize`,
-long without a model opened here, resume before their work; list, show and rm end quickly.
+Importing torch and loading a model make hundreds of thousands of objects that live to the end of
+the process; collecting as they came spent a tenth of a short `llmcli run` on them (figures in
+docs/performance.md). entry() pauses the collector; once a command has its model, `opening()`
+freezes what exists (no later collection looks at it again) and resumes collecting, so a long chat
+or server collects as usual. `pull` and `quantize`, long without a model, resume before their
+work; list, show and rm end quickly.
+
+    with opening(err) as progress:          # download bars on stderr at a terminal
+        rt = open_model(flags, progress)    # runtime.open_model
 """
 
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
+from typing import Iterator
 
 
 def pause() -> None:
@@ -24,11 +29,14 @@ def resume() -> None:
         gc.enable()
 
 
-def open_model(flags, progress=None, **changes):
-    """runtime.open_model, then the collector resumed (the start is over)."""
-    from ..runtime.runtime import open_model as open_runtime
+@contextmanager
+def opening(err=None) -> Iterator:
+    """While a command opens its model: the download progress callback to give runtime.open_model
+    (None when stderr is not a terminal); afterwards the collector resumes (the start is over)."""
+    from .progress import download_progress
 
     try:
-        return open_runtime(flags, progress, **changes)
+        with download_progress(err) as progress:
+            yield progress
     finally:
         resume()

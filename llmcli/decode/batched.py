@@ -6,9 +6,9 @@ of the cache (forward_layout's `slots`: row b's token goes to slot length_b and 
 0..length_b). A finished sequence's row is refilled from the last live row (one copy of its
 slots), and a waiting request is admitted into row n as soon as one is free, between steps:
 
-    submit(request)      queue it (thread-safe; checks the prompt fits the context)
-    cancel(request)      drop it, queued or running (a client went away); no event follows
-    step() -> events     admit what fits, run one decode step, return (request, Chunk) pairs
+    submit(sequence)     queue a Sequence: a prompt and its request (thread-safe; checks the prompt fits)
+    cancel(sequence)     drop it, queued or running (a client went away); no event follows
+    step() -> events     admit what fits, run one decode step, return (Sequence, Chunk) pairs
 
 A new sequence's prompt is prefilled alone through a batch-1 view of its row, exactly as
 generate() prefills; through the native step it goes into the next decode step's call instead
@@ -39,9 +39,10 @@ import torch
 
 from ..cache import common_prefix, new_cache
 from ..cache.prompt_cache import PromptCache
-from .generate import Chunk, limit_reason, output_limit, prefill, prefill_runner, text_stream
+from .generate import Chunk, limit_reason, output_limit, text_stream
 from .picker import Logprobs, Picker
-from .sampling import SamplingParams
+from .prefill import prefill, prefill_runner
+from .request import Request
 
 
 JOINED_TOKENS = 256  # tokens a decode step takes with new prompts in it (more: a prompt is prefilled alone)
@@ -49,32 +50,37 @@ SHARED_WAIT = 16  # prompt tokens a request waits a step for, to copy them from 
 
 
 @dataclass(eq=False)
-class Request:
-    """One completion to make. `tag` is the caller's (an id, a reply queue)."""
+class Sequence:
+    """One completion to make: `prompt` (token ids) as `request` asks. `constraint`
+    (constrained.TokenConstraint, one per sequence) where the request is constrained; `logprobs`
+    records its tokens where the request asks; `tag` is the caller's (an id, a reply queue)."""
 
     prompt: list[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    constraint: object = None  # constrained.TokenConstraint, one per request
-    logprobs: Logprobs | None = None
+    request: Request = field(default_factory=Request)
+    constraint: object = None
     tag: object = None
-    cache_prompt: bool = True  # reuse and keep prompt KV in the engine's prompt cache (if it has one)
+    logprobs: Logprobs | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        if self.request.constrained and self.constraint is None:
+            raise ValueError("a constrained request needs its constraint")
+        if self.request.logprobs is not None:
+            self.logprobs = Logprobs(self.request.logprobs)
 
 
-class _Sequence:
-    """A running request: its row's length, its Picker and its text stream."""
+class _Running:
+    """A running sequence: its row's length, its Picker and its text stream."""
 
-    def __init__(self, req: Request, limit: int, device: torch.device, model, tokenizer):
+    def __init__(self, req: Sequence, limit: int, device: torch.device, model, tokenizer):
         self.req, self.limit = req, limit
-        self.picker = Picker(req.params, req.prompt, device, head=getattr(model, "lm_head", None),
+        self.picker = Picker(req.request.sampling, req.prompt, device, head=getattr(model, "lm_head", None),
                              constraint=req.constraint, logprobs=req.logprobs)
         self.stats = self.picker.stats
         self.length = 0  # tokens in its cache row
         self.last = -1  # the token the next step feeds
         self.pending: int | None = None  # the token text_stream reads next
-        self.text = text_stream(self._feed(), tokenizer, tuple(s for s in req.stop if s), req.prompt, self.stats,
-                                limit_reason(limit, req.max_tokens))
+        self.text = text_stream(self._feed(), tokenizer, tuple(s for s in req.request.stop if s), req.prompt,
+                                self.stats, limit_reason(limit, req.request.max_tokens), req.request.ignore_eos)
 
     def _feed(self) -> Iterator[int]:
         while self.pending is not None:
@@ -107,9 +113,9 @@ class BatchEngine:
         self.rows, self.max_len = rows, max_len
         self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
         self.prompt_cache = prompt_cache
-        self.waiting: deque[Request] = deque()
-        self.running: list[_Sequence] = []  # running[i] holds cache row i
-        self.cancelled: set[Request] = set()  # requests to drop (held, not id()s: a freed id can be reused)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[_Running] = []  # running[i] holds cache row i
+        self.cancelled: set[Sequence] = set()  # sequences to drop (held, not id()s: a freed id can be reused)
         self.lock = threading.Lock()
         self.clean = 0  # slots [0, clean) of every row hold finite numbers (see _clean_up_to)
         self.steps = 0  # decode steps run
@@ -117,12 +123,12 @@ class BatchEngine:
 
     # ------------------------------------------------------------------ the caller's side
 
-    def submit(self, req: Request) -> None:
-        output_limit(len(req.prompt), self.max_len, req.max_tokens)  # PromptTooLongError now, not later
+    def submit(self, req: Sequence) -> None:
+        output_limit(len(req.prompt), self.max_len, req.request.max_tokens)  # PromptTooLongError now, not later
         with self.lock:
             self.waiting.append(req)
 
-    def cancel(self, req: Request) -> None:
+    def cancel(self, req: Sequence) -> None:
         with self.lock:
             self.cancelled.add(req)
 
@@ -134,11 +140,11 @@ class BatchEngine:
     # ------------------------------------------------------------------ the engine's side
 
     @torch.inference_mode()
-    def step(self) -> list[tuple[Request, Chunk]]:
+    def step(self) -> list[tuple[Sequence, Chunk]]:
         """Admit waiting requests into free rows (prefilling each), then one decode step for every
         running sequence. Returns the chunks made, in row order; a chunk with a finish_reason is its
         request's last."""
-        events: list[tuple[Request, Chunk]] = []
+        events: list[tuple[Sequence, Chunk]] = []
         self._drop_cancelled()
         prompts: dict[int, list[int]] = {}  # row: the prompt tokens the decode step runs for it
         while len(self.running) < self.rows:
@@ -161,8 +167,8 @@ class BatchEngine:
             if self.running[i].req in gone:
                 self._free(i)
 
-    def _admit(self, req: Request, events, prompts: dict[int, list[int]]) -> None:
-        seq = _Sequence(req, output_limit(len(req.prompt), self.max_len, req.max_tokens), self.device,
+    def _admit(self, req: Sequence, events, prompts: dict[int, list[int]]) -> None:
+        seq = _Running(req, output_limit(len(req.prompt), self.max_len, req.request.max_tokens), self.device,
                         self.model, self.tokenizer)
         row = len(self.running)
         view = self.cache.row(row)
@@ -183,10 +189,10 @@ class BatchEngine:
         if not self._emit(row, logits, h, events):
             self._free(row)
 
-    def _reuse(self, req: Request, row: int) -> int:
+    def _reuse(self, req: Sequence, row: int) -> int:
         """Copy into `row` the longest start of req's prompt that the prompt cache holds or a running
         row has computed (at most all but its last token); its length (0 without a prompt cache)."""
-        if self.prompt_cache is None or not req.cache_prompt:
+        if self.prompt_cache is None or not req.request.cache_prompt:
             return 0
         limit = len(req.prompt) - 1
         shared, source = self._computed_prefix(req.prompt, limit)
@@ -207,12 +213,12 @@ class BatchEngine:
                 best, source = n, i
         return best, source
 
-    def _waits_for_a_prefix(self, req: Request, prompts: dict[int, list[int]]) -> bool:
+    def _waits_for_a_prefix(self, req: Sequence, prompts: dict[int, list[int]]) -> bool:
         """Whether `req` waits a step: a prompt that joins this step starts as req's does, for
         SHARED_WAIT tokens more than anything computed. Requests that arrive together with one
         system prompt then compute it once, and the others copy it from that row next step
         (8 rows of SmolLM2 taking 8 chat prompts: 280 prompt tokens computed, then ~90)."""
-        if self.prompt_cache is None or not req.cache_prompt or not prompts:
+        if self.prompt_cache is None or not req.request.cache_prompt or not prompts:
             return False
         limit = len(req.prompt) - 1
         coming = max(min(common_prefix(self.running[r].req.prompt, req.prompt), limit) for r in prompts)
@@ -297,7 +303,7 @@ class BatchEngine:
     def _free(self, row: int) -> None:
         """Drop row's sequence (its KV offered to the prompt cache); the last live row moves into its place."""
         seq = self.running[row]
-        if self.prompt_cache is not None and seq.req.cache_prompt:
+        if self.prompt_cache is not None and seq.req.request.cache_prompt:
             self.prompt_cache.store(seq.picker.history[:seq.length], self.cache, row)  # its slots hold these
         last = len(self.running) - 1
         if row != last:
@@ -306,7 +312,7 @@ class BatchEngine:
             self.running[row] = moved
         self.running.pop()
 
-    def run(self, requests: list[Request]) -> Iterator[tuple[Request, Chunk]]:
+    def run(self, requests: list[Sequence]) -> Iterator[tuple[Sequence, Chunk]]:
         """Every request to its end: the events as they come."""
         for r in requests:
             self.submit(r)

@@ -27,15 +27,9 @@ import torch
 from ..cache import new_cache
 from ..cache.static import StaticKVCache
 from ..errors import InvalidParameterError
-from .generate import Stats, prefill
+from .picker import Stats
+from .prefill import prefill
 from .sampling import SamplingParams
-
-
-def check_beams(beams: int, length_penalty: float) -> None:
-    if beams < 1:
-        raise InvalidParameterError(f"--beams must be at least 1 (1: no beam search), got {beams}")
-    if length_penalty != length_penalty or abs(length_penalty) == float("inf"):
-        raise InvalidParameterError(f"--length-penalty must be a finite number, got {length_penalty}")
 
 
 @torch.inference_mode()
@@ -94,7 +88,7 @@ def beam_search(model, prompt: list[int], beams: int, max_new: int, eos_ids, dev
 def beam_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int, device: torch.device,
                 stats: Stats, step=None, shift=None, *, beams: int, length_penalty: float = 1.0,
                 eos_ids=()) -> Iterator[int]:
-    """token_stream's drop-in for generate(stream=...): the beam search's best ids, yielded at the end.
+    """generate()'s token stream for a request with beams > 1: the beam search's best ids, yielded at the end.
 
     The sampling parameters do not apply (the search is deterministic); `cache` (batch 1) is left
     empty: the search needs its own cache of `beams` rows."""

@@ -1,17 +1,20 @@
 """Generation as a stack of generators:
 
     token_stream   prefill the prompt (reusing what the cache already holds), then decode one token
-                   per step and yield each id
+                   per step and yield each id (or beam.py's / speculative.py's stream, as the request
+                   asks)
     text_stream    ids -> text: end-of-sequence ids, stop strings (never printed, even when split
                    across tokens), whole UTF-8 characters only
     generate       the public entry: checks the prompt fits, picks the output limit, yields Chunk
 
+    for chunk in generate(model, tokenizer, prompt_ids, request, cache, step): ...
+
 The last chunk carries `finish_reason` ("stop" or "length") and the `Stats`; a "length" finish
 also says which limit ended it, `stopped_by`: "max_tokens" (-n) or "context" (the context filled
-before -n, or without one). Two optional
-per-sequence objects ride along: a `constraint` (constrained.TokenConstraint: a grammar masks the
-logits, and a complete grammar ends the sequence) and `logprobs` (Logprobs: records each sampled
-token's log-probability and the top alternatives).
+before -n, or without one). What rides along with one sequence: its `constraint`
+(constrained.TokenConstraint, made from the request's grammar: it masks the logits, and a complete
+grammar ends the sequence) and its `logprobs` (Logprobs: each sampled token's log-probability and
+the top alternatives, when the request asks), both readable on the Generation.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from ..cache import reuse_prefix
 from ..errors import PromptTooLongError
 from ..formats.tokenizer import StreamDecoder, Tokenizer
 from .picker import Logprobs, Picker, Stats
+from .prefill import prefill, prefill_runner
+from .request import Request
 from .sampling import SamplingParams
-
-PREFILL_CHUNK = 512  # tokens per forward pass when prefilling long prompts (bounds activation memory)
 
 
 @dataclass
@@ -38,26 +41,6 @@ class Chunk:
     finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
     stats: Stats | None = None
     stopped_by: str | None = None  # with finish_reason "length": "max_tokens" or "context"
-
-
-def prefill_runner(model, step):
-    """What prefills a prompt: the native decode step where `step` is one (several hundred tokens a
-    call, each weight read once for all of them: faster than the model's own prefill on the CPU), else
-    the model. generate(), batched.py and speculative.py all prefill through it, so a prompt's first
-    logits do not depend on which of them decodes it."""
-    return step if getattr(step, "native", False) else model
-
-
-@torch.inference_mode()
-def prefill(model, ids: list[int], cache, device: torch.device, chunk: int | None = None, hidden: bool = False):
-    """Run `ids` into the cache (after what it holds); logits (V,) of the last one (and with
-    `hidden`, its final hidden state (H,))."""
-    chunk = chunk or PREFILL_CHUNK
-    out = None
-    for i in range(0, len(ids), chunk):
-        piece = torch.tensor([ids[i:i + chunk]], dtype=torch.long, device=device)
-        out = model(piece, cache, last_only=True, hidden=hidden)
-    return (out[0][0, -1], out[1][0, -1]) if hidden else out[0, -1]
 
 
 @torch.inference_mode()
@@ -147,29 +130,69 @@ def limit_reason(limit: int, max_tokens: int | None) -> str:
     return "max_tokens" if max_tokens is not None and limit == max_tokens else "context"
 
 
-def generate(model, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams, cache, *,
-             max_tokens: int | None = None, stop: tuple[str, ...] = (), device: torch.device | None = None,
-             step=None, shift=None, constraint=None, logprobs: Logprobs | None = None,
-             stream=None, ignore_eos: bool = False) -> Iterator[Chunk]:
-    """Stream the completion of `prompt` (token ids) as Chunks; `step` runs decode steps (default: model).
-    With `shift` (context_shift.ContextShift) generation goes past the context: only `max_tokens` ends it.
-    `constraint` (constrained.TokenConstraint, one per sequence) keeps the output inside a grammar;
-    `logprobs` (Logprobs) collects each sampled token's log-probabilities. `stream` replaces
-    token_stream (same arguments): another decoding strategy, e.g. beam.py's or speculative.py's,
-    under the same stop, end-token and UTF-8 handling; it takes no constraint or logprobs. `ignore_eos`
-    goes on past the model's end-of-sequence tokens (llama.cpp's --ignore-eos; `bench` does)."""
+class Generation:
+    """The chunks of one completion (iterate; close() stops between two tokens), and what rode along:
+    `constraint` (None without a grammar) and `logprobs` (None unless the request asks)."""
+
+    def __init__(self, chunks: Iterator[Chunk], constraint, logprobs: Logprobs | None):
+        self._chunks, self.constraint, self.logprobs = chunks, constraint, logprobs
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> Chunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()
+
+
+def generate(model, tokenizer: Tokenizer, prompt: list[int], request: Request, cache, step=None, *,
+             constraint=None, shift=None, draft=None) -> Generation:
+    """Stream the completion of `prompt` (token ids) as `request` asks; `step` runs decode steps
+    (default: the model). `constraint` (constrained.TokenConstraint, one per sequence) is required
+    where the request is constrained (its grammar, or its tools' grammar: the caller binds either to
+    the tokenizer). With `shift` (context_shift.ContextShift) generation goes past the context: only
+    max_tokens ends it. `draft` (speculative.DraftModel) guesses tokens where the request's guesses
+    are "draft"; "lookup" guesses from the context; beams > 1 searches."""
     if not prompt:
         raise ValueError("empty prompt")
-    device = device or next(model.parameters()).device
-    limit = output_limit(len(prompt), cache.max_len, max_tokens)
+    if request.constrained and constraint is None:
+        raise ValueError("a constrained request needs its constraint")
+    device = next(model.parameters()).device
+    limit = output_limit(len(prompt), cache.max_len, request.max_tokens)
     if shift is not None:
-        limit = max_tokens or sys.maxsize
+        limit = request.max_tokens or sys.maxsize
     stats = Stats(prompt_tokens=len(prompt))
+    recorder = Logprobs(request.logprobs) if request.logprobs is not None else None
+    stream = _strategy_stream(request, tokenizer, draft)
     if stream is None:
-        tokens = token_stream(model, prompt, cache, params, limit, device, stats, step, shift, constraint, logprobs)
-    elif constraint is not None or logprobs is not None:
-        raise ValueError("a constraint or logprobs need token-by-token decoding")
+        tokens = token_stream(model, prompt, cache, request.sampling, limit, device, stats, step, shift, constraint,
+                              recorder)
     else:
-        tokens = stream(model, prompt, cache, params, limit, device, stats, step, shift)
-    stops = tuple(s for s in stop if s)
-    yield from text_stream(tokens, tokenizer, stops, prompt, stats, limit_reason(limit, max_tokens), ignore_eos)
+        tokens = stream(model, prompt, cache, request.sampling, limit, device, stats, step, shift)
+    chunks = text_stream(tokens, tokenizer, tuple(s for s in request.stop if s), prompt, stats,
+                         limit_reason(limit, request.max_tokens), request.ignore_eos)
+    return Generation(chunks, constraint, recorder)
+
+
+def _strategy_stream(request: Request, tokenizer: Tokenizer, draft):
+    """token_stream's replacement for the request's strategy (same arguments), or None: beam
+    search, or speculative decoding with a draft model's or the context's guesses."""
+    from functools import partial
+
+    from . import speculative
+    from .beam import beam_stream
+
+    if request.beams > 1:
+        return partial(beam_stream, beams=request.beams, length_penalty=request.length_penalty,
+                       eos_ids=tokenizer.eos_ids)
+    if request.guesses == "lookup":
+        return partial(speculative.speculative_stream, proposer=speculative.PromptLookup(request.lookup_ngram),
+                       draft_tokens=request.draft_tokens or speculative.LOOKUP_TOKENS)
+    if request.guesses == "draft":
+        if draft is None:
+            raise ValueError("a request with draft guesses needs the draft model")
+        return partial(speculative.speculative_stream, proposer=draft,
+                       draft_tokens=request.draft_tokens or speculative.DRAFT_TOKENS)
+    return None

@@ -25,7 +25,7 @@ import torch
 
 from ..cache import reuse_prefix
 from ..errors import InvalidParameterError
-from .generate import prefill
+from .prefill import prefill
 from .picker import Picker, Stats
 from .sampling import SamplingParams, argmax
 
@@ -143,20 +143,11 @@ def _blend(old: float, new: float, weight: float) -> float:
     return (1 - weight) * old + weight * new
 
 
-def check_speculative(params: SamplingParams, draft_tokens: int | None, lookup_ngram: int) -> None:
-    if not params.greedy:
-        raise InvalidParameterError("--draft and --lookup decode greedily for now; add --temp 0")
-    if draft_tokens is not None and not 1 <= draft_tokens <= 64:
-        raise InvalidParameterError(f"--draft-tokens must be in 1..64, got {draft_tokens}")
-    if not 1 <= lookup_ngram <= 8:
-        raise InvalidParameterError(f"--lookup-ngram must be in 1..8, got {lookup_ngram}")
-
-
 @torch.inference_mode()
 def speculative_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int,
                        device: torch.device, stats: Stats, step=None, shift=None, *, proposer,
                        draft_tokens: int) -> Iterator[int]:
-    """token_stream's drop-in for generate(stream=...): the same tokens as greedy decoding, 1..K+1 per
+    """generate()'s token stream for a request with guesses: the same tokens as greedy decoding, 1..K+1 per
     forward pass of `model`. `step` runs the passes that have no guess (one token); a Pacer decides
     when guessing pays. The stats gain `draft_tokens` (guessed), `accepted_tokens`, `acceptance_rate`
     and `plain_step_tokens_per_s` (what plain steps made here, for "it did not pay")."""

@@ -124,11 +124,17 @@ def resolve_device(requested: str = "auto") -> torch.device:
     return torch.device(requested)
 
 
-def resolve_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
+def check_dtype_name(requested: str | None) -> str:
+    """--dtype as given, lower-cased: auto or a name of a dtype (bf16, float32, ...)."""
     requested = (requested or "auto").lower()
+    if requested != "auto" and requested not in _DTYPES:
+        raise InvalidParameterError(f"unknown dtype {requested!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+    return requested
+
+
+def resolve_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
+    requested = check_dtype_name(requested)
     if requested != "auto":
-        if requested not in _DTYPES:
-            raise InvalidParameterError(f"unknown dtype {requested!r}; choose one of {', '.join(DTYPE_CHOICES)}")
         dtype = _DTYPES[requested]
         if device.type == "mps" and dtype == torch.bfloat16 and not _mps_bf16_ok():
             raise DeviceUnavailableError("this Mac's MPS backend has no bfloat16; use --dtype float16")

@@ -24,7 +24,7 @@ from ..cache.quantized import GROUP, channel_group
 from ..errors import InvalidParameterError, LlmcliError
 from .probe import Budget
 
-PREFILL_CHUNK = 512  # generate.PREFILL_CHUNK (not imported: the planner stays light)
+PREFILL_CHUNK = 512  # decode/prefill.py's PREFILL_CHUNK (not imported: the planner stays light)
 MIN_CONTEXT = 256  # a smaller context than this is not offered in place of the one asked for
 OFFLOAD_CHOICES = ("auto", "on", "off")
 

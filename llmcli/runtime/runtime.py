@@ -8,7 +8,10 @@ flags (ModelFlags) to a ready model (Runtime).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -18,10 +21,16 @@ from ..cache import check_kv_type
 from ..cache.prompt_cache import PromptCache
 from ..cache.context_shift import ContextShift, prefix_length
 from ..decode.batched import BatchEngine
+from ..decode.constrained import Grammar, GrammarCompiler, TokenConstraint
+from ..decode.generate import Generation, generate
+from ..decode.request import Request
+from ..decode.speculative import DraftModel
+from ..decode.tool_grammar import opener_id, tool_grammar
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..formats import chat_template
 from ..formats.open import ModelFile, open_model_file
 from ..formats.prompt import conversation_ids
+from ..formats.tool_reply import CallReader
 from ..formats.tools import (Tool, ToolSupport, ToolsUnsupportedError, history, no_tools_message, template_support,
                              unknown_format_message)
 from ..hub import fetch
@@ -29,7 +38,7 @@ from ..models import is_encoder
 from ..models.pooling import Pooling
 from ..quant.presets import check_preset_name
 from .compiled import CompiledStep
-from .device import Placement, place
+from .device import DEVICE_CHOICES, Placement, check_dtype_name, place
 from .embedder import BATCH_TEXTS, Embedder, NoPoolingError
 from .loader import LoadedModel, load_model
 from .native_step import NativeStep
@@ -40,6 +49,7 @@ from .probe import detect_budget, weights_from_files
 DEFAULT_MODEL = "smollm2:135m"
 PROMPT_CACHE_MAX = 1 << 30  # bytes: the prompt cache's default at most (serve, batch; --cache-ram sets it)
 PROMPT_CACHE_NO_PLAN = 256 << 20  # its default for a runtime built without a memory plan
+CACHED_TOOL_GRAMMARS = 64  # distinct tool sets whose grammars a runtime keeps (a server sees the same ones again)
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,22 @@ class ModelFlags:
     ctx_cap: int | None = None  # without ctx_size, at most this context (serve: per request)
     allow_encoder: bool = False  # an embedding-only model (BERT) may be opened (embed, serve)
     chat_template: str | None = None  # replaces the model's own (--chat-template-file), and the registry's
+    preset: object = field(default=None, init=False, repr=False, compare=False)  # quant.Preset of `quant`, or None
+
+    def __post_init__(self):
+        """Every field in range, named as its flag: a mistake ends the command before anything is found or loaded."""
+        if self.ctx_size is not None and self.ctx_size < 1:
+            raise InvalidParameterError(f"--ctx-size must be at least 1, got {self.ctx_size}")
+        if self.threads is not None and self.threads < 1:
+            raise InvalidParameterError(f"--threads must be at least 1, got {self.threads}")
+        device = (self.device or "auto").lower()
+        if device not in DEVICE_CHOICES and not device.startswith("cuda:"):
+            raise InvalidParameterError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+        check_dtype_name(self.dtype)
+        check_kv_offload(self.kv_offload, check_kv_type(self.kv_type))
+        if self.rows < 1:
+            raise InvalidParameterError(f"rows must be at least 1, got {self.rows}")
+        object.__setattr__(self, "preset", check_preset_name(self.quant))  # the --quant preset, loaded once
 
     def with_(self, **changes) -> "ModelFlags":
         return replace(self, **changes)
@@ -72,6 +98,9 @@ class Runtime:
     plan: Plan | None = None  # which cache new_cache() makes (None: static, compute dtype)
     pooling: Pooling | None = None  # how the model's files say to embed a text (None: they do not)
     max_text_tokens: int | None = None  # the longest text it embeds (None: ctx_size)
+    _compiler: GrammarCompiler | None = field(default=None, init=False, repr=False)
+    _tool_grammars: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def generates(self) -> bool:
@@ -193,6 +222,57 @@ class Runtime:
         messages, variables = support.prepare(messages, tools)
         return conversation_ids(tok, template, messages, **variables)
 
+    def generate(self, prompt: list[int], request: Request, cache, step=None, *, shift=None,
+                 draft: DraftModel | None = None) -> Generation:
+        """decode.generate() on this model: `prompt` (token ids) completed as `request` asks, the
+        constraint of its grammar or tools bound to this tokenizer."""
+        return generate(self.loaded.model, self.loaded.tokenizer, prompt, request, cache, step,
+                        constraint=self.constraint(request), shift=shift, draft=draft)
+
+    def grammar(self, request: Request) -> Grammar | None:
+        """What the output follows: the request's grammar, or its tools' calls in the syntax of this
+        model's chat template (ToolsUnsupportedError for a template without tools), or None."""
+        if not request.tools:
+            return request.grammar
+        fmt = self.tool_support().format
+        key = (fmt.name, json.dumps([t.definition for t in request.tools], sort_keys=True), request.tool_choice,
+               request.parallel_tool_calls)
+        with self._lock:
+            if key in self._tool_grammars:
+                self._tool_grammars.move_to_end(key)
+                return self._tool_grammars[key]
+        grammar = tool_grammar(fmt, list(request.tools), request.tool_choice, self.loaded.tokenizer,
+                               request.parallel_tool_calls)
+        with self._lock:
+            self._tool_grammars[key] = grammar
+            while len(self._tool_grammars) > CACHED_TOOL_GRAMMARS:
+                self._tool_grammars.popitem(last=False)
+        return grammar
+
+    def constraint(self, request: Request) -> TokenConstraint | None:
+        """A fresh matcher for one sequence of `request` (None: unconstrained)."""
+        grammar = self.grammar(request)
+        return None if grammar is None else self.compiler().constraint(grammar)
+
+    def compiler(self) -> GrammarCompiler:
+        """Grammars bound to this model's tokenizer, built on first use (about a second)."""
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(self.loaded.tokenizer)
+            return self._compiler
+
+    def call_reader(self, request: Request) -> CallReader | None:
+        """What takes the tool calls out of one reply to `request` (None without tools)."""
+        if not request.tools:
+            return None
+        fmt = self.tool_support().format
+        return CallReader(fmt, opener_id(fmt, self.loaded.tokenizer), list(request.tools),
+                          calls_only=request.tool_choice != "auto")
+
+    def draft(self, ctx_size: int, compile: bool = False) -> DraftModel:
+        """This model as another's draft (speculative decoding): its own cache of `ctx_size` tokens."""
+        return DraftModel(self.loaded.model, self.new_cache(ctx_size), self.placement.device, self.decode_step(compile))
+
     def tool_support(self) -> ToolSupport:
         """How the model's chat template takes tools; ToolsUnsupportedError when it takes none, or
         writes calls in a syntax llmcli does not know: tools are refused, never ignored."""
@@ -259,24 +339,19 @@ def plan_memory(model: ModelFile | Path, placement: Placement, preset=None, ctx_
 
 
 def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
-    """The model `flags` name, located (pulled on first use), planned against free memory and
-    loaded; its file is opened once. A string is ModelFlags(model=it, **changes).
-    `progress(label, done, total)` hears about downloads."""
+    """The model `flags` name, located (pulled on first use), opened once, planned against free
+    memory and loaded. A string is ModelFlags(model=it, **changes). `progress(label, done, total)`
+    hears about downloads."""
     flags = ModelFlags(flags, **changes) if isinstance(flags, str) else flags.with_(**changes)
-    if flags.ctx_size is not None and flags.ctx_size < 1:
-        raise InvalidParameterError(f"--ctx-size must be at least 1, got {flags.ctx_size}")
-    kv_type = check_kv_type(flags.kv_type)
-    check_kv_offload(flags.kv_offload, kv_type)
-    preset = check_preset_name(flags.quant)
-    placement = place(flags.device, flags.dtype, flags.threads)
     found = fetch.locate(flags.model, registry_file=flags.registry, offline=flags.offline, progress=progress)
     model_file = open_model_file(found.path)
+    placement = place(flags.device, flags.dtype, flags.threads)
     if model_file.is_encoder:
-        return _open_encoder(flags, model_file, placement, preset)
-    placement, float_kv = native_placement(model_file, placement, preset)
-    memory = plan_memory(model_file, placement, preset, flags.ctx_size, found.entry, kv_type, flags.kv_offload,
-                         flags.rows, flags.ctx_cap, float_kv)
-    loaded = load_model(model_file, placement, preset)
+        return _open_encoder(flags, model_file, placement)
+    placement, float_kv = native_placement(model_file, placement, flags.preset)
+    memory = plan_memory(model_file, placement, flags.preset, flags.ctx_size, found.entry, flags.kv_type,
+                         flags.kv_offload, flags.rows, flags.ctx_cap, float_kv)
+    loaded = load_model(model_file, placement, flags.preset)
     entry = found.entry
     if entry is not None:  # the registry's overrides
         loaded.chat_template = entry.chat_template or loaded.chat_template
@@ -289,14 +364,14 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     return Runtime(loaded, memory.ctx, memory, model_file.pooling, limit)
 
 
-def _open_encoder(flags: ModelFlags, model_file: ModelFile, placement, preset) -> Runtime:
+def _open_encoder(flags: ModelFlags, model_file: ModelFile, placement) -> Runtime:
     """An embedding model: no cache to plan, no decode step; only `embed` and `serve` take one."""
     arch = model_file.architecture
     if not flags.allow_encoder:
         raise UnsupportedModelError(f"{flags.model} is an embedding model ({arch}): it makes vectors, not text; "
                                     f"use `llmcli embed {flags.model} TEXT`, or `llmcli serve {flags.model}` for "
                                     "/v1/embeddings")
-    if preset is not None:
+    if flags.preset is not None:
         raise InvalidParameterError(f"--quant does not apply to an embedding model ({arch}); drop it")
     pooling = model_file.pooling  # read before loading: a pipeline llmcli cannot run is refused first
     # all-MiniLM-L6-v2, 256 texts: float32 2.6 s, bf16 4.0 s (a Xeon with AVX-512 BF16, 2 threads)

@@ -19,7 +19,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..decode.batched import Request as EngineRequest
+from ..decode.batched import Sequence
 from ..errors import LlmcliError, PromptTooLongError
 from .engine_loop import EngineLoop
 from .openai_api import ApiError
@@ -37,7 +37,7 @@ class EngineRun:
     or stops); close() cancels those that did not end. The engine thread hands each chunk over with
     call_soon_threadsafe; the choices' chunks interleave as the engine makes them."""
 
-    def __init__(self, engine_loop: EngineLoop, reqs: list[EngineRequest], param: str, on_end):
+    def __init__(self, engine_loop: EngineLoop, reqs: list[Sequence], param: str, on_end):
         self.engine_loop, self.reqs, self.on_end = engine_loop, reqs, on_end
         self.open: set[int] = set()
         self.first = None

@@ -7,10 +7,13 @@ Input, one JSON object a line:
     optional: "system", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
               "json_schema" (a schema object: this line's output must validate)
 
-A bad line (not JSON, no id, a duplicate id, a wrong field) becomes a LineError naming its line
-number; the other lines go on. Output: one JSON object a line, each written with a single
-`write` to a file opened for appending and synced, so a crash leaves at most a partial last line,
-which `done_ids` (the resume) cuts off before anything is appended.
+Each line's request is the command's (its flags) with the line's own fields: one decode.Request,
+checked when the line is read. A bad line (not JSON, no id, a duplicate id, a wrong field, fields
+that do not combine) becomes a LineError naming its line number; the other lines go on.
+
+Output: one JSON object a line, each written with a single `write` to a file opened for appending
+and synced, so a crash leaves at most a partial last line, which `done_ids` (the resume) cuts off
+before anything is appended.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..decode.constrained import from_json_schema
+from ..decode.request import Request
 from ..errors import InvalidParameterError, LlmcliError
 from ..json_input import JsonInputError, load_json
 
@@ -31,6 +36,8 @@ SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top
                    "frequency_penalty": "frequency_penalty"}
 KNOWN_FIELDS = {"id", "prompt", "messages", "system", "max_tokens", "stop", "json_schema", *SAMPLING_FIELDS}
 ROLES = ("system", "user", "assistant")
+SPELLING = {"stop": '"stop"', "max_tokens": '"max_tokens"',
+            "grammar": '"json_schema" (or --json-schema, --regex, --grammar)'}  # how a line's checks name fields
 
 
 @dataclass
@@ -38,10 +45,7 @@ class Job:
     id: object  # str or int, as written in the input
     line: int  # 1-based line number in the input
     messages: list[dict]
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    sampling: dict = field(default_factory=dict)  # SamplingParams fields this line sets
-    schema: object = None  # this line's JSON Schema (dict or bool), None: the command's constraint if any
+    request: Request  # the command's, with this line's fields
 
     @property
     def key(self) -> str:
@@ -63,16 +67,18 @@ def id_key(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def read_jobs(lines: Iterable[str], done: set[str] = frozenset(), system: str | None = None) -> Iterator[Job | LineError]:
-    """Jobs in input order, skipping ids in `done` (already in the output); blank lines are ignored."""
+def read_jobs(lines: Iterable[str], done: set[str] = frozenset(), system: str | None = None,
+              request: Request = Request()) -> Iterator[Job | LineError]:
+    """Jobs in input order, skipping ids in `done` (already in the output); blank lines are ignored.
+    `request`: the command's, which each line's fields change."""
     seen: dict[str, int] = {}
     for n, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            job = parse_line(text, n, system)
+            job = parse_line(text, n, system, request)
         except LlmcliError as e:
-            yield LineError(n, str(e))
+            yield LineError(n, str(e), getattr(e, "key", None))
             continue
         if job.key in seen:
             yield LineError(n, f"duplicate id {job.key} (first on line {seen[job.key]}); skipped")
@@ -82,7 +88,7 @@ def read_jobs(lines: Iterable[str], done: set[str] = frozenset(), system: str | 
             yield job
 
 
-def parse_line(text: str, n: int, system: str | None = None) -> Job:
+def parse_line(text: str, n: int, system: str | None = None, request: Request = Request()) -> Job:
     try:
         obj = load_json(text, f"line {n}")  # bounded in size and depth, as every JSON input
     except JsonInputError as e:
@@ -94,17 +100,38 @@ def parse_line(text: str, n: int, system: str | None = None) -> Job:
     job_id = obj["id"]
     if isinstance(job_id, bool) or not isinstance(job_id, (str, int)):
         raise InvalidParameterError(f'"id" must be a string or a whole number, got {id_key(job_id)}')
-    unknown = sorted(set(obj) - KNOWN_FIELDS)
-    if unknown:
-        raise InvalidParameterError(f"unknown field {unknown[0]!r}; known: {', '.join(sorted(KNOWN_FIELDS))}")
-    messages = _messages(obj, system)
+    try:
+        unknown = sorted(set(obj) - KNOWN_FIELDS)
+        if unknown:
+            raise InvalidParameterError(f"unknown field {unknown[0]!r}; known: {', '.join(sorted(KNOWN_FIELDS))}")
+        messages = _messages(obj, system)
+        return Job(job_id, n, messages, request.with_(SPELLING, **_request_fields(obj, request, n)))
+    except LlmcliError as e:  # the line's id is known: its error names it
+        raise LineRefused(str(e), id_key(job_id)) from None
+
+
+class LineRefused(InvalidParameterError):
+    """A line whose id was read but whose request was not: `key` names the id."""
+
+    def __init__(self, message: str, key: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _request_fields(obj: dict, request: Request, n: int) -> dict:
+    """What a line's own fields change in the command's request."""
+    fields = {}
     max_tokens = obj.get("max_tokens")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise InvalidParameterError(f'"max_tokens" must be a whole number >= 1, got {id_key(max_tokens)}')
-    stop = obj.get("stop", [])
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise InvalidParameterError('"stop" must be a string or a list of strings')
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidParameterError(f'"max_tokens" must be a whole number >= 1, got {id_key(max_tokens)}')
+        fields["max_tokens"] = max_tokens
+    if obj.get("stop"):
+        stop = obj["stop"]
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise InvalidParameterError('"stop" must be a string or a list of strings')
+        fields["stop"] = tuple(stop)
     sampling = {}
     for key, name in SAMPLING_FIELDS.items():
         if key in obj:
@@ -112,10 +139,14 @@ def parse_line(text: str, n: int, system: str | None = None) -> Job:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InvalidParameterError(f'"{key}" must be a number, got {id_key(value)}')
             sampling[name] = value
+    if sampling:
+        fields["sampling"] = request.sampling.with_(**sampling)
     schema = obj.get("json_schema")
-    if schema is not None and not isinstance(schema, (dict, bool)):
-        raise InvalidParameterError('"json_schema" must be a JSON Schema object')
-    return Job(job_id, n, messages, max_tokens, tuple(stop), sampling, schema)
+    if schema is not None:
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidParameterError('"json_schema" must be a JSON Schema object')
+        fields["grammar"] = from_json_schema(json.dumps(schema), f"line {n}'s json_schema")
+    return fields
 
 
 def _messages(obj: dict, system: str | None) -> list[dict]:

@@ -81,7 +81,7 @@ class Server:
             self.embedder = None
         self._embedding = ThreadPoolExecutor(1, thread_name_prefix="llmcli-embed")  # one request at a time
         self.defaults, self.api_key, self.cors_origins = defaults, api_key, tuple(cors_origins)
-        self.prepare = Preparer(rt, defaults)
+        self.prepare = Preparer(rt)
         self.counts = RequestCounts()
         self._accepting = 0  # requests admitted and not yet in the engine (body, tokenizing); event loop only
         self._durations: deque[float] = deque(maxlen=32)  # seconds recent requests took in a row
@@ -114,9 +114,6 @@ class Server:
         if self.loop is not None:
             self.loop.close()
         self._embedding.shutdown(wait=False, cancel_futures=True)
-
-    def compiler(self):
-        return self.prepare.compiler()
 
     def app(self):
         routes = [Route("/models", self.models, methods=["GET"]), Route("/models/{name:path}", self.model, methods=["GET"]),

@@ -1,7 +1,8 @@
 """OpenAI's wire format, both ways: a request body (a dict from JSON) -> a checked Job, and the
 pieces of the answer -> the dicts OpenAI returns. No HTTP and no model here (http.py has those).
 
-    chat_job(body), completion_job(body)    every field checked; a mistake is ApiError(400, ...)
+    chat_job(body), completion_job(body)    every field checked into a Job holding the generation's
+                                            decode.Request; a mistake is ApiError(400, ...)
     chat_response / chat_chunk              chat.completion and chat.completion.chunk objects
     completion_response / completion_chunk  text_completion objects (the legacy endpoint)
     LogprobCursor                           a request's Logprobs entries, handed out chunk by chunk
@@ -20,9 +21,11 @@ import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ..decode.constrained import from_grammar, from_json_schema
+from ..decode.request import Request, RequestError
 from ..decode.sampling import MAX_SEED, SamplingParams
-from ..errors import InvalidParameterError
-from ..formats.tools import Tool, parse_tools
+from ..errors import GrammarError, InvalidParameterError
+from ..formats.tools import parse_tools
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_TOP_LOGPROBS = 20
@@ -30,6 +33,11 @@ MAX_N = 16  # choices per request (each is a row of the engine; OpenAI allows 12
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat has none: until the context is full)
 JSON_OBJECT = '{"type": "object"}'  # response_format json_object: any JSON object
 IMPOSSIBLE = -9999.0  # what OpenAI reports for a logprob of -inf (JSON has no infinity)
+CACHED_GRAMMARS = 64  # distinct schemas and grammars kept compiled (clients send the same ones again)
+# How a request's checks name its fields (decode.Request's spelling), and the field an error names as `param`
+SPELLING = {"stop": "stop", "grammar": "response_format or grammar", "tools": "tools", "tool_choice": "tool_choice",
+            "logprobs": "top_logprobs", "max_tokens": "max_tokens"}
+PARAMS = {"grammar": "response_format", "logprobs": "top_logprobs"}
 
 
 class ApiError(Exception):
@@ -58,25 +66,17 @@ class Defaults:
 
 @dataclass
 class Job:
-    """What one request asks for, checked. Exactly one of `messages` (chat) and `prompt` is set."""
+    """What one HTTP request asks for, checked: the generation (a decode.Request, the same value
+    `run`, `chat` and `batch` build) and how to answer. Exactly one of `messages` (chat) and
+    `prompt` is set."""
 
-    params: SamplingParams
-    max_tokens: int | None
-    stop: tuple[str, ...]
+    request: Request
     stream: bool
     include_usage: bool
     model: str | None
     messages: list[dict] | None = None  # [{"role", "content": str, ...}]: system/user/assistant/tool
     prompt: str | list[int] | None = None  # raw text, or token ids
-    schema: str | None = None  # JSON Schema text the output must follow (response_format)
-    grammar: str | None = None  # a GBNF or Lark grammar the output must follow (llama.cpp's `grammar`)
-    logprobs: int | None = None  # alternatives per token; None: no logprobs
     n: int = 1  # choices, each sampled on its own
-    tools: list[Tool] | None = None  # offered to the model (None: none, or tool_choice "none")
-    tool_choice: str = "auto"  # "auto" | "required" | a tool's name
-    parallel_tool_calls: bool = True
-    default_format: bool = False  # the request asked for no format: serve's --json-schema/--grammar applies
-    cache_prompt: bool = True  # llama-server's field: false neither reuses nor keeps cached prompt KV
 
 
 # ------------------------------------------------------------------------------ requests
@@ -95,31 +95,61 @@ def chat_job(body: dict, defaults: Defaults = Defaults()) -> Job:
     max_tokens = _integer(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1, None, defaults.max_tokens)
-    job = Job(_params(body, defaults), max_tokens, _stop(body), *_streaming(body), _model(body), messages=messages,
-              schema=_response_format(body.get("response_format")), grammar=_grammar_field(body),
-              logprobs=logprobs, n=_integer(body, "n", 1, MAX_N, 1))
-    _tools(body, job)
-    if job.schema is not None and job.grammar is not None:
+    schema, grammar = _response_format(body.get("response_format")), _grammar_field(body)
+    if schema is not None and grammar is not None:
         raise ApiError(400, "response_format and grammar exclude each other; send one", "grammar")
-    job.default_format = job.schema is None and job.grammar is None and job.tools is None and \
-        body.get("response_format") is None
-    job.cache_prompt = _bool(body, "cache_prompt", default=True)
-    return job
+    tools = _tools(body)
+    asks_no_format = schema is None and grammar is None and not tools and body.get("response_format") is None
+    grammar = defaults.grammar if asks_no_format else _schema(schema) if schema is not None else _grammar(grammar)
+    request = _request(_params(body, defaults), max_tokens, _stop(body), grammar, logprobs, body, **tools)
+    return Job(request, *_streaming(body), _model(body), messages=messages, n=_integer(body, "n", 1, MAX_N, 1))
 
 
 def completion_job(body: dict, defaults: Defaults = Defaults()) -> Job:
     _refuse(body, _COMPLETION_UNSUPPORTED)
     max_tokens = _integer(body, "max_tokens", 1, None, defaults.max_tokens or COMPLETIONS_MAX_TOKENS)
-    job = Job(_params(body, defaults), max_tokens, _stop(body), *_streaming(body), _model(body),
-              prompt=_prompt(body.get("prompt")), grammar=_grammar_field(body),
-              logprobs=_integer(body, "logprobs", 0, MAX_TOP_LOGPROBS, None), n=_integer(body, "n", 1, MAX_N, 1))
-    job.default_format = job.grammar is None
-    job.cache_prompt = _bool(body, "cache_prompt", default=True)
-    return job
+    grammar = _grammar_field(body)
+    grammar = defaults.grammar if grammar is None else _grammar(grammar)
+    request = _request(_params(body, defaults), max_tokens, _stop(body), grammar,
+                       _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS, None), body)
+    return Job(request, *_streaming(body), _model(body), prompt=_prompt(body.get("prompt")),
+               n=_integer(body, "n", 1, MAX_N, 1))
 
 
-def _tools(body: dict, job: Job) -> None:
-    """`tools`, `tool_choice` and `parallel_tool_calls` into the job (tool_choice "none": no tools)."""
+def _request(params: SamplingParams, max_tokens, stop, grammar, logprobs, body: dict, **tools) -> Request:
+    """The generation asked for, checked as every front end's is; a clash is a 400 naming its field."""
+    try:
+        return Request(params, max_tokens, stop, grammar=grammar, logprobs=logprobs,
+                       cache_prompt=_bool(body, "cache_prompt", default=True), spelling=SPELLING, **tools)
+    except RequestError as e:
+        raise ApiError(400, str(e), PARAMS.get(e.field, e.field)) from None
+    except InvalidParameterError as e:
+        raise ApiError(400, str(e)) from None
+
+
+@lru_cache(maxsize=CACHED_GRAMMARS)
+def _schema(text: str):
+    """response_format's schema, checked and compiled once per distinct text."""
+    try:
+        return from_json_schema(text, "response_format's schema")
+    except GrammarError as e:
+        raise ApiError(400, str(e), "response_format") from None
+
+
+@lru_cache(maxsize=CACHED_GRAMMARS)
+def _grammar(text: str | None):
+    """llama.cpp's `grammar` field (GBNF or Lark), checked and compiled once per distinct text."""
+    if text is None:
+        return None
+    try:
+        return from_grammar(text, "grammar")
+    except GrammarError as e:
+        raise ApiError(400, str(e), "grammar") from None
+
+
+def _tools(body: dict) -> dict:
+    """`tools`, `tool_choice` and `parallel_tool_calls` as the request's fields (tool_choice "none":
+    no tools offered); the request checks how they combine with the rest."""
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
@@ -129,24 +159,16 @@ def _tools(body: dict, job: Job) -> None:
         choice = fn["name"]
     elif choice not in (None, "none", "auto", "required"):
         raise ApiError(400, f'tool_choice must be "none", "auto", "required" or a function, got {choice!r}', "tool_choice")
-    job.parallel_tool_calls = body.get("parallel_tool_calls") is not False
     if body.get("tools") is None:
-        if choice not in (None, "none", "auto"):
-            raise ApiError(400, f"tool_choice {choice!r} needs tools", "tool_choice")
-        return
+        return {} if choice in (None, "none") else {"tool_choice": choice}
     try:
         tools = parse_tools(body["tools"])
     except InvalidParameterError as e:
         raise ApiError(400, str(e), "tools") from None
-    if choice not in (None, "none", "auto", "required") and all(t.name != choice for t in tools):
-        raise ApiError(400, f"tool_choice names the function {choice!r}, which is not among the tools", "tool_choice")
     if choice == "none":
-        return
-    if job.schema is not None or job.grammar is not None:
-        raise ApiError(400, "tools do not combine with response_format or grammar; send one", "tools")
-    if job.stop:
-        raise ApiError(400, "stop does not combine with tools: a stop text could cut a call short", "stop")
-    job.tools, job.tool_choice = tools, choice or "auto"
+        return {}
+    return {"tools": tuple(tools), "tool_choice": choice or "auto",
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False}
 
 
 # field -> (is it asking for something this server does not do?, what to say)
