@@ -8,7 +8,7 @@ import torch
 from llmcli.decode.generate import generate
 from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
-from llmcli.runtime.compiled import CompiledStep
+from llmcli.runtime.compiled_step import CompiledStep
 from llmcli.runtime.runtime import Runtime
 
 

@@ -37,7 +37,7 @@ from ..hub import fetch
 from ..models import is_encoder
 from ..models.pooling import Pooling
 from ..quant.presets import check_preset_name
-from .compiled import CompiledStep
+from .compiled_step import CompiledStep
 from .device import DEVICE_CHOICES, Placement, check_dtype_name, place
 from .embedder import BATCH_TEXTS, Embedder, NoPoolingError
 from .loader import LoadedModel, load_model
