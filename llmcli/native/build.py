@@ -38,7 +38,11 @@ VARIANTS = {
 # -ffp-contract=off: no multiply-add fused behind the code's back, so that dequantized weights equal
 # gguf-py's bit for bit; the kernels fuse where they mean to, with intrinsics
 COMMON = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-ffp-contract=off", "-pthread"]
-UNITS = ("matmul.cpp", "attention.cpp", "decode.cpp", "select.cpp", "variant.cpp")
+# The C++: generic code in src/, per instruction set in arch/ (x86/, arm/, portable/), as ggml-cpu lays it
+# out; headers include one another by relative paths, so no include flags are needed
+SOURCE_FOLDERS = ("src", "arch")
+UNITS = tuple(f"src/{u}" for u in ("matmul.cpp", "attention.cpp", "step.cpp", "select.cpp", "variant.cpp"))
+INCLUDE = FOLDER / "src"  # where a program built beside the library (tests/*.cpp) finds api.h and the rest
 
 
 class BuildError(Exception):
@@ -57,14 +61,15 @@ def variants_for(arch: str | None = None) -> list[str]:
 
 
 def sources() -> list[Path]:
-    return sorted(p for p in FOLDER.iterdir() if p.suffix in (".cpp", ".h"))
+    return sorted(p for d in SOURCE_FOLDERS for p in (FOLDER / d).rglob("*") if p.suffix in (".cpp", ".h"))
 
 
 def source_hash(variant: str) -> str:
-    """What a library must have been built from: the sources and the variant's flags."""
+    """What a library must have been built from: the sources (their paths too: a moved file rebuilds)
+    and the variant's flags."""
     h = hashlib.sha256()
     for p in sources():
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        h.update(p.relative_to(FOLDER).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     h.update(" ".join(COMMON + VARIANTS[variant][1]).encode())
     return h.hexdigest()[:16]
 

@@ -16,7 +16,7 @@ import torch
 
 from . import build
 from .checks import ROW_BYTES, check_blocks
-from .steps import DecodeSteps, declare
+from .step import DecodeSteps, declare
 
 KEPT = 4  # builds of one variant kept in the cache (other versions' sources)
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .. import native
 from ..cache.static import StaticKVCache
 from ..models import gemma3, llama
-from ..native.steps import KV_DTYPES
+from ..native.step import KV_DTYPES
 from ..quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF general.architecture the step runs

@@ -224,5 +224,5 @@ static void dot_rows4(const uint8_t* row, const Q8* x, int64_t nb, float out[4])
 using ymm::dot_row;
 using ymm::dot_rows4;
 #define LLMCLI_ROWS4 1
-#include "dot_avx2_rows8.h"  // and from a copy of the weights interleaved 8 rows at a time
+#include "avx2_rows8.h"  // and from a copy of the weights interleaved 8 rows at a time
 #endif

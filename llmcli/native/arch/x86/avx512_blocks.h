@@ -6,7 +6,7 @@
 // codes' sum): the offset costs one shift, where the sign trick of the 256-bit variants costs two
 // instructions per vector (and AVX-512 has no vpsignb).
 #pragma once
-#include "dot_avx2.h"
+#include "avx2.h"
 
 // Inlined whatever gcc's size limits say: gcc made the 8-block unpacking a call, which passes its
 // vectors through memory (and a vzeroupper) between the unpacking and the dot products
@@ -471,5 +471,5 @@ static void dot_4rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t n
     else nibble_rows<T, 4>(row, stride, x, nb, out);
 }
 
-#include "dot_avx512_tiles.h"  // the same products for several activation rows at once
-#include "dot_avx512_rows16.h"  // and from a copy of the weights interleaved 16 rows at a time
+#include "avx512_tiles.h"  // the same products for several activation rows at once
+#include "avx512_rows16.h"  // and from a copy of the weights interleaved 16 rows at a time

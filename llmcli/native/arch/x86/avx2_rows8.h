@@ -10,7 +10,7 @@
 // Each activation row goes through the same operations whatever rows come with it (exact integers,
 // then the same float operations), so a row's numbers never depend on the rows beside it.
 #pragma once
-#include "row_groups.h"
+#include "../../src/row_groups.h"
 
 #define LLMCLI_GROUPED 1
 constexpr int kGroupRows = 8;  // weight rows a group (a vector's int32 lanes)

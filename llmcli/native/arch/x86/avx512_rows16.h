@@ -8,7 +8,7 @@
 // Against the blocks as stored (dot_avx512.h), one thread: Q4_1 3072x576 1 row 70 -> 22 us,
 // 8 rows 270 -> 93 us (the unpacking, the sums across lanes and the scaling were most of the work).
 #pragma once
-#include "row_groups.h"
+#include "../../src/row_groups.h"
 
 #define LLMCLI_GROUPED 1
 constexpr int kGroupRows = 16;  // weight rows a group (a vector's lanes)

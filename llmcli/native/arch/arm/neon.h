@@ -2,7 +2,7 @@
 // vdotq_s32 multiplies 16 signed weight codes by 16 activation codes into 4 int32 lanes. Both sides
 // are signed here, so codes with a zero point are taken as q - zero.
 #pragma once
-#include "blocks.h"
+#include "../../src/blocks.h"
 
 // One block of 32 floats -> the bytes quantize_block_scalar gives (vcvtnq rounds ties to even)
 static inline void quantize_block(const float* x, int8_t* q, float& d_out, float& s_out) {

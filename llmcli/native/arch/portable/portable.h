@@ -2,7 +2,7 @@
 // block's codes unpacked to int8 with the zero point taken off, integer sums per block, scaled once.
 // Also the reference the other variants are checked against bit for bit in their quantization.
 #pragma once
-#include "blocks.h"
+#include "../../src/blocks.h"
 
 static inline void quantize_block(const float* x, int8_t* q, float& d, float& s) { quantize_block_scalar(x, q, d, s); }
 

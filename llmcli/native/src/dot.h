@@ -4,13 +4,13 @@
 #include "isa.h"
 
 #if defined(LLMCLI_AVX512VNNI)
-#include "dot_avx512.h"
+#include "../arch/x86/avx512_blocks.h"
 #elif defined(LLMCLI_X86)
-#include "dot_avx2.h"
+#include "../arch/x86/avx2.h"
 #elif defined(LLMCLI_NEON)
-#include "dot_neon.h"
+#include "../arch/arm/neon.h"
 #else
-#include "dot_portable.h"
+#include "../arch/portable/portable.h"
 #endif
 
 #if !defined(LLMCLI_X86)

@@ -1,7 +1,7 @@
 // x86 helpers every x86 variant has (AVX2 is in all of them): activation quantization, code
 // unpacking, horizontal sums.
 #pragma once
-#include "blocks.h"
+#include "../../src/blocks.h"
 
 // One block of 32 floats -> int8 codes, scale and scaled sum: the bytes quantize_block_scalar gives;
 // with n4, also the codes' 8 negated sums of 4 (sums_of_four's, from the codes in registers: the

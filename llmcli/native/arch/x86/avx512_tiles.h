@@ -1,6 +1,6 @@
 // AVX-512 VNNI tiles (included at the end of dot_avx512.h, whose one-row kernels they mirror).
 #pragma once
-#include "row_groups.h"  // (with_cols)
+#include "../../src/row_groups.h"  // (with_cols)
 
 // Tiles: four weight rows against C activation rows (a batch's rows, a speculative pass's tokens),
 // each weight block unpacked once for the C of them. Every (weight row, activation row) pair goes
