@@ -1,14 +1,16 @@
 // AVX-512 VNNI kernels for the copy of the weights interleaved 16 rows at a time (row_groups.h;
-// included at the end of dot_avx512.h). A decode step keeps such a copy of each projection of the
+// part of avx512.h's kernels). A decode step keeps such a copy of each projection of the
 // nibble types, Q8_0 and the K-quants: one vpdpbusd multiplies 4 codes of 16 rows by 4 activation
 // codes broadcast from memory, 8 of them sum a block's (K: a sub-block's) 32 products in each lane,
 // and one conversion and one multiply-add scale them, with no sums across lanes at all.
 // The same code serves one activation row and several (a batch, a prompt), each row through the
 // same operations in the same order, so a row's numbers never depend on the rows beside it.
-// Against the blocks as stored (dot_avx512.h), one thread: Q4_1 3072x576 1 row 70 -> 22 us,
+// Against the blocks as stored (avx512.h), one thread: Q4_1 3072x576 1 row 70 -> 22 us,
 // 8 rows 270 -> 93 us (the unpacking, the sums across lanes and the scaling were most of the work).
 #pragma once
 #include "../../src/row_groups.h"
+#include "avx512_blocks.h"
+#include "cols.h"
 
 #define LLMCLI_GROUPED 1
 constexpr int kGroupRows = 16;  // weight rows a group (a vector's lanes)

@@ -1,6 +1,10 @@
-// AVX-512 VNNI tiles (included at the end of dot_avx512.h, whose one-row kernels they mirror).
+// AVX-512 VNNI tiles (part of avx512.h's kernels, whose one-row kernels they mirror, from the same
+// pieces: avx512_blocks.h).
 #pragma once
+#include <algorithm>
+
 #include "../../src/row_groups.h"  // (with_cols)
+#include "avx512_blocks.h"
 
 // Tiles: four weight rows against C activation rows (a batch's rows, a speculative pass's tokens),
 // each weight block unpacked once for the C of them. Every (weight row, activation row) pair goes
@@ -77,7 +81,7 @@ static void nibble_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
         x, nb, out);
 }
 
-// Q8_0: `get(r, j, lo, hi, wd)` gives weight row r's blocks 4j..4j+3 (dot_avx512.h's q8_0_group)
+// Q8_0: `get(r, j, lo, hi, wd)` gives weight row r's blocks 4j..4j+3 (avx512_blocks.h's q8_0_group)
 template <int C, typename Get>
 static LLMCLI_INLINE void q8_0_tile_from(Get&& get, const Q8* x, int64_t nb, float* out) {
     __m512 accs[C][4];
