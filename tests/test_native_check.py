@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 
 
 def test_the_neon_variant_multiplies_as_float64_does(tmp_path):
-    flags = build.VARIANTS["neon"][1]
+    flags = build.VARIANTS["neon"].flags
     if build.machine() == "aarch64":
         cxx, run = build.compiler(), []
         if cxx is None:
