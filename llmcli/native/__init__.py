@@ -10,8 +10,8 @@ The C++ (plain C++17 with a C interface, api.h; no torch headers):
 - dot_avx512_tiles.h: the AVX-512 products for up to 8 activation rows at once, each weight block unpacked once.
 - row_groups.h: the weights copied in groups of 16 (AVX-512) or 8 rows (AVX2, AVX-VNNI) interleaved,
   which the decode step reads through dot_avx512_rows16.h's and dot_avx2_rows8.h's kernels.
-- decode.cpp: a whole decode step of a Llama-family model or Gemma 3, for n tokens at once (DecodeSteps,
-  used by native_step.py).
+- step.cpp: a whole decode step of a Llama-family model or Gemma 3, for n tokens at once (step.py's
+  Step, which runtime/native_step.py drives).
 - team.h: their threads (sized from torch.get_num_threads()), whose waits spin briefly, then sleep.
 
 Variants (build.py): avx512vnni, avxvnni, avx2 (x86-64), neon (aarch64 with dot products) and
@@ -73,7 +73,7 @@ def available() -> bool:
 
 
 def module():
-    """The active library.Kernels (has DecodeSteps), or None without one."""
+    """The active library.Kernels (its step() makes a decode step), or None without one."""
     return _module if available() else None
 
 

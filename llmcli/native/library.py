@@ -16,7 +16,7 @@ import torch
 
 from . import build
 from .checks import ROW_BYTES, check_blocks
-from .step import DecodeSteps, declare
+from .step import Step, declare
 
 KEPT = 4  # builds of one variant kept in the cache (other versions' sources)
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -81,7 +81,8 @@ def _fn(lib, name: str, restype, *argtypes):
 
 
 class Kernels:
-    """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on tensors, and DecodeSteps."""
+    """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on tensors, and the decode
+    step (step())."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -202,6 +203,7 @@ class Kernels:
             raise ValueError(f"attend_one: mask of {m.shape[0]} rows for a batch of {B}")
         return out
 
-    def DecodeSteps(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
-                    act: str, threads: int) -> DecodeSteps:
-        return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)
+    def step(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float, act: str,
+             threads: int) -> Step:
+        """A new decode step of this library (step.py's Step): add_layer, set_head, then run."""
+        return Step(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)

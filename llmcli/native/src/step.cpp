@@ -1,5 +1,6 @@
-// Decode steps of a Llama-family model (or Gemma 3) whose projections are GGUF blocks, for n tokens
-// in one call: no dispatcher, graph or Python between their ~300 small operations (native_step.py).
+// The decode step of a Llama-family model (or Gemma 3) whose projections are GGUF blocks, for n tokens
+// in one call: no dispatcher, graph or Python between its ~300 small operations (through ctypes:
+// native/step.py's Step, which runtime/native_step.py drives).
 // The n tokens are the rows of a batch (one token each, at its own slot) or the tokens a speculative
 // pass checks (one row, consecutive slots), or both.
 // Per layer: RMSNorm -> q, k, v -> (q/k norm) -> RoPE -> cache write -> attention -> o -> (norm) ->
@@ -137,9 +138,9 @@ struct Layer {
     unsigned qkv_in, o_in, gate_up_in, down_in;  // the activation layouts each group's weights read
 };
 
-class DecodeSteps {
+class Step {
   public:
-    DecodeSteps(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale,
+    Step(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale,
                 int64_t act, int threads)
         : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), QKV((heads + 2 * kv_heads) * head_dim), act(act),
           eps(eps), scale(scale), team(threads), threads_used(threads) {}
@@ -160,7 +161,7 @@ class DecodeSteps {
     void set_head(const float* norm, const LlmcliProjection* h, int64_t n) { final_norm = norm; head = own(h, n); }
     const std::vector<std::shared_ptr<const uint8_t>>& held_copies() const { return copies; }
 
-    // See llmcli_steps_set_embedding and llmcli_steps_set_rope (api.h)
+    // See llmcli_step_set_embedding and llmcli_step_set_rope (api.h)
     bool set_embedding(const void* table, int type, int64_t rows, float scale) {
         if (!table || rows <= 0 || hidden <= 0 || type < -1 || type >= kTypes || (type >= 0 && hidden % block_size(type)))
             return false;
@@ -178,7 +179,7 @@ class DecodeSteps {
         return true;
     }
 
-    // See llmcli_steps_run_ids (api.h): 0, 1 (bad arguments), 2 (a position beyond the tables)
+    // See llmcli_step_run_ids (api.h): 0, 1 (bad arguments), 2 (a position beyond the tables)
     int run_ids(int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots, const int64_t* positions,
                 int64_t from, float* logits, float* normed, int64_t top, float* top_values, int64_t* top_indices) {
         if (!emb || n < 1) return 1;  // (no tables yet: table_len 0, every position beyond them)
@@ -206,7 +207,7 @@ class DecodeSteps {
                    normed, top, top_values, top_indices) ? 0 : 1;
     }
 
-    // See llmcli_steps_run (api.h)
+    // See llmcli_step_run (api.h)
     bool run(int64_t n, const float* x_in, const int64_t* rows, const int64_t* slots, const float* cos,
              const float* sin, const float* cos_l, const float* sin_l, int64_t from, float* logits, float* normed,
              int64_t top, float* top_values, int64_t* top_indices) {
@@ -465,50 +466,50 @@ class DecodeSteps {
 
 extern "C" {
 
-LLMCLI_API void* llmcli_steps_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
-                                  float scale, int64_t act, int threads) {
+LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
+                                 float scale, int64_t act, int threads) {
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || rotary_dim % 2 || rotary_dim > head_dim || act < 0 || act > 1)
         return nullptr;
-    return new DecodeSteps(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads);
+    return new Step(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads);
 }
 
-LLMCLI_API int llmcli_steps_add_layer(void* steps, const LlmcliLayer* layer) {
-    return static_cast<DecodeSteps*>(steps)->add_layer(*layer) ? 0 : 1;
+LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer) {
+    return static_cast<Step*>(step)->add_layer(*layer) ? 0 : 1;
 }
 
-LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const LlmcliProjection* head, int64_t n_head) {
-    static_cast<DecodeSteps*>(steps)->set_head(norm, head, n_head);
+LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliProjection* head, int64_t n_head) {
+    static_cast<Step*>(step)->set_head(norm, head, n_head);
     return 0;
 }
 
-LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
-                                const float* cos, const float* sin, const float* cos_local, const float* sin_local,
-                                int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
-                                int64_t* top_indices) {
-    return static_cast<DecodeSteps*>(steps)->run(n, x, rows, slots, cos, sin, cos_local, sin_local, logits_from, logits,
-                                                 hidden, top, top_values, top_indices) ? 0 : 1;
+LLMCLI_API int llmcli_step_run(void* step, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
+                               const float* cos, const float* sin, const float* cos_local, const float* sin_local,
+                               int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
+                               int64_t* top_indices) {
+    return static_cast<Step*>(step)->run(n, x, rows, slots, cos, sin, cos_local, sin_local, logits_from, logits,
+                                         hidden, top, top_values, top_indices) ? 0 : 1;
 }
 
-LLMCLI_API int llmcli_steps_set_embedding(void* steps, const void* table, int type, int64_t rows, float scale) {
-    return static_cast<DecodeSteps*>(steps)->set_embedding(table, type, rows, scale) ? 0 : 1;
+LLMCLI_API int llmcli_step_set_embedding(void* step, const void* table, int type, int64_t rows, float scale) {
+    return static_cast<Step*>(step)->set_embedding(table, type, rows, scale) ? 0 : 1;
 }
 
-LLMCLI_API int llmcli_steps_set_rope(void* steps, const float* cos, const float* sin, const float* cos_local,
-                                     const float* sin_local, int64_t L) {
-    return static_cast<DecodeSteps*>(steps)->set_rope(cos, sin, cos_local, sin_local, L) ? 0 : 1;
+LLMCLI_API int llmcli_step_set_rope(void* step, const float* cos, const float* sin, const float* cos_local,
+                                    const float* sin_local, int64_t L) {
+    return static_cast<Step*>(step)->set_rope(cos, sin, cos_local, sin_local, L) ? 0 : 1;
 }
 
-LLMCLI_API int llmcli_steps_run_ids(void* steps, int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots,
-                                    const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
-                                    int64_t top, float* top_values, int64_t* top_indices) {
-    return static_cast<DecodeSteps*>(steps)->run_ids(n, ids, rows, slots, positions, logits_from, logits, hidden, top,
-                                                     top_values, top_indices);
+LLMCLI_API int llmcli_step_run_ids(void* step, int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots,
+                                   const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
+                                   int64_t top, float* top_values, int64_t* top_indices) {
+    return static_cast<Step*>(step)->run_ids(n, ids, rows, slots, positions, logits_from, logits, hidden, top,
+                                             top_values, top_indices);
 }
 
-LLMCLI_API void llmcli_steps_free(void* steps) { delete static_cast<DecodeSteps*>(steps); }
+LLMCLI_API void llmcli_step_free(void* step) { delete static_cast<Step*>(step); }
 
 using HeldCopies = std::vector<std::shared_ptr<const uint8_t>>;
-LLMCLI_API void* llmcli_steps_copies(void* steps) { return new HeldCopies(static_cast<DecodeSteps*>(steps)->held_copies()); }
+LLMCLI_API void* llmcli_step_copies(void* step) { return new HeldCopies(static_cast<Step*>(step)->held_copies()); }
 LLMCLI_API void llmcli_copies_free(void* copies) { delete static_cast<HeldCopies*>(copies); }
 LLMCLI_API int64_t llmcli_copies_made(void) { return Copies::made_count.load(); }
 
