@@ -2,9 +2,9 @@
 
 Where a library comes from, in order: the one `pip install` built beside these sources (lib/, by
 build_hook.py) if it was built from these very sources; one built earlier into the user cache
-(the platform's cache folder, kernels/); else it is built there now, a few seconds. ctypes releases the GIL for each call. A call costs ~5 us over its work (mm of 64 rows: 6.5 us
-of CPU, the ctypes call alone 3.7; the TORCH_LIBRARY operator of the torch extension took 4.7, a
-Python custom op ~9).
+(the platform's cache folder, kernels/); else it is built there now, in seconds. ctypes releases the
+GIL for each call, and a call through it costs less than one through a TORCH_LIBRARY operator (the
+torch extension these kernels once were) or a Python custom op (docs/performance.md).
 """
 
 from __future__ import annotations

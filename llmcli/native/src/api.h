@@ -97,8 +97,8 @@ LLMCLI_API int llmcli_step_run_ids(void* step, int64_t n, const int64_t* ids, co
 LLMCLI_API void llmcli_step_free(void* step);
 // The interleaved copies of the weights a step reads, held apart from it until llmcli_copies_free:
 // a model keeps them between its steps, so that a step built for a new cache (a batch engine, a
-// benchmark's repetition) finds them instead of making them again (SmolLM2: ~100 ms; without a
-// holder they go with the last step that reads them).
+// benchmark's repetition) finds them instead of making them again (for a small model, longer than
+// many steps; without a holder they go with the last step that reads them).
 LLMCLI_API void* llmcli_step_copies(void* step);
 LLMCLI_API void llmcli_copies_free(void* copies);
 LLMCLI_API int64_t llmcli_copies_made(void);  // copies this library has made (not found) so far

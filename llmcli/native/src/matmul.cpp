@@ -69,8 +69,8 @@ static inline void prefetch(const uint8_t* p, int64_t bytes) {
     for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(p + c);
 }
 
-// Rows are prefetched this many rows ahead: 1.24x the SmolLM2 step (one thread), where 8 to 32 rows
-// ahead measured the same as 4
+// Rows are prefetched this many rows ahead: without it a one-thread step waited on memory, and 8 to
+// 32 rows ahead did no better than 4
 constexpr int64_t kAhead = 4;
 
 constexpr int64_t kRowsAtOnce = 64;  // activation rows whose views (Q8) a call keeps at hand
@@ -79,7 +79,7 @@ constexpr int64_t kRowsAtOnce = 64;  // activation rows whose views (Q8) a call 
 // Four weight rows against activation rows xs[0..Mb), Mb > 1, into y (Mb rows, ldy apart), a tile at a
 // time: each weight block unpacked once for the tile, or, for several tiles, once for all of them into
 // a buffer (unpack_4rows); the first tile, or the unpacking, fetches the next rows (`ahead`) as it
-// goes. Not inlined into dot_rows: there its buffer and lambdas slowed the one-row loop ~10% (Q4_K, Q6_K).
+// goes. Not inlined into dot_rows: there its buffer and lambdas slowed the one-row loop (Q4_K, Q6_K).
 template <int T>
 __attribute__((noinline)) static void tile_rows(const uint8_t* row, int64_t rb, int64_t nb, const Q8* xs, int64_t Mb,
                                                 float* y, int64_t ldy, const uint8_t* ahead) {
@@ -154,8 +154,8 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
 // interleave_groups' copy W of rows [n0, n1) (whole groups of kGroupRows) against activation rows
 // m0.., kGroupCols at a time (within one of xq's column groups); many rows (a prompt's) kRowsAtOnce
 // at a time, each group's weights read once for them from L2 while their activations stay there
-// (all the rows against each group in turn streamed the activations again for every group: pp512
-// 1.4x slower)
+// (all the rows against each group in turn streamed the activations again for every group, which
+// slowed a long prompt)
 template <int T>
 static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
                         int64_t n0, int64_t n1) {
@@ -322,7 +322,7 @@ LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int typ
         });
     }, {}}};
     // a few rows (a decode step's embeddings) on this thread: waking the team's, asleep since the
-    // step before, cost ~30 us of a SmolLM2 token (~3 ms) for a microsecond's work
+    // step before, costs far more than the microsecond's work
     if (N * K <= 65536) stages[0].work(0, 0, N);
     else shared_team(threads)->run(stages);
     return 0;

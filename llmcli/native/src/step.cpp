@@ -33,18 +33,17 @@
 #include "vec.h"
 
 // A projection as the step reads it: its blocks, or a copy of them interleaved for the variant's
-// row-group kernels (row_groups.h; AVX-512's: 1.7-3x faster, one row or eight)
+// row-group kernels (row_groups.h), faster than the blocks as stored for one activation row or
+// eight (docs/performance.md)
 struct Projection : LlmcliProjection {
     bool grouped = false;
 };
 
 // The interleaved copies, one a weight for every step that reads it: a step is built again for each
-// new cache (bench's repetitions, a session's), and making the copy again took a third of a pp512
-// (qwen2 0.5B). Found by the blocks' address, shape and first and last bytes; freed with the last
-// step that holds it. In 4 KB pages: cut from regions in 2 MB pages (madvise), a step took ~6 % less
-// in one process's A/B, but neither `run` (354 vs 350 t/s) nor a batch of 8 rows moved, and faulting
-// the 2 MB pages in made a first step ~100 ms longer on a VM (Intel Xeon: `llmcli run smollm2 "hi"
-// -n 16` 1.95 -> 1.75 s without them, alternated).
+// new cache (bench's repetitions, a session's), and making the copy again was a large part of a
+// prompt's prefill. Found by the blocks' address, shape and first and last bytes; freed with the last
+// step that holds it. In 4 KB pages: 2 MB pages (madvise) sped up a step alone, but neither `run` nor a
+// batch, and faulting them in made a first step longer (docs/performance.md).
 class Copies {
   public:
     static std::shared_ptr<const uint8_t> of(const LlmcliProjection& p, Team& team) {
@@ -238,7 +237,7 @@ class Step {
             const float* next_norm = i + 1 < layers.size() ? layers[i + 1].spec.in_norm : final_norm;
             const unsigned next_in = i + 1 < layers.size() ? layers[i + 1].qkv_in : head_in;
             // chunks of whole heads: each chunk's heads normed, turned and placed by the thread that made
-            // them, from its cache (a stage of its own a layer, reading the other core's rows, was ~3 %)
+            // them, from its cache (a stage of its own a layer read the other core's rows, and cost more)
             stages.push_back({rows_of(l.qkv), head_rows, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.qkv, a.q, a.x.data(), 0, N, qkv.data(), QKV, lo, hi);
                 for (int64_t m = 0; m < N; ++m) place_heads(l, m, lo / D, hi / D);
@@ -329,8 +328,9 @@ class Step {
     Activation a, a_attn, a_mlp;
     std::vector<std::vector<float>> scores;  // each thread's
     // each thread's finders of the k largest logits of each row (a thread's chunks of the head come
-    // in any order: its own range's, then those it takes from another's), merged after the head: the pass over a row's logits after the step, its
-    // cache gone cold, took ~45 us a row (SmolLM2, 8 rows); here each chunk is read as it is made
+    // in any order: its own range's, then those it takes from another's), merged after the head: a
+    // pass over a row's logits after the step found them gone from the cache; here each chunk is read
+    // as it is made
     std::vector<std::vector<TopK>> tops;
     // run_ids': the embedding table (GGUF blocks of emb_type, or float32 rows for -1) and the RoPE
     // tables for positions [0, table_len), the caller's; the tokens' rows of them
@@ -367,9 +367,9 @@ class Step {
     // out). One token: the last stage's `then`. Up to a group of kColGroup: a stage of one token a
     // chunk, then the rows to their columns (Q8Cols) on one thread, as its `then`: the tokens of a
     // group have their activations side by side, and two threads writing one group's cache lines
-    // took 3x the time one takes for all of them. More: a stage of whole groups, each chunk's
-    // columns written by its thread. (Eight tokens' work as one thread's `then`, the other thread
-    // waiting, was ~12 % of an 8-row SmolLM2 step: 6.47 -> 6.13 ms, Intel Xeon, 2 threads.)
+    // took longer than one writing all of them. More: a stage of whole groups, each chunk's columns
+    // written by its thread. (Eight tokens' work as one thread's `then`, the other thread waiting,
+    // was a visible part of an 8-row step.)
     void per_token(std::vector<Stage>& stages, std::function<void(int64_t)> f, Activation* out = nullptr,
                    unsigned layouts = 0) {
         if (N == 1 && !stages.empty() && !stages.back().then) {

@@ -154,8 +154,8 @@ static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
 
 // Many tiles against the same four weight rows (a prefill's tokens, 64 at a time): the rows unpacked
 // once into a buffer that every tile reads from L1 (nibble_group's vectors, q8_0_group's, Q4KBlock, Q6KBlock).
-// Unpacking the Q5_0 rows again for each tile of 8 took a third of the time (4864x896 at 64 tokens,
-// one thread: 5.5 -> 3.5 ms). The products and their order are the tiles'.
+// Unpacking the rows again for each tile of 8 was a large part of a prefill's time. The products and
+// their order are the tiles'.
 struct NibbleGroup { __m512i v[4]; __m512 wd, wdm; };
 struct Q8_0Group { __m512i lo, hi; __m512 wd; };
 template <int T> struct Unpacked { using type = NibbleGroup; };  // what a group or block unpacks into

@@ -27,7 +27,7 @@ static inline void block_to_cols(const int8_t* rows, int64_t K, int n, int8_t* t
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     // codes 4j..4j+3 of every row (j and 4 + j from the same two vectors), stored as they are made:
-    // gcc kept an array of the eight in memory and moved them through general registers (2x the time)
+    // gcc kept an array of the eight in memory and moved them through general registers
     const auto put = [&](int j, __m256i codes) __attribute__((always_inline)) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32 * j), codes);
         half[j / 4] = _mm256_sub_epi32(half[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, codes), ones16));
