@@ -1,20 +1,13 @@
 """Small C++ CPU kernels for GGUF blocks, one build per instruction set, picked at run time.
 
-The C++ (plain C++17 with a C interface, api.h; no torch headers):
-- matmul.cpp: y = x @ W.T reading GGUF blocks (quant/gguf_blocks.py), and dequantization. The
-  activations are quantized to int8 per block of 32, as llama.cpp does, and every type but Q5_K
-  multiplies with integer dot products, scaled once per block (dot_*.h: one file per instruction set).
-- attention.cpp: decoding's one-query attention over a float32 KV cache (attend_one; the decode
-  step's also over a float16 one).
-- select.cpp: the k largest of a vector of logits (top_k), for sampling.
-- dot_avx512_tiles.h: the AVX-512 products for up to 8 activation rows at once, each weight block unpacked once.
-- row_groups.h: the weights copied in groups of 16 (AVX-512) or 8 rows (AVX2, AVX-VNNI) interleaved,
-  which the decode step reads through dot_avx512_rows16.h's and dot_avx2_rows8.h's kernels.
-- step.cpp: a whole decode step of a Llama-family model or Gemma 3, for n tokens at once (step.py's
-  Step, which runtime/native_step.py drives).
-- team.h: their threads (sized from torch.get_num_threads()), whose waits spin briefly, then sleep.
+The C++ (plain C++17 with a C interface, src/api.h; no torch headers; README.md has the map): generic
+code in src/ (matmul.cpp: y = x @ W.T reading GGUF blocks with int8 activations, as llama.cpp does;
+attention.cpp: decoding's one-query attention; select.cpp: top-k of the logits; step.cpp: a whole
+decode step of a Llama-family model or Gemma 3, for n tokens at once, which step.py's Step wraps and
+runtime/native_step.py drives; team.h: their threads, sized from torch.get_num_threads()), and each
+instruction set's kernels under arch/x86, arch/arm and arch/portable, which src/isa.h picks.
 
-Variants (build.py): avx512vnni, avxvnni, avx2 (x86-64), neon (aarch64 with dot products) and
+Variants (build.VARIANTS): avx512vnni, avxvnni, avx2 (x86-64), neon (aarch64 with dot products) and
 portable. The best one this CPU's flags allow is used (cpu.py); LLMCLI_KERNEL=<name> picks another
 (tests, benchmarks), LLMCLI_NO_KERNEL=1 none. `pip install` builds them (build_hook.py); otherwise
 the first use builds the one needed into the user cache, in seconds (library.py). Without a compiler,
