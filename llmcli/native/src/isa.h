@@ -6,8 +6,9 @@
 //   included here for the generic code;
 // - the block kernels, LLMCLI_ARCH_KERNELS, which dot.h includes after blocks.h (they use the blocks,
 //   which use the primitives: one header here could not include both in order).
-// Below this header nothing generic names an instruction set: it asks what the kernels provide
-// (dot.h's LLMCLI_DOT_* and kernels.h's capabilities).
+// Below this header nothing generic names an instruction set: it asks what the kernels provide (the
+// macros dot.h lists). Only the header two variants share tells them apart by their macro
+// (arch/x86/avx2.h, avx2_rows8.h: vpdpbusd on avxvnni, vpmaddubsw + vpmaddwd on avx2).
 #pragma once
 
 #if defined(LLMCLI_AVX512VNNI)  // Zen 4/5, Ice Lake and later
