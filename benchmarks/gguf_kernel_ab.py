@@ -5,8 +5,9 @@ weights, interleaved in one process (this machine is too noisy to compare separa
 
 Prints ms per pass over every block weight in order, as a decode step streams them (the figure
 that counts), and per weight shape repeated in place (weights in cache, which can mislead). The
-revision's llmcli/native sources are built with the tree's build.py, so revisions from the per-ISA
-libraries on (before them, the kernels were a torch extension).
+revision's llmcli/native sources are built with the tree's build.py, so revisions from the src/ and
+arch/ layout and the llmcli_step_* names on (before them the files lay flat; before the per-ISA
+libraries, the kernels were a torch extension).
 """
 import argparse
 import collections
@@ -34,12 +35,13 @@ a = ap.parse_args()
 
 variant = a.variant or native.variants()[0]
 folder = Path(tempfile.mkdtemp(prefix="kernel-ab-"))
-names = subprocess.run(["git", "ls-tree", "--name-only", a.rev, "llmcli/native/"], capture_output=True, text=True,
+names = subprocess.run(["git", "ls-tree", "-r", "--name-only", a.rev, "llmcli/native/"], capture_output=True, text=True,
                        check=True).stdout.split()
 for name in names:
     if name.endswith((".cpp", ".h", ".py")):
-        (folder / Path(name).name).write_bytes(subprocess.run(["git", "show", f"{a.rev}:{name}"], capture_output=True,
-                                                              check=True).stdout)
+        to = folder / Path(name).relative_to("llmcli/native")  # src/..., arch/x86/...: build.py's layout
+        to.parent.mkdir(parents=True, exist_ok=True)
+        to.write_bytes(subprocess.run(["git", "show", f"{a.rev}:{name}"], capture_output=True, check=True).stdout)
 build.FOLDER = folder  # the revision's sources, the tree's flags
 ops = {a.rev: Kernels(build.compile_variant(variant, folder / build.library_name(variant))).mm}
 build.FOLDER = Path(build.__file__).parent

@@ -3,7 +3,7 @@
 // K: the first argument, 576 by default (SmolLM2's hidden size); the K-quants take the multiple of
 // 256 below it.
 //
-//   S=llmcli/native; for v in "avx512vnni:-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c -DLLMCLI_AVX512VNNI" \
+//   S=llmcli/native/src; for v in "avx512vnni:-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c -DLLMCLI_AVX512VNNI" \
 //       "avxvnni:-mavx2 -mavxvnni -mfma -mf16c -DLLMCLI_AVXVNNI" "avx2:-mavx2 -mfma -mf16c -DLLMCLI_AVX2" "portable:"; do
 //     g++ -O3 -std=c++17 -ffp-contract=off -pthread ${v#*:} -I$S benchmarks/native_kernels.cpp -o /tmp/kb && /tmp/kb 576; done
 //
@@ -38,7 +38,7 @@ template <int T> double run(int64_t N, int64_t K) {
         auto t = std::chrono::steady_clock::now();
         for (int it = 0; it < 20; ++it) {
             int64_t n = 0;
-#ifdef LLMCLI_ROW_GROUPS
+#ifdef LLMCLI_DOT_4ROWS
             for (; n + 4 <= N; n += 4) dot_4rows<T>(W.data() + n * rb, rb, xq.row(0), nb, y.data() + n);
 #endif
             for (; n < N; ++n) y[n] = dot_row<T>(W.data() + n * rb, xq.row(0), nb);

@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 
 
 def test_the_neon_variant_multiplies_as_float64_does(tmp_path):
-    flags = build.VARIANTS["neon"][1]
+    flags = build.VARIANTS["neon"].flags
     if build.machine() == "aarch64":
         cxx, run = build.compiler(), []
         if cxx is None:
@@ -30,7 +30,7 @@ def test_the_neon_variant_multiplies_as_float64_does(tmp_path):
         run, flags = [qemu], [*flags, "-static"]
     exe = tmp_path / "check"
     units = [str(build.FOLDER / u) for u in build.UNITS]
-    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-pthread", *flags, f"-I{build.FOLDER}",
+    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-pthread", *flags, f"-I{build.INCLUDE}",
                     str(HERE / "native_check.cpp"), *units, "-o", str(exe)], check=True, capture_output=True)
     r = subprocess.run([*run, str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok neon", r.stdout + r.stderr

@@ -1,4 +1,4 @@
-"""The C++ decode step (native_step.py, native/decode.cpp) against the model's own forward pass, on
+"""The C++ decode step (native_step.py, native/src/step.cpp) against the model's own forward pass, on
 tiny GGUF files of the types and layouts real ones have: Q4_1/Q8_0 llama (SmolLM2's), a qwen2
 Q4_K_M and Q5_K_M mix (q/k/v biases, unfused q/k/v of different types, 32-block fallbacks, Q5_K
 on the float route), qwen3 (q/k norm), gemma3 (four norms of 1 + w, GELU, local layers with their

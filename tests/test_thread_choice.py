@@ -21,7 +21,7 @@ def test_the_step_uses_as_many_threads_as_run_it_fastest(tmp_path):
     if cxx is None:
         pytest.skip("no C++ compiler")
     exe = tmp_path / "thread_choice_check"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-pthread", *build.VARIANTS["portable"][1], f"-I{build.FOLDER}",
+    subprocess.run([cxx, "-O2", "-std=c++17", "-pthread", *build.VARIANTS["portable"].flags, f"-I{build.INCLUDE}",
                     str(HERE / "thread_choice_check.cpp"), "-o", str(exe)], check=True, capture_output=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -22,7 +22,7 @@ def test_pieces_in_any_order_give_torch_topks_order(variant, tmp_path):
     if cxx is None:
         pytest.skip("no C++ compiler")
     exe = tmp_path / "top_k_check"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", *build.VARIANTS[variant][1], f"-I{build.FOLDER}",
+    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", *build.VARIANTS[variant].flags, f"-I{build.INCLUDE}",
                     str(HERE / "top_k_check.cpp"), "-o", str(exe)], check=True, capture_output=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -1,4 +1,4 @@
-// TopK (llmcli/native/top_k.h) fed a row in pieces in any order, split among several finders and
+// TopK (llmcli/native/src/top_k.h) fed a row in pieces in any order, split among several finders and
 // merged, as a decode step's threads give it the head's chunks (a thread's own range, then chunks
 // taken from another thread's range, before its own). Rows full of ties, -inf and NaN; the k largest
 // must be torch.topk's: larger first, of equal values the earlier index, NaN as the largest.

@@ -1,20 +1,13 @@
 """Small C++ CPU kernels for GGUF blocks, one build per instruction set, picked at run time.
 
-The C++ (plain C++17 with a C interface, api.h; no torch headers):
-- matmul.cpp: y = x @ W.T reading GGUF blocks (quant/gguf_blocks.py), and dequantization. The
-  activations are quantized to int8 per block of 32, as llama.cpp does, and every type but Q5_K
-  multiplies with integer dot products, scaled once per block (dot_*.h: one file per instruction set).
-- attention.cpp: decoding's one-query attention over a float32 KV cache (attend_one; the decode
-  step's also over a float16 one).
-- select.cpp: the k largest of a vector of logits (top_k), for sampling.
-- dot_avx512_tiles.h: the AVX-512 products for up to 8 activation rows at once, each weight block unpacked once.
-- row_groups.h: the weights copied in groups of 16 (AVX-512) or 8 rows (AVX2, AVX-VNNI) interleaved,
-  which the decode step reads through dot_avx512_rows16.h's and dot_avx2_rows8.h's kernels.
-- decode.cpp: a whole decode step of a Llama-family model or Gemma 3, for n tokens at once (DecodeSteps,
-  used by native_step.py).
-- team.h: their threads (sized from torch.get_num_threads()), whose waits spin briefly, then sleep.
+The C++ (plain C++17 with a C interface, src/api.h; no torch headers; README.md has the map): generic
+code in src/ (matmul.cpp: y = x @ W.T reading GGUF blocks with int8 activations, as llama.cpp does;
+attention.cpp: decoding's one-query attention; select.cpp: top-k of the logits; step.cpp: a whole
+decode step of a Llama-family model or Gemma 3, for n tokens at once, which step.py's Step wraps and
+runtime/native_step.py drives; team.h: their threads, sized from torch.get_num_threads()), and each
+instruction set's kernels under arch/x86, arch/arm and arch/portable, which src/isa.h picks.
 
-Variants (build.py): avx512vnni, avxvnni, avx2 (x86-64), neon (aarch64 with dot products) and
+Variants (build.VARIANTS): avx512vnni, avxvnni, avx2 (x86-64), neon (aarch64 with dot products) and
 portable. The best one this CPU's flags allow is used (cpu.py); LLMCLI_KERNEL=<name> picks another
 (tests, benchmarks), LLMCLI_NO_KERNEL=1 none. `pip install` builds them (build_hook.py); otherwise
 the first use builds the one needed into the user cache, in seconds (library.py). Without a compiler,
@@ -73,7 +66,7 @@ def available() -> bool:
 
 
 def module():
-    """The active library.Kernels (has DecodeSteps), or None without one."""
+    """The active library.Kernels (its step() makes a decode step), or None without one."""
     return _module if available() else None
 
 
@@ -136,7 +129,8 @@ def dequantize(blocks: torch.Tensor, type_id: int, K: int, dtype: torch.dtype) -
 
 def top_k(x: torch.Tensor, k: int):
     """(values, indices) of the k largest of x (n,), largest first, as torch.topk; through the kernel
-    for a float32 CPU vector (torch.topk took 0.2-1.1 ms on a vocabulary, this ~10-40 us)."""
+    for a float32 CPU vector: one pass of vector compares, many times faster than torch.topk on a
+    vocabulary (docs/performance.md)."""
     if x.dim() == 1 and x.dtype == torch.float32 and x.is_cpu and 1 <= k <= x.numel() and available() \
             and not torch.compiler.is_compiling():
         return _module.top_k(x, k)

@@ -20,25 +20,45 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 FOLDER = Path(__file__).parent
 
-# name: (machine, flags), best first. The macros pick the code (isa.h); the flags let the compiler
-# emit the instructions. AVX-512 VNNI: Zen 4/5, Ice Lake and later; AVX-VNNI (VEX-encoded vpdpbusd):
-# Alder Lake and later; AVX2 + FMA: Haswell and later, Zen 1-3; NEON with dot products: Apple
-# Silicon, Graviton 2+, Cortex-A76+.
+
+class Variant(NamedTuple):
+    """A build of the kernels for one kind of CPU: a row of VARIANTS."""
+
+    machine: str | None  # the CPUs' architecture, as machine() names it; None: any
+    flags: tuple[str, ...]  # the compiler's: the instructions it may emit, the macro src/isa.h maps to code
+    needs: tuple[str, ...]  # the CPU flags (Linux's names) those need; the first sets it apart (a skip names it)
+
+
+# The variants, best first: cpu.py runs the first one this CPU has the flags of, the portable one
+# where none fits. A new one: a row here, a branch in src/isa.h, its headers under arch/ (README.md).
 VARIANTS = {
-    "avx512vnni": ("x86_64", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2",
-                              "-mfma", "-mf16c", "-DLLMCLI_AVX512VNNI"]),
-    "avxvnni": ("x86_64", ["-mavx2", "-mavxvnni", "-mfma", "-mf16c", "-DLLMCLI_AVXVNNI"]),
-    "avx2": ("x86_64", ["-mavx2", "-mfma", "-mf16c", "-DLLMCLI_AVX2"]),
-    "neon": ("aarch64", ["-march=armv8.2-a+dotprod", "-DLLMCLI_NEON"]),
-    "portable": (None, []),
+    # AVX-512 VNNI: Zen 4/5, Ice Lake and later
+    "avx512vnni": Variant("x86_64", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2",
+                                     "-mfma", "-mf16c", "-DLLMCLI_AVX512VNNI"),
+                          ("avx512_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c")),
+    # AVX-VNNI (the VEX-encoded vpdpbusd): Alder Lake and later
+    "avxvnni": Variant("x86_64", ("-mavx2", "-mavxvnni", "-mfma", "-mf16c", "-DLLMCLI_AVXVNNI"),
+                       ("avx_vnni", "avx2", "fma", "f16c")),
+    # AVX2 + FMA: Haswell and later, Zen 1-3
+    "avx2": Variant("x86_64", ("-mavx2", "-mfma", "-mf16c", "-DLLMCLI_AVX2"), ("avx2", "fma", "f16c")),
+    # NEON with dot products: Apple Silicon, Graviton 2+, Cortex-A76+
+    "neon": Variant("aarch64", ("-march=armv8.2-a+dotprod", "-DLLMCLI_NEON"), ("asimddp",)),
+    # plain C++, any CPU
+    "portable": Variant(None, (), ()),
 }
+
 # -ffp-contract=off: no multiply-add fused behind the code's back, so that dequantized weights equal
 # gguf-py's bit for bit; the kernels fuse where they mean to, with intrinsics
 COMMON = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-ffp-contract=off", "-pthread"]
-UNITS = ("matmul.cpp", "attention.cpp", "decode.cpp", "select.cpp", "variant.cpp")
+# The C++: generic code in src/, per instruction set in arch/ (x86/, arm/, portable/), as ggml-cpu lays it
+# out; headers include one another by relative paths, so no include flags are needed
+SOURCE_FOLDERS = ("src", "arch")
+UNITS = tuple(f"src/{u}" for u in ("matmul.cpp", "attention.cpp", "step.cpp", "select.cpp", "variant.cpp"))
+INCLUDE = FOLDER / "src"  # where a program built beside the library (tests/*.cpp) finds api.h and the rest
 
 
 class BuildError(Exception):
@@ -53,19 +73,20 @@ def machine() -> str:
 def variants_for(arch: str | None = None) -> list[str]:
     """The variants that compile for a machine, best first (the portable one last)."""
     arch = arch or machine()
-    return [name for name, (target, _) in VARIANTS.items() if target in (None, arch)]
+    return [name for name, v in VARIANTS.items() if v.machine in (None, arch)]
 
 
 def sources() -> list[Path]:
-    return sorted(p for p in FOLDER.iterdir() if p.suffix in (".cpp", ".h"))
+    return sorted(p for d in SOURCE_FOLDERS for p in (FOLDER / d).rglob("*") if p.suffix in (".cpp", ".h"))
 
 
 def source_hash(variant: str) -> str:
-    """What a library must have been built from: the sources and the variant's flags."""
+    """What a library must have been built from: the sources (their paths too: a moved file rebuilds)
+    and the variant's flags."""
     h = hashlib.sha256()
     for p in sources():
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(" ".join(COMMON + VARIANTS[variant][1]).encode())
+        h.update(p.relative_to(FOLDER).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(" ".join(COMMON + list(VARIANTS[variant].flags)).encode())
     return h.hexdigest()[:16]
 
 
@@ -90,7 +111,7 @@ def compile_variant(variant: str, out: Path, cxx: str | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     os.close(fd)
-    cmd = [*cxx.split(), *COMMON, *VARIANTS[variant][1], f'-DLLMCLI_SOURCE_HASH="{source_hash(variant)}"',
+    cmd = [*cxx.split(), *COMMON, *VARIANTS[variant].flags, f'-DLLMCLI_SOURCE_HASH="{source_hash(variant)}"',
            *(str(FOLDER / u) for u in UNITS), "-o", tmp]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True)

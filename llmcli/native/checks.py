@@ -1,4 +1,4 @@
-"""What a tensor of GGUF blocks must be before a kernel reads it (library.py's calls and steps.py's
+"""What a tensor of GGUF blocks must be before a kernel reads it (library.py's calls and step.py's
 projections): a wrong row length would have the kernel read past the tensor."""
 
 from __future__ import annotations

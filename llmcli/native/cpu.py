@@ -1,5 +1,6 @@
 """Which kernel variants this CPU runs, from its flags (Linux: /proc/cpuinfo, which lists only what
-the OS has enabled; macOS: sysctl), and why not where it does not."""
+the OS has enabled; macOS: sysctl) and the flags each variant needs (build.VARIANTS), and why not
+where it does not."""
 
 from __future__ import annotations
 
@@ -9,14 +10,6 @@ import sys
 
 from .build import VARIANTS, machine
 
-# The flags (as Linux names them) a variant's instructions need
-NEEDS = {  # the flag that sets a variant apart first: a skip names it
-    "avx512vnni": ("avx512_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"),
-    "avxvnni": ("avx_vnni", "avx2", "fma", "f16c"),
-    "avx2": ("avx2", "fma", "f16c"),
-    "neon": ("asimddp",),
-    "portable": (),
-}
 _MACOS_NAMES = {"avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni", "avx1.0": "avx"}  # sysctl's spelling -> Linux's
 
 
@@ -48,10 +41,10 @@ def why_not(variant: str) -> str | None:
     """None where this CPU runs `variant`; otherwise the reason, naming the missing flag."""
     if variant not in VARIANTS:
         return f"no kernel variant {variant!r} (there are {', '.join(VARIANTS)})"
-    target = VARIANTS[variant][0]
+    target = VARIANTS[variant].machine
     if target is not None and target != machine():
         return f"{variant} is for {target} CPUs; this one is {machine()}"
-    missing = [f for f in NEEDS[variant] if f not in flags()]
+    missing = [f for f in VARIANTS[variant].needs if f not in flags()]
     return f"needs {missing[0]}" if missing else None
 
 

@@ -2,9 +2,9 @@
 
 Where a library comes from, in order: the one `pip install` built beside these sources (lib/, by
 build_hook.py) if it was built from these very sources; one built earlier into the user cache
-(the platform's cache folder, kernels/); else it is built there now, a few seconds. ctypes releases the GIL for each call. A call costs ~5 us over its work (mm of 64 rows: 6.5 us
-of CPU, the ctypes call alone 3.7; the TORCH_LIBRARY operator of the torch extension took 4.7, a
-Python custom op ~9).
+(the platform's cache folder, kernels/); else it is built there now, in seconds. ctypes releases the
+GIL for each call, and a call through it costs less than one through a TORCH_LIBRARY operator (the
+torch extension these kernels once were) or a Python custom op (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from . import build
 from .checks import ROW_BYTES, check_blocks
-from .steps import DecodeSteps, declare
+from .step import Step, declare
 
 KEPT = 4  # builds of one variant kept in the cache (other versions' sources)
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -81,7 +81,8 @@ def _fn(lib, name: str, restype, *argtypes):
 
 
 class Kernels:
-    """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on tensors, and DecodeSteps."""
+    """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on tensors, and the decode
+    step (step())."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -202,6 +203,7 @@ class Kernels:
             raise ValueError(f"attend_one: mask of {m.shape[0]} rows for a batch of {B}")
         return out
 
-    def DecodeSteps(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
-                    act: str, threads: int) -> DecodeSteps:
-        return DecodeSteps(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)
+    def step(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float, act: str,
+             threads: int) -> Step:
+        """A new decode step of this library (step.py's Step): add_layer, set_head, then run."""
+        return Step(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)

@@ -1,4 +1,4 @@
-"""Decode steps in one C++ call (native/decode.cpp) for Llama-family and Gemma 3 models held as GGUF
+"""Decode steps in one C++ call (native/src/step.cpp) for Llama-family and Gemma 3 models held as GGUF
 blocks on the CPU.
 
 A one-token step runs ~300 small operations. Compiled, their dispatch, graph wrapper and dynamo's
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .. import native
 from ..cache.static import StaticKVCache
 from ..models import gemma3, llama
-from ..native.steps import KV_DTYPES
+from ..native.step import KV_DTYPES
 from ..quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF general.architecture the step runs
@@ -211,8 +211,8 @@ class NativeStep:
         attn = self.model.model.layers[0].self_attn
         scale = attn.scale if attn.scale is not None else args.head_dim ** -0.5
         act = _FAMILIES[type(self.model)][2]
-        steps = native.module().DecodeSteps(args.num_attention_heads, args.num_key_value_heads, args.head_dim,
-                                            args.rotary_dim, args.rms_norm_eps, scale, act, self.threads)
+        steps = native.module().step(args.num_attention_heads, args.num_key_value_heads, args.head_dim,
+                                     args.rotary_dim, args.rms_norm_eps, scale, act, self.threads)
         norm = _norm_weight(self._gemma)
         for i, layer in enumerate(self.model.model.layers):
             qkv, o, gate_up, down = (list(map(_spec, group)) for group in _projections(layer))
@@ -265,7 +265,7 @@ _EMPTY = torch.empty(0)
 
 
 def _spec(module):
-    """(blocks, type id, K, bias or empty) as DecodeSteps.add_layer takes a projection."""
+    """(blocks, type id, K, bias or empty) as native.step.Step.add_layer takes a projection."""
     p = module.packed
     bias = module.bias.detach() if module.bias is not None else _EMPTY
     return p.blocks, TYPE_IDS[p.type_name], p.shape[1], bias

@@ -1,3 +1,5 @@
+// The pieces of the avx512vnni variant's block kernels (avx512.h, avx512_tiles.h): activations
+// quantized and copied in the orders the kernels read, blocks unpacked, products scaled and summed.
 // Block dot products with AVX-512 VNNI (Zen 4/5, Ice Lake and later): vpdpbusd multiplies 64
 // unsigned weight codes by 64 signed activation codes into 16 int32 lanes: halves of four 32-blocks
 // (Q8_0), or quarters of eight blocks or sub-blocks (the nibble types, Q4_K), two or four vpdpbusd
@@ -6,7 +8,11 @@
 // codes' sum): the offset costs one shift, where the sign trick of the 256-bit variants costs two
 // instructions per vector (and AVX-512 has no vpsignb).
 #pragma once
-#include "dot_avx2.h"
+#include <algorithm>
+
+#include "../../src/blocks.h"
+#include "simd.h"
+#include "x86.h"
 
 // Inlined whatever gcc's size limits say: gcc made the 8-block unpacking a call, which passes its
 // vectors through memory (and a vzeroupper) between the unpacking and the dot products
@@ -14,6 +20,27 @@
 
 static inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
 static inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// One block of 32 floats -> int8 codes, scale and scaled sum: the bytes quantize_block_scalar gives;
+// with n4, also the codes' 8 negated sums of 4 (sums_of_four's, from the codes in registers: the
+// scalar sums were a fifth of a block's quantization)
+static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out, int32_t* n4 = nullptr) {  // two 16-float halves
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    const __m512 vid = _mm512_set1_ps(id);
+    constexpr int even = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // round half to even, as nearbyint
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, vid), even));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, vid), even));
+    const __m256i codes = _mm256_set_m128i(_mm512_cvtsepi32_epi8(q1), _mm512_cvtsepi32_epi8(q0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), codes);
+    if (n4) {
+        const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), codes);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(n4), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+    }
+    d_out = d;
+    s_out = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
 
 // The accumulators' start for a nibble group's 16 lanes, -zero * the sum of the activation codes each
 // lane multiplies (w = d * (code - zero)), from Q8's ni (-16 * those sums): Q5_0's zero is 16, Q4_0's
@@ -49,6 +76,8 @@ static inline void quad_order(const Q8& x, int64_t nb, int64_t j, int zero_times
         }
     }
 }
+
+#define LLMCLI_ORDERS 1  // the activations copied in these orders, as the kernels read them (dot.h)
 
 // The activations again for the 4- and 5-bit 32-blocks (blocks.h's Q8 qi, ni, ds, d16), per group of 8
 // blocks: 4 vectors c of 64 bytes, qword q holding codes 8c..8c+7 of block nibble_block(q), as the
@@ -160,7 +189,7 @@ static inline void add_odd_lanes(const __m256* off, float* out) {
 
 // Q4_0, Q4_1, Q5_0, Q5_1 (the nibble types), a group of 8 blocks p[0..7]: 4 vectors of codes as Q8's qi
 // has the activations (nibble_order), 4 vpdpbusd into 16 lanes, 2 a block, scaled in one conversion
-// and one multiply-add. The tiles (dot_avx512_tiles.h) unpack, multiply and scale the same way.
+// and one multiply-add. The tiles (avx512_tiles.h) unpack, multiply and scale the same way.
 template <int T> constexpr bool has_min = T == kQ4_1 || T == kQ5_1;
 
 // Blocks p[0..3]: their 4 x 16 code bytes in one vector give the low nibbles (codes 0-15 of each
@@ -262,53 +291,6 @@ static LLMCLI_INLINE void nibble_quad_dot(__m512i lo, __m512i hi, __m512 wd, __m
     nibble_scale<T>(prods, wd, wdm, x, g, acc, off);
 }
 
-// The groups of R nibble-type rows (`stride` bytes apart) of nb blocks, as nibble_order has the
-// activations: f8(p, g, r) for each group g of 8 blocks p[0..7] of row r (a last one of 5 to 7 with
-// zero blocks after), f4(p, g, r) for a last one of 1 to 4 (zero blocks after)
-template <int bytes, int R = 1, typename F8, typename F4>
-static LLMCLI_INLINE void nibble_groups(const uint8_t* row, int64_t stride, int64_t nb, F8&& f8, F4&& f4) {
-    int64_t k = 0;
-    for (; k + 8 <= nb; k += 8)
-        for (int r = 0; r < R; ++r) {  // the R rows' group k / 8 together: they share the activations' loads
-            const uint8_t* b = row + r * stride + k * bytes;
-            const uint8_t* const p[8] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes, b + 4 * bytes, b + 5 * bytes, b + 6 * bytes, b + 7 * bytes};
-            f8(p, k / 8, r);
-        }
-    for (int r = 0; r < R && nb > k; ++r) {
-        if (nb - k > 4) {
-            const uint8_t* p[8];
-            group_of<bytes, 8>(row + r * stride, k, nb, p);
-            f8(p, k / 8, r);
-        } else {
-            const uint8_t* p[4];
-            group_of<bytes, 4>(row + r * stride, k, nb, p);
-            f4(p, k / 8, r);
-        }
-    }
-}
-
-// The nibble types, R weight rows (`stride` bytes apart) against one activation row, a group of 8
-// blocks a step
-template <int T, int R>
-static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
-    __m512 acc[R], off[R];
-    for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm512_setzero_ps();
-    nibble_groups<Block<T>::bytes, R>(
-        row, stride, nb,
-        [&](const uint8_t* const* p, int64_t g, int r) __attribute__((always_inline)) {
-            __m512i v[4];
-            __m512 wd, wdm;
-            nibble_unpack<T>(p, v, wd, wdm);
-            nibble_dot<T>(v, wd, wdm, x, g, acc[r], off[r]);
-        },
-        [&](const uint8_t* const* p, int64_t g, int r) __attribute__((always_inline)) {
-            __m512i lo, hi;
-            __m512 wd, wdm;
-            nibble_quad_unpack<T>(p, lo, hi, wd, wdm);
-            nibble_quad_dot<T>(lo, hi, wd, wdm, x, g, acc[r], off[r]);
-        });
-    nibble_sums<T, R>(acc, off, out);
-}
 
 // Q8_0 in the quad order (Q8's qq, zq, dq): four blocks p[0..3] as two vectors, lo their codes
 // 0-15 and hi 16-31 (q + 128, as stored, from two 256-bit loads a pair), 4 lanes a block; wd block
@@ -343,21 +325,6 @@ static LLMCLI_INLINE void q8_0_quad_dot(__m512i lo, __m512i hi, __m512 wd, const
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prods), _mm512_mul_ps(wd, _mm512_loadu_ps(x.dq + 16 * j)), acc);
 }
 
-// Q8_0, R weight rows against one activation row, four blocks a step (a last group of fewer with zero
-// blocks after)
-template <int R>
-static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < (nb + 3) / 4; ++j)
-        for (int r = 0; r < R; ++r) {
-            __m512i lo, hi;
-            __m512 wd;
-            q8_0_group(row + r * stride, nb, j, lo, hi, wd);
-            q8_0_quad_dot(lo, hi, wd, x, j, acc[r]);
-        }
-    reduce_rows<R>(acc, out);
-}
 
 // Q4_K (w = d*sc * q - dmin*m per sub-block of 32): a block's codes as 4 vectors c, each holding
 // codes 8c..8c+7 of every sub-block j in bytes 8j..8j+7 (Q8's qk has the activations so): the four
@@ -436,40 +403,3 @@ struct Q6KBlock {
 };
 
 static inline float kblock_sum(__m512 acc, __m256 off) { return _mm512_reduce_add_ps(acc) - hsum8(off); }
-
-// Q4_K or Q6_K (B: its block), R weight rows against one activation row: the rows' sums interleaved
-// (one row's chain of multiply-adds alone waits on their latency)
-template <typename B, int R>
-static void kblock_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
-    __m512 acc[R];
-    __m256 off[R];
-    for (int r = 0; r < R; ++r) { acc[r] = _mm512_setzero_ps(); off[r] = _mm256_setzero_ps(); }
-    for (int64_t k = 0; k < nb / 8; ++k)
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) B(row + r * stride + k * B::bytes).dot(x, k, acc[r], off[r]);
-    for (int r = 0; r < R; ++r) out[r] = kblock_sum(acc[r], off[r]);
-}
-
-// One weight row against one activation row of K = 32 * nb
-template <int T>
-static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
-    float out;
-    if constexpr (T == kQ4_K) kblock_rows<Q4KBlock, 1>(row, 0, x, nb, &out);
-    else if constexpr (T == kQ6_K) kblock_rows<Q6KBlock, 1>(row, 0, x, nb, &out);
-    else if constexpr (T == kQ8_0) q8_0_rows<1>(row, 0, x, nb, &out);
-    else nibble_rows<T, 1>(row, 0, x, nb, &out);
-    return out;
-}
-
-// Four weight rows, `stride` bytes apart, against one activation row
-#define LLMCLI_ROW_GROUPS 1
-template <int T>
-static void dot_4rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float out[4]) {
-    if constexpr (T == kQ8_0) q8_0_rows<4>(row, stride, x, nb, out);
-    else if constexpr (T == kQ4_K) kblock_rows<Q4KBlock, 4>(row, stride, x, nb, out);
-    else if constexpr (T == kQ6_K) kblock_rows<Q6KBlock, 4>(row, stride, x, nb, out);
-    else nibble_rows<T, 4>(row, stride, x, nb, out);
-}
-
-#include "dot_avx512_tiles.h"  // the same products for several activation rows at once
-#include "dot_avx512_rows16.h"  // and from a copy of the weights interleaved 16 rows at a time

@@ -3,10 +3,12 @@
 #include <vector>
 
 #include "blocks.h"
+#include "dot.h"  // (what the variant's kernels read: LLMCLI_GROUPED, LLMCLI_ORDERS)
 #include "team.h"
 
 // The copies of the activations (Q8's layouts) a weight type's dot products read, beyond q, d, s, n4:
-// a step prepares only those of the weights that read them (preparing all was 3-6% of a step)
+// a step prepares only those of the weights that read them (preparing all spent a step's time on
+// copies nothing read)
 // (kColsLayout: the rows side by side for the row-group kernels, Q8Cols)
 enum Layout : unsigned { kNibbleLayout = 1, kQ8_0Layout = 2, kQ4KLayout = 4, kQ6KLayout = 8, kColsLayout = 16 };
 static inline unsigned layout_of(int type) {
@@ -35,12 +37,12 @@ struct Q8Rows {
         Q = (k / 32 + 3) / 4;
         // slack after the last row: a padded group's codes, sums and scales read past it (times d = 0)
         q.resize(rows * k + 128); d.resize(rows * k / 32 + 4); s.resize(rows * k / 32 + 4); n4.resize(rows * k / 4 + 32);
-#if defined(LLMCLI_X86)  // (the variants with row-group kernels)
+#ifdef LLMCLI_GROUPED
         const int64_t groups = (rows + kColGroup - 1) / kColGroup, nb = k / 32;
         gq.resize(groups * nb * 32 * kColGroup); gd.resize(groups * nb * kColGroup); gs.resize(groups * nb * kColGroup);
         gn32.resize(groups * nb * kColGroup); gn16.resize(groups * nb * 2 * kColGroup);
 #endif
-#if defined(LLMCLI_AVX512VNNI)
+#ifdef LLMCLI_ORDERS
         qi.resize(rows * G * 256); ni.resize(rows * G * 16); ds.resize(rows * G * 16); d16.resize(rows * G * 16);
         qq.resize(rows * Q * 128); zq.resize(rows * Q * 16); dq.resize(rows * Q * 16);
         qk.resize(rows * k); d2.resize(rows * k / 16);
@@ -67,10 +69,10 @@ struct Q8Rows {
     void quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts);
     // blocks [b0, b1) of row m alone (q, d, s, n4): whole rows come to the same bytes block by block.
     // Enough for the `layouts` where by_blocks(layouts) (then to_cols for the columns), whose other
-    // copies (AVX-512's orders for the blocks as stored) take whole rows.
+    // copies (LLMCLI_ORDERS: AVX-512's, for the blocks as stored) take whole rows.
     void quantize_blocks(const float* x, int64_t m, int64_t b0, int64_t b1);
     static bool by_blocks(unsigned layouts) {
-#if defined(LLMCLI_AVX512VNNI)
+#ifdef LLMCLI_ORDERS
         return (layouts & ~kColsLayout) == 0;
 #else
         (void)layouts;

@@ -1,14 +1,16 @@
 // AVX-512 VNNI kernels for the copy of the weights interleaved 16 rows at a time (row_groups.h;
-// included at the end of dot_avx512.h). A decode step keeps such a copy of each projection of the
+// part of avx512.h's kernels). A decode step keeps such a copy of each projection of the
 // nibble types, Q8_0 and the K-quants: one vpdpbusd multiplies 4 codes of 16 rows by 4 activation
 // codes broadcast from memory, 8 of them sum a block's (K: a sub-block's) 32 products in each lane,
 // and one conversion and one multiply-add scale them, with no sums across lanes at all.
 // The same code serves one activation row and several (a batch, a prompt), each row through the
 // same operations in the same order, so a row's numbers never depend on the rows beside it.
-// Against the blocks as stored (dot_avx512.h), one thread: Q4_1 3072x576 1 row 70 -> 22 us,
-// 8 rows 270 -> 93 us (the unpacking, the sums across lanes and the scaling were most of the work).
+// Several times faster than the kernels on the blocks as stored (avx512.h), where the unpacking, the
+// sums across lanes and the scaling were most of the work (docs/performance.md).
 #pragma once
-#include "row_groups.h"
+#include "../../src/row_groups.h"
+#include "avx512_blocks.h"
+#include "cols.h"
 
 #define LLMCLI_GROUPED 1
 constexpr int kGroupRows = 16;  // weight rows a group (a vector's lanes)
@@ -87,7 +89,7 @@ static inline __m512i rows16_start(const Q8Cols& x, int64_t b, int h, int c) {
 // in int32, times (d * the activation's d) added to its sum; Q4_1's, Q5_1's and Q4_K's m * the
 // activation's s added to another sum, block by block, then to the first. The activation rows' sums go side by
 // side, a vpdpbusd of each in turn: one row's 8 in a row wait on each other (5 cycles each), and the
-// scheduler did not look far enough ahead to overlap the rows (8 rows: 1.3x slower so).
+// scheduler did not look far enough ahead to overlap the rows.
 // `ahead`: bytes to fetch meanwhile, as many a block as it takes (the next group's, or null).
 template <int T, int C>
 static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out, const uint8_t* ahead) {

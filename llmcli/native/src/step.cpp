@@ -1,5 +1,6 @@
-// Decode steps of a Llama-family model (or Gemma 3) whose projections are GGUF blocks, for n tokens
-// in one call: no dispatcher, graph or Python between their ~300 small operations (native_step.py).
+// The decode step of a Llama-family model (or Gemma 3) whose projections are GGUF blocks, for n tokens
+// in one call: no dispatcher, graph or Python between its ~300 small operations (through ctypes:
+// native/step.py's Step, which runtime/native_step.py drives).
 // The n tokens are the rows of a batch (one token each, at its own slot) or the tokens a speculative
 // pass checks (one row, consecutive slots), or both.
 // Per layer: RMSNorm -> q, k, v -> (q/k norm) -> RoPE -> cache write -> attention -> o -> (norm) ->
@@ -32,18 +33,17 @@
 #include "vec.h"
 
 // A projection as the step reads it: its blocks, or a copy of them interleaved for the variant's
-// row-group kernels (row_groups.h; AVX-512's: 1.7-3x faster, one row or eight)
+// row-group kernels (row_groups.h), faster than the blocks as stored for one activation row or
+// eight (docs/performance.md)
 struct Projection : LlmcliProjection {
     bool grouped = false;
 };
 
 // The interleaved copies, one a weight for every step that reads it: a step is built again for each
-// new cache (bench's repetitions, a session's), and making the copy again took a third of a pp512
-// (qwen2 0.5B). Found by the blocks' address, shape and first and last bytes; freed with the last
-// step that holds it. In 4 KB pages: cut from regions in 2 MB pages (madvise), a step took ~6 % less
-// in one process's A/B, but neither `run` (354 vs 350 t/s) nor a batch of 8 rows moved, and faulting
-// the 2 MB pages in made a first step ~100 ms longer on a VM (Intel Xeon: `llmcli run smollm2 "hi"
-// -n 16` 1.95 -> 1.75 s without them, alternated).
+// new cache (bench's repetitions, a session's), and making the copy again was a large part of a
+// prompt's prefill. Found by the blocks' address, shape and first and last bytes; freed with the last
+// step that holds it. In 4 KB pages: 2 MB pages (madvise) sped up a step alone, but neither `run` nor a
+// batch, and faulting them in made a first step longer (docs/performance.md).
 class Copies {
   public:
     static std::shared_ptr<const uint8_t> of(const LlmcliProjection& p, Team& team) {
@@ -137,9 +137,9 @@ struct Layer {
     unsigned qkv_in, o_in, gate_up_in, down_in;  // the activation layouts each group's weights read
 };
 
-class DecodeSteps {
+class Step {
   public:
-    DecodeSteps(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale,
+    Step(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale,
                 int64_t act, int threads)
         : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), QKV((heads + 2 * kv_heads) * head_dim), act(act),
           eps(eps), scale(scale), team(threads), threads_used(threads) {}
@@ -160,7 +160,7 @@ class DecodeSteps {
     void set_head(const float* norm, const LlmcliProjection* h, int64_t n) { final_norm = norm; head = own(h, n); }
     const std::vector<std::shared_ptr<const uint8_t>>& held_copies() const { return copies; }
 
-    // See llmcli_steps_set_embedding and llmcli_steps_set_rope (api.h)
+    // See llmcli_step_set_embedding and llmcli_step_set_rope (api.h)
     bool set_embedding(const void* table, int type, int64_t rows, float scale) {
         if (!table || rows <= 0 || hidden <= 0 || type < -1 || type >= kTypes || (type >= 0 && hidden % block_size(type)))
             return false;
@@ -178,7 +178,7 @@ class DecodeSteps {
         return true;
     }
 
-    // See llmcli_steps_run_ids (api.h): 0, 1 (bad arguments), 2 (a position beyond the tables)
+    // See llmcli_step_run_ids (api.h): 0, 1 (bad arguments), 2 (a position beyond the tables)
     int run_ids(int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots, const int64_t* positions,
                 int64_t from, float* logits, float* normed, int64_t top, float* top_values, int64_t* top_indices) {
         if (!emb || n < 1) return 1;  // (no tables yet: table_len 0, every position beyond them)
@@ -206,7 +206,7 @@ class DecodeSteps {
                    normed, top, top_values, top_indices) ? 0 : 1;
     }
 
-    // See llmcli_steps_run (api.h)
+    // See llmcli_step_run (api.h)
     bool run(int64_t n, const float* x_in, const int64_t* rows, const int64_t* slots, const float* cos,
              const float* sin, const float* cos_l, const float* sin_l, int64_t from, float* logits, float* normed,
              int64_t top, float* top_values, int64_t* top_indices) {
@@ -237,7 +237,7 @@ class DecodeSteps {
             const float* next_norm = i + 1 < layers.size() ? layers[i + 1].spec.in_norm : final_norm;
             const unsigned next_in = i + 1 < layers.size() ? layers[i + 1].qkv_in : head_in;
             // chunks of whole heads: each chunk's heads normed, turned and placed by the thread that made
-            // them, from its cache (a stage of its own a layer, reading the other core's rows, was ~3 %)
+            // them, from its cache (a stage of its own a layer read the other core's rows, and cost more)
             stages.push_back({rows_of(l.qkv), head_rows, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.qkv, a.q, a.x.data(), 0, N, qkv.data(), QKV, lo, hi);
                 for (int64_t m = 0; m < N; ++m) place_heads(l, m, lo / D, hi / D);
@@ -328,8 +328,9 @@ class DecodeSteps {
     Activation a, a_attn, a_mlp;
     std::vector<std::vector<float>> scores;  // each thread's
     // each thread's finders of the k largest logits of each row (a thread's chunks of the head come
-    // in any order: its own range's, then those it takes from another's), merged after the head: the pass over a row's logits after the step, its
-    // cache gone cold, took ~45 us a row (SmolLM2, 8 rows); here each chunk is read as it is made
+    // in any order: its own range's, then those it takes from another's), merged after the head: a
+    // pass over a row's logits after the step found them gone from the cache; here each chunk is read
+    // as it is made
     std::vector<std::vector<TopK>> tops;
     // run_ids': the embedding table (GGUF blocks of emb_type, or float32 rows for -1) and the RoPE
     // tables for positions [0, table_len), the caller's; the tokens' rows of them
@@ -366,9 +367,9 @@ class DecodeSteps {
     // out). One token: the last stage's `then`. Up to a group of kColGroup: a stage of one token a
     // chunk, then the rows to their columns (Q8Cols) on one thread, as its `then`: the tokens of a
     // group have their activations side by side, and two threads writing one group's cache lines
-    // took 3x the time one takes for all of them. More: a stage of whole groups, each chunk's
-    // columns written by its thread. (Eight tokens' work as one thread's `then`, the other thread
-    // waiting, was ~12 % of an 8-row SmolLM2 step: 6.47 -> 6.13 ms, Intel Xeon, 2 threads.)
+    // took longer than one writing all of them. More: a stage of whole groups, each chunk's columns
+    // written by its thread. (Eight tokens' work as one thread's `then`, the other thread waiting,
+    // was a visible part of an 8-row step.)
     void per_token(std::vector<Stage>& stages, std::function<void(int64_t)> f, Activation* out = nullptr,
                    unsigned layouts = 0) {
         if (N == 1 && !stages.empty() && !stages.back().then) {
@@ -465,50 +466,50 @@ class DecodeSteps {
 
 extern "C" {
 
-LLMCLI_API void* llmcli_steps_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
-                                  float scale, int64_t act, int threads) {
+LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
+                                 float scale, int64_t act, int threads) {
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || rotary_dim % 2 || rotary_dim > head_dim || act < 0 || act > 1)
         return nullptr;
-    return new DecodeSteps(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads);
+    return new Step(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads);
 }
 
-LLMCLI_API int llmcli_steps_add_layer(void* steps, const LlmcliLayer* layer) {
-    return static_cast<DecodeSteps*>(steps)->add_layer(*layer) ? 0 : 1;
+LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer) {
+    return static_cast<Step*>(step)->add_layer(*layer) ? 0 : 1;
 }
 
-LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const LlmcliProjection* head, int64_t n_head) {
-    static_cast<DecodeSteps*>(steps)->set_head(norm, head, n_head);
+LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliProjection* head, int64_t n_head) {
+    static_cast<Step*>(step)->set_head(norm, head, n_head);
     return 0;
 }
 
-LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
-                                const float* cos, const float* sin, const float* cos_local, const float* sin_local,
-                                int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
-                                int64_t* top_indices) {
-    return static_cast<DecodeSteps*>(steps)->run(n, x, rows, slots, cos, sin, cos_local, sin_local, logits_from, logits,
-                                                 hidden, top, top_values, top_indices) ? 0 : 1;
+LLMCLI_API int llmcli_step_run(void* step, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
+                               const float* cos, const float* sin, const float* cos_local, const float* sin_local,
+                               int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
+                               int64_t* top_indices) {
+    return static_cast<Step*>(step)->run(n, x, rows, slots, cos, sin, cos_local, sin_local, logits_from, logits,
+                                         hidden, top, top_values, top_indices) ? 0 : 1;
 }
 
-LLMCLI_API int llmcli_steps_set_embedding(void* steps, const void* table, int type, int64_t rows, float scale) {
-    return static_cast<DecodeSteps*>(steps)->set_embedding(table, type, rows, scale) ? 0 : 1;
+LLMCLI_API int llmcli_step_set_embedding(void* step, const void* table, int type, int64_t rows, float scale) {
+    return static_cast<Step*>(step)->set_embedding(table, type, rows, scale) ? 0 : 1;
 }
 
-LLMCLI_API int llmcli_steps_set_rope(void* steps, const float* cos, const float* sin, const float* cos_local,
-                                     const float* sin_local, int64_t L) {
-    return static_cast<DecodeSteps*>(steps)->set_rope(cos, sin, cos_local, sin_local, L) ? 0 : 1;
+LLMCLI_API int llmcli_step_set_rope(void* step, const float* cos, const float* sin, const float* cos_local,
+                                    const float* sin_local, int64_t L) {
+    return static_cast<Step*>(step)->set_rope(cos, sin, cos_local, sin_local, L) ? 0 : 1;
 }
 
-LLMCLI_API int llmcli_steps_run_ids(void* steps, int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots,
-                                    const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
-                                    int64_t top, float* top_values, int64_t* top_indices) {
-    return static_cast<DecodeSteps*>(steps)->run_ids(n, ids, rows, slots, positions, logits_from, logits, hidden, top,
-                                                     top_values, top_indices);
+LLMCLI_API int llmcli_step_run_ids(void* step, int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots,
+                                   const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
+                                   int64_t top, float* top_values, int64_t* top_indices) {
+    return static_cast<Step*>(step)->run_ids(n, ids, rows, slots, positions, logits_from, logits, hidden, top,
+                                             top_values, top_indices);
 }
 
-LLMCLI_API void llmcli_steps_free(void* steps) { delete static_cast<DecodeSteps*>(steps); }
+LLMCLI_API void llmcli_step_free(void* step) { delete static_cast<Step*>(step); }
 
 using HeldCopies = std::vector<std::shared_ptr<const uint8_t>>;
-LLMCLI_API void* llmcli_steps_copies(void* steps) { return new HeldCopies(static_cast<DecodeSteps*>(steps)->held_copies()); }
+LLMCLI_API void* llmcli_step_copies(void* step) { return new HeldCopies(static_cast<Step*>(step)->held_copies()); }
 LLMCLI_API void llmcli_copies_free(void* copies) { delete static_cast<HeldCopies*>(copies); }
 LLMCLI_API int64_t llmcli_copies_made(void) { return Copies::made_count.load(); }
 

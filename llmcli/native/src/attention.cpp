@@ -1,7 +1,7 @@
 // Decoding's one-query attention over a float32 KV cache (models/llama.py's attend_one), or a float32
 // or float16 one (the decode step's): each head's scores, softmax (a vectorized exp) and weighted sum
-// of values in one pass over its keys, no temporaries beyond S floats a head. SDPA's setup for a single query cost
-// 37 us a layer, this 15 (SmolLM2 at ~100 tokens, 2 threads). The query heads that share a key and
+// of values in one pass over its keys, no temporaries beyond S floats a head: SDPA's setup alone for a
+// single query cost more than all of this (docs/performance.md). The query heads that share a key and
 // value head (grouped-query attention) go up to kHeadsAtOnce together, each key and value row read
 // once for them: at long contexts the cache's rows, read from memory, are most of a token's time.
 #include <algorithm>
@@ -21,8 +21,6 @@ static void attend_n(const float* q, const E* k, int64_t ks, const E* v, int64_t
     for (; s + 4 <= S; s += 4) {  // four keys at a time: half the work of one by one
         // the keys 16 ahead, and these keys' values for the weighted sum after: the rows come from
         // memory (a batch's caches are past L2), and the hardware's prefetch starts anew each 4 KB
-        // (8 rows at depth 1000, Intel Xeon: SmolLM2 23.4 -> 20.4 ms a step, qwen2 shapes 34.1 -> 30.9;
-        // one row at depth 2048 5.28 -> 4.72)
         for (int j = 0; j < 4; ++j)
             for (int64_t b = 0; b < row_bytes; b += 64) {
                 if (s + 16 + j < S) __builtin_prefetch(reinterpret_cast<const char*>(k + (s + 16 + j) * ks) + b);

@@ -1,8 +1,10 @@
-// Block dot products with NEON's dot-product extension (Apple Silicon, Graviton 2+, Cortex-A76+):
-// vdotq_s32 multiplies 16 signed weight codes by 16 activation codes into 4 int32 lanes. Both sides
-// are signed here, so codes with a zero point are taken as q - zero.
+// The neon variant's kernels (isa.h): block dot products with NEON's dot-product extension (Apple
+// Silicon, Graviton 2+, Cortex-A76+): vdotq_s32 multiplies 16 signed weight codes by 16 activation
+// codes into 4 int32 lanes. Both sides are signed here, so codes with a zero point are taken as
+// q - zero. By kind (dot32_row, q4k_row, q6k_row): dot.h makes dot_row of them.
 #pragma once
-#include "blocks.h"
+#include "../../src/blocks.h"
+#include "simd.h"
 
 // One block of 32 floats -> the bytes quantize_block_scalar gives (vcvtnq rounds ties to even)
 static inline void quantize_block(const float* x, int8_t* q, float& d_out, float& s_out) {

@@ -68,8 +68,8 @@ class Team {
   public:
     static constexpr int kStageSpinUs = 50;  // a stage's last chunks take microseconds
     // Between jobs, workers sleep at once: torch's own threads run the ops between our calls, and a
-    // worker spinning beside them took a core they needed (eager SmolLM2 steps, 2 threads, 2 cores:
-    // 48 ms a token sleeping at once, 77 spinning 20 or 100 us first, on a busy machine)
+    // worker spinning beside them took a core they needed (eager steps on 2 threads and 2 cores of a
+    // busy machine were much slower with workers that spin first: docs/performance.md)
     static constexpr int kIdleSpinUs = 0;
 
     explicit Team(int n) : n_(std::max(1, n)) {
@@ -111,8 +111,8 @@ class Team {
     // Each stage's chunks are split into one contiguous range a thread: a thread takes the chunks of
     // its own range first, then those left in the others' (so a descheduled thread's range is done
     // by the rest), and counts what it did into `done` once, when it finds no chunk left. Every
-    // chunk through one counter that both cores wrote, twice, cost ~0.1 us a chunk in moving its
-    // cache line (2,600 chunks in an 8-row SmolLM2 step).
+    // chunk through one counter that both cores wrote, twice, moved its cache line between the cores
+    // at every chunk, and a batch's step has thousands of chunks.
     struct alignas(64) Range { std::atomic<int64_t> next{0}; int64_t end = 0; };
     struct Job {
         Stage* stages;

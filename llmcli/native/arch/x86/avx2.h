@@ -1,17 +1,51 @@
-// Block dot products with 256-bit integer multiply-adds: AVX2 (Haswell+, Zen 1-3) and AVX-VNNI
-// (Alder Lake+), which differ in one instruction: 32 products of unsigned weight codes and signed
-// activation codes summed into 8 int32 lanes take maddubs + madd with AVX2, one vpdpbusd with VNNI.
-// Signed codes (Q8_0, Q5_0, Q6_K) multiply as |w| times y with w's sign (maddubs takes one unsigned side).
-// (The AVX-512 variant has its own Q4_K: dot_avx512.h's Q4KBlock, on activations reordered to match.)
+// The avx2 and avxvnni variants' kernels (isa.h). Block dot products with 256-bit integer
+// multiply-adds: AVX2 (Haswell+, Zen 1-3) and AVX-VNNI (Alder Lake+), which differ in one
+// instruction: 32 products of unsigned weight codes and signed activation codes summed into 8 int32
+// lanes take maddubs + madd with AVX2, one vpdpbusd with VNNI. Signed codes (Q8_0, Q5_0, Q6_K)
+// multiply as |w| times y with w's sign (maddubs takes one unsigned side). A decode step reads a copy
+// of the weights interleaved 8 rows at a time instead, through avx2_rows8.h's kernels.
 #pragma once
+#include "avx2_rows8.h"
+#include "simd.h"
 #include "x86.h"
+
+#define LLMCLI_DOT_ROW 1  // dot_row and quantize_block with n4 (dot.h)
+#define LLMCLI_DOT_ROWS4 1
+
+// One block of 32 floats -> int8 codes, scale and scaled sum: the bytes quantize_block_scalar gives;
+// with n4, also the codes' 8 negated sums of 4 (sums_of_four's, from the codes in registers: the
+// scalar sums were a fifth of a block's quantization)
+static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out, int32_t* n4 = nullptr) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes packs' lane interleave
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) { v[j] = _mm256_loadu_ps(x + 8 * j); amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j])); }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j)  // round half to even, as nearbyint
+        q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s4 = _mm_hadd_epi32(s4, s4); s4 = _mm_hadd_epi32(s4, s4);
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i codes = _mm256_permutevar8x32_epi32(packed, order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), codes);
+    if (n4) {
+        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), codes), _mm256_set1_epi16(1));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(n4), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+    }
+    d_out = d; s_out = d * (float)_mm_cvtsi128_si32(s4);
+}
 
 namespace ymm {
 
 static inline __m256i mul_sum(__m256i u, __m256i s) {  // (32 u8) x (32 s8) -> 8 int32, each the sum of 4 products
-#if defined(LLMCLI_AVX512VNNI)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(LLMCLI_AVXVNNI)
+#if defined(LLMCLI_AVXVNNI)
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -50,7 +84,7 @@ static inline __m256 reduce4(__m256i m0, __m256i m1, __m256i m2, __m256i m3) {
 
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 for one activation row, four blocks a step: their int32 products
 // reduced together (hadd) and scaled by one vector, where one block at a time spends a conversion,
-// a broadcast and a multiply-add on each (1.24x the blocks a second on SmolLM2's shapes).
+// a broadcast and a multiply-add on each.
 template <int T>
 static float dot32_row(const uint8_t* row, const Q8& x, int64_t nb) {
     constexpr int bytes = Block<T>::bytes;
@@ -220,9 +254,5 @@ static void dot_rows4(const uint8_t* row, const Q8* x, int64_t nb, float out[4])
 
 }  // namespace ymm
 
-#if !defined(LLMCLI_AVX512VNNI)
 using ymm::dot_row;
 using ymm::dot_rows4;
-#define LLMCLI_ROWS4 1
-#include "dot_avx2_rows8.h"  // and from a copy of the weights interleaved 8 rows at a time
-#endif

@@ -1,5 +1,5 @@
 // AVX2 and AVX-VNNI kernels for the copy of the weights interleaved 8 rows at a time (row_groups.h;
-// included at the end of dot_avx2.h for those variants): vector lane r is weight row r, so each
+// part of avx2.h's kernels): vector lane r is weight row r, so each
 // multiply-add takes 4 codes of 8 rows against 4 activation codes broadcast, a block's products add
 // up within each lane, and one conversion and one multiply-add scale them: no sums across lanes,
 // no scale broadcast a block and a row. A tile takes up to 4 activation rows (16 registers).
@@ -10,7 +10,10 @@
 // Each activation row goes through the same operations whatever rows come with it (exact integers,
 // then the same float operations), so a row's numbers never depend on the rows beside it.
 #pragma once
-#include "row_groups.h"
+#include "../../src/row_groups.h"
+#include "cols.h"
+#include "simd.h"
+#include "x86.h"
 
 #define LLMCLI_GROUPED 1
 constexpr int kGroupRows = 8;  // weight rows a group (a vector's int32 lanes)

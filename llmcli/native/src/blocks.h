@@ -166,16 +166,16 @@ struct Q8 {
     const float* d;     // (K/32,)
     const float* s;     // (K/32,)
     const int32_t* n4;  // (K/4,)
-    // The AVX-512 variant's copy for the 4-bit and 5-bit 32-blocks, per group of 8 (dot_avx512.h's nibble_order):
+    // The AVX-512 variant's copy for the 4-bit and 5-bit 32-blocks, per group of 8 (avx512_blocks.h's nibble_order):
     const int8_t* qi;   // 4 vectors c of 64: qword q holds codes 8c..8c+7 of block nibble_block(q)
     const int32_t* ni;  // 16 a group: lane l's -16 * (sum of the 16 codes it multiplies)
     const float* ds;    // (d, s) of each block side by side
     const float* d16;   // 16 a group: block nibble_block(q)'s d in lanes 2q, 2q + 1, as the weights' d meet it
-    // and for Q8_0, per group of 4 blocks (dot_avx512.h's q8_0_order, the nibble types' last quad's order):
+    // and for Q8_0, per group of 4 blocks (avx512_blocks.h's q8_0_order, the nibble types' last quad's order):
     const int8_t* qq;   // codes 0-15 of the 4 blocks, then 16-31 (128 a group)
     const int32_t* zq;  // 16 a group: lane 4b + t's -128 * (sum of the 8 codes it multiplies)
     const float* dq;    // 16 a group: lane 4b + t's block's d
-    // and for Q4_K, per block of 256 (dot_avx512.h's Q4KBlock):
+    // and for Q4_K, per block of 256 (avx512_blocks.h's Q4KBlock):
     const int8_t* qk;   // 4 vectors c of 64: sub-block j's codes 8c..8c+7 at bytes 8j..8j+7 (K,)
     const float* d2;    // sub-block j's d in lanes 2j, 2j + 1 (K/16,)
     // and for Q6_K, per block of 256 (Q6KBlock): lane L = 4i + t takes scale group g = 4t + i's 16 codes

@@ -1,110 +1,25 @@
-// Float vectors as wide as the variant's registers (16 floats with AVX-512, 8 with AVX2, 4 with
-// NEON and in the portable build), a handful of primitives per instruction set, and the
-// element-wise work written once over them: dot products, e^x, SiLU, GELU, RMSNorm, RoPE.
+// The element-wise work written once over float vectors as wide as the variant's registers (16
+// floats with AVX-512, 8 with AVX2, 4 with NEON and in the portable build): dot products, e^x, SiLU,
+// GELU, RMSNorm, RoPE, attention's pieces. The primitives come from the variant's arch header
+// (isa.h): vf, vload, vstore, vset1, vfma (a * b + c), vmax, vmin, vround (to nearest even), vpow2i
+// (2^n for integral n), vsum (of the lanes), vany_above(v, t) (some lane above t, or NaN),
+// vload_half (float16 bits -> floats), reduce4 (four vectors' sums) and kAccumulators (vectors a
+// loop may keep summing in registers); to_halves and h2f beside them.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "half.h"
 #include "isa.h"
 
-#if defined(LLMCLI_AVX512VNNI)
-using vf = __m512;
-static inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
-static inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
-static inline vf vset1(float x) { return _mm512_set1_ps(x); }
-static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
-static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
-static inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
-static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-}
-static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
-static inline bool vany_above(vf v, float t) { return _mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_NLE_UQ) != 0; }
-#elif defined(LLMCLI_X86)
-using vf = __m256;
-static inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
-static inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
-static inline vf vset1(float x) { return _mm256_set1_ps(x); }
-static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
-static inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
-static inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vf vpow2i(vf n) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-}
-static inline float vsum(vf v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
-}
-static inline bool vany_above(vf v, float t) { return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(t), _CMP_NLE_UQ)) != 0; }
-#elif defined(LLMCLI_NEON)
-using vf = float32x4_t;
-static inline vf vload(const float* p) { return vld1q_f32(p); }
-static inline void vstore(float* p, vf v) { vst1q_f32(p, v); }
-static inline vf vset1(float x) { return vdupq_n_f32(x); }
-static inline vf vfma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
-static inline vf vmax(vf a, vf b) { return vmaxq_f32(a, b); }
-static inline vf vmin(vf a, vf b) { return vminq_f32(a, b); }
-static inline vf vround(vf a) { return vrndnq_f32(a); }
-static inline vf vpow2i(vf n) {
-    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23));
-}
-static inline float vsum(vf v) { return vaddvq_f32(v); }
-static inline bool vany_above(vf v, float t) { return vmaxvq_u32(vmvnq_u32(vcleq_f32(v, vdupq_n_f32(t)))) != 0; }
-#else  // GCC/Clang vector extensions: the compiler's baseline SIMD (SSE2 on x86-64), or scalar code
-typedef float vf __attribute__((vector_size(16)));
-typedef int32_t vi __attribute__((vector_size(16)));
-static inline vf vload(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
-static inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-static inline vf vset1(float x) { return vf{x, x, x, x}; }
-static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
-static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }  // m ? a : b, lane by lane
-static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
-static inline vf vmin(vf a, vf b) { return vselect(a < b, a, b); }
-static inline vf vround(vf a) { return (a + vset1(12582912.f)) - vset1(12582912.f); }  // |a| < 2^22, ties to even
-static inline vf vpow2i(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
-static inline float vsum(vf v) { return (v[0] + v[1]) + (v[2] + v[3]); }
-static inline bool vany_above(vf v, float t) {
-    const vi le = (vi)(v <= vset1(t));  // -1 where v <= t; NaN compares false
-    return (le[0] & le[1] & le[2] & le[3]) == 0;
-}
-#endif
-
 constexpr int kVW = sizeof(vf) / sizeof(float);
-
-// kVW float16 (bits) -> floats, exactly; n floats -> float16, rounded to nearest even (a float16 KV cache)
-static inline vf vload_half(const uint16_t* p) {
-#if defined(LLMCLI_AVX512VNNI)
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#elif defined(LLMCLI_X86)
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#elif defined(LLMCLI_NEON)
-    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
-#else
-    return vf{half_to_float(p[0]), half_to_float(p[1]), half_to_float(p[2]), half_to_float(p[3])};
-#endif
-}
-static inline void to_halves(const float* x, uint16_t* h, int64_t n) {
-    int64_t i = 0;
-#if defined(LLMCLI_X86)
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-#elif defined(LLMCLI_NEON)
-    for (; i + 4 <= n; i += 4) vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
-#endif
-    for (; i < n; ++i) h[i] = float_to_half(x[i]);
-}
 
 // A KV cache's rows as floats: float32 as they are, float16 converted
 static inline vf vload_kv(const float* p) { return vload(p); }
 static inline vf vload_kv(const uint16_t* p) { return vload_half(p); }
 static inline float kv_at(const float* p) { return *p; }
 static inline float kv_at(const uint16_t* p) { return half_to_float(*p); }
-
-// vany_above(v, t): some lane of v is above t, or NaN
 
 // e^x lane by lane (Cephes' polynomial, as in avx_mathfun): relative error ~1e-7; below -87, ~1e-38
 static inline vf vexp(vf x) {
@@ -136,20 +51,6 @@ static inline float dot_kv(const float* a, const E* b, int64_t n) {
     return s;
 }
 static inline float dot_f32(const float* a, const float* b, int64_t n) { return dot_kv(a, b, n); }
-
-// out[j] = the sum of acc[j]'s lanes, the four reduced together (AVX-512: a transpose's adds, as the
-// block kernels reduce four rows)
-static inline void reduce4(const vf acc[4], float out[4]) {
-#if defined(LLMCLI_AVX512VNNI)
-    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
-    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
-    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-#else
-    for (int j = 0; j < 4; ++j) out[j] = vsum(acc[j]);
-#endif
-}
 
 // out[h][j] = a_h . b_j for NH rows a_h = a + h * lda and four rows b_j = b + j * stride (n floats
 // each): each b row loaded once for the NH (attention's query heads that share a key head), one
@@ -198,17 +99,12 @@ static inline void weighted_columns(const float* w, int64_t ldw, const E* V, int
 // o_h[0..D) = sum over s of w_h[s] * V[s * stride + 0..D), for NH weight rows w_h = w + h * ldw into
 // o_h = o + h * ldo: each V row loaded once for the NH (the query heads sharing a value head), and
 // each weight broadcast once for up to 64 columns, in chunks of columns whose NH * W accumulators
-// fit the registers (16 on 32-register machines, 8 on AVX2's 16). Each column's sum is the same
-// whatever NH: one chain over the slots in order.
+// fit the registers (kAccumulators). Each column's sum is the same whatever NH: one chain over the
+// slots in order.
 template <int NH, typename E>
 static inline void weighted_rows_heads(const float* w, int64_t ldw, const E* V, int64_t stride, int64_t S, int64_t D,
                                        float* o, int64_t ldo) {
-#if defined(LLMCLI_AVX512VNNI) || defined(LLMCLI_NEON)
-    constexpr int accs = 16;
-#else
-    constexpr int accs = 8;
-#endif
-    constexpr int most = 64 / kVW < accs / NH ? 64 / kVW : accs / NH;
+    constexpr int most = 64 / kVW < kAccumulators / NH ? 64 / kVW : kAccumulators / NH;
     constexpr int W = most > 0 ? most : 1;
     int64_t c = 0;
     for (; c + W * kVW <= D; c += W * kVW) weighted_columns<NH, W, E>(w, ldw, V, stride, S, c, o, ldo);
@@ -285,8 +181,8 @@ static inline void gelu_tanh_mul(float* g, const float* u, int64_t n) {
 }
 
 // y = x * rsqrt(mean(x^2) + eps) * w, in float32 as models/llama.py's RMSNorm (squares summed in double)
-// Sixteen sums side by side (which the compiler turns into vectors of doubles): one sum of 576
-// waited on each add, 0.47 us a norm (0.11 so), 16 norms a layer for 8 tokens.
+// Sixteen sums side by side (which the compiler turns into vectors of doubles): one sum waited on
+// each add, and a step takes many norms (16 a layer for 8 tokens).
 static inline void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
     double part[16] = {};
     int64_t i = 0;

@@ -1,6 +1,10 @@
-// AVX-512 VNNI tiles (included at the end of dot_avx512.h, whose one-row kernels they mirror).
+// AVX-512 VNNI tiles (part of avx512.h's kernels, whose one-row kernels they mirror, from the same
+// pieces: avx512_blocks.h).
 #pragma once
-#include "row_groups.h"  // (with_cols)
+#include <algorithm>
+
+#include "../../src/row_groups.h"  // (with_cols)
+#include "avx512_blocks.h"
 
 // Tiles: four weight rows against C activation rows (a batch's rows, a speculative pass's tokens),
 // each weight block unpacked once for the C of them. Every (weight row, activation row) pair goes
@@ -77,7 +81,7 @@ static void nibble_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
         x, nb, out);
 }
 
-// Q8_0: `get(r, j, lo, hi, wd)` gives weight row r's blocks 4j..4j+3 (dot_avx512.h's q8_0_group)
+// Q8_0: `get(r, j, lo, hi, wd)` gives weight row r's blocks 4j..4j+3 (avx512_blocks.h's q8_0_group)
 template <int C, typename Get>
 static LLMCLI_INLINE void q8_0_tile_from(Get&& get, const Q8* x, int64_t nb, float* out) {
     __m512 accs[C][4];
@@ -150,8 +154,8 @@ static void kblock_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t
 
 // Many tiles against the same four weight rows (a prefill's tokens, 64 at a time): the rows unpacked
 // once into a buffer that every tile reads from L1 (nibble_group's vectors, q8_0_group's, Q4KBlock, Q6KBlock).
-// Unpacking the Q5_0 rows again for each tile of 8 took a third of the time (4864x896 at 64 tokens,
-// one thread: 5.5 -> 3.5 ms). The products and their order are the tiles'.
+// Unpacking the rows again for each tile of 8 was a large part of a prefill's time. The products and
+// their order are the tiles'.
 struct NibbleGroup { __m512i v[4]; __m512 wd, wdm; };
 struct Q8_0Group { __m512i lo, hi; __m512 wd; };
 template <int T> struct Unpacked { using type = NibbleGroup; };  // what a group or block unpacks into

@@ -1,6 +1,6 @@
-"""DecodeSteps: decode.cpp's step of a Llama-family model (or Gemma 3) for n tokens at once, through
-ctypes. The C side keeps pointers into the tensors given here (weights, norms, the cache); this
-object keeps them alive."""
+"""Step: src/step.cpp's decode step of a Llama-family model (or Gemma 3) for n tokens at once, through
+ctypes (runtime/native_step.py's NativeStep drives it). The C side keeps pointers into the tensors
+given here (weights, norms, the cache); this object keeps them alive."""
 
 from __future__ import annotations
 
@@ -33,18 +33,18 @@ KV_DTYPES = (torch.float32, torch.float16)  # a cache the step reads and writes
 
 def declare(lib) -> None:
     """The step's C signatures on a freshly loaded library (library.Kernels does this)."""
-    lib.llmcli_steps_new.restype = _P
-    lib.llmcli_steps_new.argtypes = [_I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_float, _I64, ctypes.c_int]
-    lib.llmcli_steps_add_layer.argtypes = [_P, ctypes.POINTER(Layer)]
-    lib.llmcli_steps_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
-    lib.llmcli_steps_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
-    lib.llmcli_steps_set_embedding.argtypes = [_P, _P, ctypes.c_int, _I64, ctypes.c_float]
-    lib.llmcli_steps_set_rope.argtypes = [_P, _P, _P, _P, _P, _I64]
-    lib.llmcli_steps_run_ids.argtypes = [_P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
-    lib.llmcli_steps_free.argtypes = [_P]
-    lib.llmcli_steps_free.restype = None
-    lib.llmcli_steps_copies.restype = _P
-    lib.llmcli_steps_copies.argtypes = [_P]
+    lib.llmcli_step_new.restype = _P
+    lib.llmcli_step_new.argtypes = [_I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_float, _I64, ctypes.c_int]
+    lib.llmcli_step_add_layer.argtypes = [_P, ctypes.POINTER(Layer)]
+    lib.llmcli_step_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
+    lib.llmcli_step_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
+    lib.llmcli_step_set_embedding.argtypes = [_P, _P, ctypes.c_int, _I64, ctypes.c_float]
+    lib.llmcli_step_set_rope.argtypes = [_P, _P, _P, _P, _P, _I64]
+    lib.llmcli_step_run_ids.argtypes = [_P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
+    lib.llmcli_step_free.argtypes = [_P]
+    lib.llmcli_step_free.restype = None
+    lib.llmcli_step_copies.restype = _P
+    lib.llmcli_step_copies.argtypes = [_P]
     lib.llmcli_copies_free.argtypes = [_P]
     lib.llmcli_copies_free.restype = None
     lib.llmcli_copies_made.restype = _I64
@@ -52,11 +52,11 @@ def declare(lib) -> None:
 
 
 class HeldCopies:
-    """The interleaved copies of the weights a DecodeSteps reads, kept after it is gone (api.h's
-    llmcli_steps_copies): a later step of the same model finds them instead of making them again."""
+    """The interleaved copies of the weights a Step reads, kept after it is gone (api.h's
+    llmcli_step_copies): a later step of the same model finds them instead of making them again."""
 
-    def __init__(self, lib, steps_handle):
-        self._lib, self._h = lib, lib.llmcli_steps_copies(steps_handle)
+    def __init__(self, lib, step_handle):
+        self._lib, self._h = lib, lib.llmcli_step_copies(step_handle)
 
     def __del__(self):
         if getattr(self, "_h", None):
@@ -64,8 +64,8 @@ class HeldCopies:
             self._h = None
 
 
-class DecodeSteps:
-    """`DecodeSteps(n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)`, then `add_layer` per
+class Step:
+    """`Step(n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)`, then `add_layer` per
     layer and `set_head`; `run(x, rows, slots, cos, sin, ...) -> (logits, hidden, top)` per step of n tokens."""
 
     def __init__(self, lib, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
@@ -74,7 +74,7 @@ class DecodeSteps:
             raise ValueError("inconsistent shapes")
         self._lib = lib
         self.H, self.KV, self.D, self.R = n_heads, n_kv, head_dim, rotary_dim
-        self._h = lib.llmcli_steps_new(n_heads, n_kv, head_dim, rotary_dim, eps, scale, ACTIVATIONS[act], threads)
+        self._h = lib.llmcli_step_new(n_heads, n_kv, head_dim, rotary_dim, eps, scale, ACTIVATIONS[act], threads)
         self._keep = []  # every tensor and ctypes array the C side points into
         self.hidden = self.inter = self.vocab = None
         self.max_len = self.rows = None
@@ -83,7 +83,7 @@ class DecodeSteps:
         self.table_len = 0  # positions set_rope's tables cover
     def __del__(self):
         if getattr(self, "_h", None):
-            self._lib.llmcli_steps_free(self._h)
+            self._lib.llmcli_step_free(self._h)
             self._h = None
 
     def _floats(self, t: torch.Tensor | None) -> int | None:
@@ -145,7 +145,7 @@ class DecodeSteps:
         self.max_len = layer.max_len if self.max_len is None else min(self.max_len, layer.max_len)
         self.rows = layer.rows if self.rows is None else min(self.rows, layer.rows)
         self.local |= bool(local_rope)
-        if self._lib.llmcli_steps_add_layer(self._h, ctypes.byref(layer)):
+        if self._lib.llmcli_step_add_layer(self._h, ctypes.byref(layer)):
             raise ValueError("layers differ in shape")
 
     def copies(self) -> HeldCopies:
@@ -157,7 +157,7 @@ class DecodeSteps:
         if K != norm.numel():
             raise ValueError("the head does not read the hidden state")
         self.vocab = rows
-        self._lib.llmcli_steps_set_head(self._h, self._floats(norm), arr, len(head))
+        self._lib.llmcli_step_set_head(self._h, self._floats(norm), arr, len(head))
 
     def run(self, x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             cos_local: torch.Tensor | None = None, sin_local: torch.Tensor | None = None,
@@ -185,8 +185,8 @@ class DecodeSteps:
         x = x.to(torch.float32).contiguous()
         tables = [t.to(torch.float32).contiguous() for t in tables] + [None, None]
         out, ptrs = _outputs(n, logits_from, self.vocab, self.hidden, top)
-        if self._lib.llmcli_steps_run(self._h, n, x.data_ptr(), rows.data_ptr(), slots.data_ptr(),
-                                      *(None if t is None else t.data_ptr() for t in tables[:4]), logits_from, *ptrs):
+        if self._lib.llmcli_step_run(self._h, n, x.data_ptr(), rows.data_ptr(), slots.data_ptr(),
+                                     *(None if t is None else t.data_ptr() for t in tables[:4]), logits_from, *ptrs):
             raise ValueError("bad step")
         return out
 
@@ -197,8 +197,8 @@ class DecodeSteps:
         if type_id is None and table.dtype != torch.float32:
             raise ValueError("an embedding table of floats is float32")
         table = table.detach().contiguous()
-        if self._lib.llmcli_steps_set_embedding(self._h, table.data_ptr(), -1 if type_id is None else type_id,
-                                                table.shape[0], scale):
+        if self._lib.llmcli_step_set_embedding(self._h, table.data_ptr(), -1 if type_id is None else type_id,
+                                               table.shape[0], scale):
             raise ValueError("the embedding table does not match the layers")
         self.embedding = table
 
@@ -209,7 +209,7 @@ class DecodeSteps:
         if len({t.shape for t in tables}) != 1 or tables[0].shape[1] != self.R or len(tables) != (4 if self.local else 2):
             raise ValueError("RoPE tables do not match the rotary dims")
         ptrs = [t.data_ptr() for t in tables] + [None, None]
-        if self._lib.llmcli_steps_set_rope(self._h, *ptrs[:4], tables[0].shape[0]):
+        if self._lib.llmcli_step_set_rope(self._h, *ptrs[:4], tables[0].shape[0]):
             raise ValueError("bad RoPE tables")
         self._rope_tables, self.table_len = tables, tables[0].shape[0]
 
@@ -224,8 +224,8 @@ class DecodeSteps:
             raise ValueError("bad step")
         ids, rows, slots, positions = (_longs(t) for t in (ids, rows, slots, positions))
         out, ptrs = _outputs(n, logits_from, self.vocab, self.hidden, top)
-        rc = self._lib.llmcli_steps_run_ids(self._h, n, ids.data_ptr(), rows.data_ptr(), slots.data_ptr(),
-                                            positions.data_ptr(), logits_from, *ptrs)
+        rc = self._lib.llmcli_step_run_ids(self._h, n, ids.data_ptr(), rows.data_ptr(), slots.data_ptr(),
+                                           positions.data_ptr(), logits_from, *ptrs)
         if rc == 2:
             return None
         if rc:

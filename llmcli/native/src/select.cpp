@@ -1,7 +1,6 @@
 // The k largest of n floats (sampling's top-k, greedy decoding's near-tie check, where the decode
-// step did not find them): TopK's pass (top_k.h) from a floor under the k-th largest (kth_floor).
-// torch.topk took 0.2 ms for SmolLM2's 49152 logits and 1.1 ms for Gemma 3's 262144, on a 2-core
-// Sapphire Rapids; this, 9-12 us and 50-60 us.
+// step did not find them): TopK's pass (top_k.h) from a floor under the k-th largest (kth_floor),
+// many times faster than torch.topk on a vocabulary's logits (docs/performance.md).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -16,9 +15,8 @@ namespace {
 // A floor under the k-th largest of x: the k-th largest of the maxima of 4k or more disjoint chunks
 // (each maximum is one of its chunk's values, NaN as the largest, so k of them are k values at least
 // that large). One pass of vector maxima; the pass after it then looks at a few dozen values one by
-// one where, rising from the first k values, it looked at hundreds (49152 normal logits, k = 40:
-// 26.6 -> 12.4 us, k = 8: 10.6 -> 9.1; ascending ones, k = 8: 1030 -> 230). -inf where the chunks
-// would be too short to pay.
+// one where, rising from the first k values, it looked at hundreds (and at most of them where the
+// logits ascend). -inf where the chunks would be too short to pay.
 float kth_floor(const float* x, int64_t n, int64_t k) {
     const int64_t chunk = n / (4 * k) / (4 * kVW) * (4 * kVW);
     if (chunk < 16 * kVW) return -INFINITY;

@@ -1,5 +1,5 @@
 // The weights a decode step reads, copied in groups of R rows interleaved (R = 16 for the AVX-512
-// kernels, dot_avx512_rows16.h; 8 for AVX2's and AVX-VNNI's, dot_avx2_rows8.h): lane r of a vector
+// kernels, arch/x86/avx512_rows16.h; 8 for AVX2's and AVX-VNNI's, arch/x86/avx2_rows8.h): lane r of a vector
 // is row r, so one multiply-add takes 4 codes of R rows against 4 activation codes broadcast, a
 // block's 32 products add up within each lane, and one conversion and one multiply-add scale them,
 // with no sums across lanes (as llama.cpp repacks Q4_0 for its GEMMs). Here: the layout and the

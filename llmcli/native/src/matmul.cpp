@@ -4,8 +4,8 @@
 // (blocks.h's Q8), and each block's dot product is integer multiply-adds of the variant (dot.h),
 // scaled once per block. Q5_K takes the float route: each weight block dequantized once into a
 // register-sized buffer and dotted with every activation row. Either way the weights are read once.
-// Where the variant has row-group kernels (AVX-512: 16 rows, dot_avx512_rows16.h; AVX2 and AVX-VNNI:
-// 8 rows, dot_avx2_rows8.h), a decode step reads a copy of the weights interleaved for them
+// Where the variant has row-group kernels (AVX-512: 16 rows, arch/x86/avx512_rows16.h; AVX2 and AVX-VNNI:
+// 8 rows, arch/x86/avx2_rows8.h), a decode step reads a copy of the weights interleaved for them
 // (row_groups.h), Q5_K included, and llmcli_mm takes Q5_K so too.
 #include "api.h"
 #include "dot.h"
@@ -21,7 +21,7 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
     const int64_t nb = K / 32;
     for (int64_t m = m0; m < m1; ++m) quantize_blocks(x, m, 0, nb);
     if (layouts & kColsLayout) to_cols(m0, m1);
-#if defined(LLMCLI_AVX512VNNI)
+#ifdef LLMCLI_ORDERS
     for (int64_t m = m0; m < m1; ++m) {
         const Q8 x = row(m);
         if (layouts & kNibbleLayout)
@@ -35,56 +35,9 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
 #endif
 }
 
-#ifdef LLMCLI_GROUPED
-// The codes of one block of the eight rows at `rows` (K bytes apart; rows >= n: zeros) to the
-// group's columns at `to` (Q8Cols: 4 codes j of column c at 32 j + 4 c): a transpose of 8 x 8 int32;
-// minus the sums of each column's first and last 16 codes to n16 (kColGroup apart), and of all 32 to n32
-static inline void block_to_cols(const int8_t* rows, int64_t K, int n, int8_t* to, int32_t* n32, int32_t* n16) {
-    __m256i v[8];
-    for (int r = 0; r < 8; ++r)
-        v[r] = r < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + r * K)) : _mm256_setzero_si256();
-    __m256i t[8], u[8];
-    for (int r = 0; r < 8; r += 2) {
-        t[r] = _mm256_unpacklo_epi32(v[r], v[r + 1]);
-        t[r + 1] = _mm256_unpackhi_epi32(v[r], v[r + 1]);
-    }
-    for (int r = 0; r < 8; r += 4) {
-        u[r] = _mm256_unpacklo_epi64(t[r], t[r + 2]);
-        u[r + 1] = _mm256_unpackhi_epi64(t[r], t[r + 2]);
-        u[r + 2] = _mm256_unpacklo_epi64(t[r + 1], t[r + 3]);
-        u[r + 3] = _mm256_unpackhi_epi64(t[r + 1], t[r + 3]);
-    }
-    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-    __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    // codes 4j..4j+3 of every row (j and 4 + j from the same two vectors), stored as they are made:
-    // gcc kept an array of the eight in memory and moved them through general registers (2x the time)
-    const auto put = [&](int j, __m256i codes) __attribute__((always_inline)) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32 * j), codes);
-        half[j / 4] = _mm256_sub_epi32(half[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, codes), ones16));
-    };
-    for (int j = 0; j < 4; ++j) {
-        put(j, _mm256_permute2x128_si256(u[j], u[4 + j], 0x20));
-        put(4 + j, _mm256_permute2x128_si256(u[j], u[4 + j], 0x31));
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(n16), half[0]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(n16 + kColGroup), half[1]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(n32), _mm256_add_epi32(half[0], half[1]));
-}
-
-// Row m's block b alone to its column (a one-token step's: an eighth of block_to_cols' stores)
-static inline void block_to_col(const int8_t* qb, const int32_t* n4, int8_t* to, int32_t* n32, int32_t* n16) {
-    for (int j = 0; j < 8; ++j) std::memcpy(to + kColGroup * 4 * j, qb + 4 * j, 4);
-    const int32_t lo = n4[0] + n4[1] + n4[2] + n4[3], hi = n4[4] + n4[5] + n4[6] + n4[7];
-    *n32 = lo + hi;
-    n16[0] = lo;
-    n16[kColGroup] = hi;
-}
-#endif
-
 void Q8Rows::to_cols(int64_t m0, int64_t m1) {
 #ifdef LLMCLI_GROUPED
     const int64_t nb = K / 32;
-    static_assert(kColGroup == 8, "block_to_cols transposes groups of 8");
     for (int64_t g0 = m0; g0 < m1; g0 += kColGroup) {
         const int n = (int)std::min<int64_t>(kColGroup, m1 - g0);
         const Q8Cols g = cols(g0);
@@ -116,8 +69,8 @@ static inline void prefetch(const uint8_t* p, int64_t bytes) {
     for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(p + c);
 }
 
-// Rows are prefetched this many rows ahead: 1.24x the SmolLM2 step (one thread), where 8 to 32 rows
-// ahead measured the same as 4
+// Rows are prefetched this many rows ahead: without it a one-thread step waited on memory, and 8 to
+// 32 rows ahead did no better than 4
 constexpr int64_t kAhead = 4;
 
 constexpr int64_t kRowsAtOnce = 64;  // activation rows whose views (Q8) a call keeps at hand
@@ -126,7 +79,7 @@ constexpr int64_t kRowsAtOnce = 64;  // activation rows whose views (Q8) a call 
 // Four weight rows against activation rows xs[0..Mb), Mb > 1, into y (Mb rows, ldy apart), a tile at a
 // time: each weight block unpacked once for the tile, or, for several tiles, once for all of them into
 // a buffer (unpack_4rows); the first tile, or the unpacking, fetches the next rows (`ahead`) as it
-// goes. Not inlined into dot_rows: there its buffer and lambdas slowed the one-row loop ~10% (Q4_K, Q6_K).
+// goes. Not inlined into dot_rows: there its buffer and lambdas slowed the one-row loop (Q4_K, Q6_K).
 template <int T>
 __attribute__((noinline)) static void tile_rows(const uint8_t* row, int64_t rb, int64_t nb, const Q8* xs, int64_t Mb,
                                                 float* y, int64_t ldy, const uint8_t* ahead) {
@@ -163,7 +116,7 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
         for (int64_t m = 0; m < Mb; ++m) xs[m] = xq.row(m0 + mb + m);
         float* yb = y + mb * ldy;
         int64_t n = n0;
-#ifdef LLMCLI_ROW_GROUPS
+#ifdef LLMCLI_DOT_4ROWS
         for (; n + 4 <= n1; n += 4) {  // four weight rows at a time, for each activation row
             const uint8_t* row = W + n * rb;
             int64_t m = 0;
@@ -185,7 +138,7 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
             const uint8_t* row = W + n * rb;
             prefetch(row + kAhead * rb, rb);
             int64_t m = 0;
-#ifdef LLMCLI_ROWS4
+#ifdef LLMCLI_DOT_ROWS4
             for (; !alone && m + 4 <= Mb; m += 4) {  // sums in another order than dot_row's
                 float o[4];
                 dot_rows4<T>(row, xs + m, nb, o);
@@ -201,8 +154,8 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
 // interleave_groups' copy W of rows [n0, n1) (whole groups of kGroupRows) against activation rows
 // m0.., kGroupCols at a time (within one of xq's column groups); many rows (a prompt's) kRowsAtOnce
 // at a time, each group's weights read once for them from L2 while their activations stay there
-// (all the rows against each group in turn streamed the activations again for every group: pp512
-// 1.4x slower)
+// (all the rows against each group in turn streamed the activations again for every group, which
+// slowed a long prompt)
 template <int T>
 static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
                         int64_t n0, int64_t n1) {
@@ -369,7 +322,7 @@ LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int typ
         });
     }, {}}};
     // a few rows (a decode step's embeddings) on this thread: waking the team's, asleep since the
-    // step before, cost ~30 us of a SmolLM2 token (~3 ms) for a microsecond's work
+    // step before, costs far more than the microsecond's work
     if (N * K <= 65536) stages[0].work(0, 0, N);
     else shared_team(threads)->run(stages);
     return 0;

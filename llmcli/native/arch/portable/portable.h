@@ -1,8 +1,10 @@
-// Block dot products in plain C++ (any CPU the compiler targets; it vectorizes what it can): each
-// block's codes unpacked to int8 with the zero point taken off, integer sums per block, scaled once.
-// Also the reference the other variants are checked against bit for bit in their quantization.
+// The portable variant's kernels (isa.h): block dot products in plain C++ (any CPU the compiler
+// targets; it vectorizes what it can): each block's codes unpacked to int8 with the zero point taken
+// off, integer sums per block, scaled once. Also the reference the other variants are checked against
+// bit for bit in their quantization. By kind (dot32_row, q4k_row, q6k_row): dot.h makes dot_row of them.
 #pragma once
-#include "blocks.h"
+#include "../../src/blocks.h"
+#include "simd.h"
 
 static inline void quantize_block(const float* x, int8_t* q, float& d, float& s) { quantize_block_scalar(x, q, d, s); }
 

@@ -1,4 +1,4 @@
-// The libraries' C interface, what library.py and steps.py call through ctypes. Arrays are
+// The libraries' C interface, what library.py and step.py call through ctypes. Arrays are
 // contiguous unless strides are given (in elements); float32 unless named otherwise. Functions
 // return 0, or non-zero for arguments they do not take (the Python side checks shapes first).
 #pragma once
@@ -43,7 +43,7 @@ LLMCLI_API int llmcli_attend_one(const float* q, int64_t B, int64_t H, int64_t D
 // counts as largest, as in torch.topk (select.cpp)
 LLMCLI_API int llmcli_top_k(const float* x, int64_t n, int64_t k, float* values, int64_t* indices);
 
-// A decode step (decode.cpp): its weights and cache stay owned by the caller, who keeps them alive
+// The decode step (step.cpp): its weights and cache stay owned by the caller, who keeps them alive
 struct LlmcliProjection {  // y = W x (+ b)
     const uint8_t* blocks;  // (N, row bytes)
     const float* bias;      // (N,) or null
@@ -63,10 +63,10 @@ struct LlmcliLayer {
 };
 
 // act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
-LLMCLI_API void* llmcli_steps_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
-                                  float scale, int64_t act, int threads);
-LLMCLI_API int llmcli_steps_add_layer(void* steps, const LlmcliLayer* layer);
-LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const LlmcliProjection* head, int64_t n_head);
+LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
+                                 float scale, int64_t act, int threads);
+LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer);
+LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliProjection* head, int64_t n_head);
 // n tokens at once, x (n, hidden) their embeddings: token i's keys and values go to cache row
 // rows[i], slot slots[i], and it attends to that row's slots up to its own (tokens of one row at
 // consecutive slots see each other causally; rows never see each other). cos, sin (n, rotary_dim):
@@ -75,31 +75,31 @@ LLMCLI_API int llmcli_steps_set_head(void* steps, const float* norm, const Llmcl
 // the final normed states; with top > 0, also the `top` largest logits of each of those rows
 // (top_values, top_indices (n - logits_from, top): largest first, of equals the earlier, NaN as
 // the largest: llmcli_top_k's). Each token's numbers are those of a call with that token alone.
-LLMCLI_API int llmcli_steps_run(void* steps, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
-                                const float* cos, const float* sin, const float* cos_local, const float* sin_local,
-                                int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
-                                int64_t* top_indices);
-// The embedding table llmcli_steps_run_ids looks token ids up in (after every add_layer): `rows`
+LLMCLI_API int llmcli_step_run(void* step, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
+                               const float* cos, const float* sin, const float* cos_local, const float* sin_local,
+                               int64_t logits_from, float* logits, float* hidden, int64_t top, float* top_values,
+                               int64_t* top_indices);
+// The embedding table llmcli_step_run_ids looks token ids up in (after every add_layer): `rows`
 // rows of the hidden size, GGUF blocks of `type` (llmcli_dequantize's) or float32 (type -1), each
 // value times `scale` (Gemma's normalizer; 1 else), as the model's embed gives them. The caller
 // keeps the table alive.
-LLMCLI_API int llmcli_steps_set_embedding(void* steps, const void* table, int type, int64_t rows, float scale);
+LLMCLI_API int llmcli_step_set_embedding(void* step, const void* table, int type, int64_t rows, float scale);
 // The RoPE tables of positions [0, L) (L, rotary_dim), and the local layers' pair (or null
-// without them), which llmcli_steps_run_ids takes its tokens' rows of. The caller keeps them alive.
-LLMCLI_API int llmcli_steps_set_rope(void* steps, const float* cos, const float* sin, const float* cos_local,
-                                     const float* sin_local, int64_t L);
-// llmcli_steps_run for n token ids at RoPE positions `positions`: their embeddings and RoPE rows
+// without them), which llmcli_step_run_ids takes its tokens' rows of. The caller keeps them alive.
+LLMCLI_API int llmcli_step_set_rope(void* step, const float* cos, const float* sin, const float* cos_local,
+                                    const float* sin_local, int64_t L);
+// llmcli_step_run for n token ids at RoPE positions `positions`: their embeddings and RoPE rows
 // from the tables above (no tensors of them for the caller to make). 0; 1: bad arguments (an id
 // outside the table, no table); 2: a position beyond the RoPE tables (nothing was run).
-LLMCLI_API int llmcli_steps_run_ids(void* steps, int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots,
-                                    const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
-                                    int64_t top, float* top_values, int64_t* top_indices);
-LLMCLI_API void llmcli_steps_free(void* steps);
+LLMCLI_API int llmcli_step_run_ids(void* step, int64_t n, const int64_t* ids, const int64_t* rows, const int64_t* slots,
+                                   const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
+                                   int64_t top, float* top_values, int64_t* top_indices);
+LLMCLI_API void llmcli_step_free(void* step);
 // The interleaved copies of the weights a step reads, held apart from it until llmcli_copies_free:
 // a model keeps them between its steps, so that a step built for a new cache (a batch engine, a
-// benchmark's repetition) finds them instead of making them again (SmolLM2: ~100 ms; without a
-// holder they go with the last step that reads them).
-LLMCLI_API void* llmcli_steps_copies(void* steps);
+// benchmark's repetition) finds them instead of making them again (for a small model, longer than
+// many steps; without a holder they go with the last step that reads them).
+LLMCLI_API void* llmcli_step_copies(void* step);
 LLMCLI_API void llmcli_copies_free(void* copies);
 LLMCLI_API int64_t llmcli_copies_made(void);  // copies this library has made (not found) so far
 

@@ -1,12 +1,12 @@
 // How many of its team's threads a decode step uses. With as many threads as cores and another
 // program busy on one of them, the thread that shares a core with it is descheduled for whole time
-// slices (~3 ms, half a SmolLM2 step) while it holds a chunk, and every stage after waits for that
-// chunk: -t 2 beside a busy core decoded at 123 t/s where -t 1 gave 143 (AMD EPYC Zen 4, SmolLM2).
+// slices (as long as a small model's step) while it holds a chunk, and every stage after waits for
+// that chunk: beside a busy core, one thread fewer decodes faster (docs/performance.md).
 // So every so many steps a try of two steps runs on one thread fewer (or one more, back towards
 // the team's size), and the second's time is compared with a running mean of the steps just before
 // of as many tokens (alike in depth and rows, whatever the machine does over minutes). A running
 // mean of those log time ratios that shows a clear gain switches; a loss makes that way's tries
-// rarer. A free machine pays 2-3 tries in a 256-token reply (~1 %), then one every 256 steps.
+// rarer. A free machine pays a few tries early in a reply, then one every kLongestInterval steps.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -14,9 +14,9 @@
 
 class ThreadChoice {
   public:
-    // Steps between tries: at first, then at most after a loss of over 35 % (2 threads against
-    // 1 on a free machine: 1.5-1.7x), and after a smaller one (1 against 2 beside a busy core, 1.1-1.2x,
-    // which stops being one when the other program does)
+    // Steps between tries: at first, then at most after a loss of over 35 % (kBig: 2 threads against
+    // 1 on a free machine), and after a smaller one (1 against 2 beside a busy core, which stops
+    // being one when the other program does)
     static constexpr int kFirstInterval = 16, kLongestInterval = 256, kMildInterval = 64;
     static constexpr int kTrySteps = 2;  // a try's steps; the last one counts (the first lets the scheduler
                                          // move the caller to a free core, where the team's others ran)
