@@ -5,7 +5,7 @@
 //
 //   S=llmcli/native; for v in "avx512vnni:-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c -DLLMCLI_AVX512VNNI" \
 //       "avxvnni:-mavx2 -mavxvnni -mfma -mf16c -DLLMCLI_AVXVNNI" "avx2:-mavx2 -mfma -mf16c -DLLMCLI_AVX2" "portable:"; do
-//     g++ -O3 -std=c++17 -ffp-contract=off -pthread ${v#*:} -I$S benchmarks/native_kernels.cpp -o /tmp/kb && /tmp/kb 576; done
+//     g++ -O3 -std=c++17 -ffp-contract=off -pthread ${v#*:} -I$S benchmarks/kernels/block_dot_ns.cpp -o /tmp/kb && /tmp/kb 576; done
 //
 // (the flags as build.py has them; neon: "-march=armv8.2-a+dotprod -DLLMCLI_NEON" on aarch64)
 #include "dot.h"

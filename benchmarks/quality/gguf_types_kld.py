@@ -1,7 +1,7 @@
 """GGUF files kept packed at load (Q4_K -> int4 g32, Q5_x/Q6_K as blocks): quality and kernel speed.
 
-    python benchmarks/gguf_kquants.py quality FILE.gguf [FILE.gguf ...] --file TEXT [--ctx 256] [--chunks 8]
-    python benchmarks/gguf_kquants.py speed [--repeats 7] [--threads 2]
+    python -m benchmarks.quality.gguf_types_kld quality FILE.gguf [FILE.gguf ...] --file TEXT [--ctx 256] [--chunks 8]
+    python -m benchmarks.quality.gguf_types_kld speed [--repeats 7] [--threads 2]
 
 quality: per file, KL divergence of logits against the file dequantized to float32 (the reference,
 `--dtype float32`), over windows of --ctx tokens scored on their second half:
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.shapes import quantize as kquantize
 from llmcli.bench.perplexity import Scores, logprobs, text_windows
 from llmcli.formats.open import open_model_file
 from llmcli.runtime.device import place
@@ -95,9 +96,6 @@ def _formats(N: int, K: int):
     """name -> (matmul, bytes) for one (N, K) weight in every format that can hold it."""
     import gguf
     from gguf.quants import quantize
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from kquants import quantize as kquantize
 
     from llmcli import native
     from llmcli.quant.gguf_blocks import GGUFBlockWeight

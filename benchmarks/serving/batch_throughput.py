@@ -1,7 +1,7 @@
 """Throughput of `llmcli batch`'s engine: the same requests one at a time (rows 1) and decoded
 together (rows N), interleaved over repetitions; greedy, at most a fixed token count per request.
 
-    python benchmarks/batch_throughput.py [MODEL] [--rows 1,4,8] [--requests 32] [--tokens 64] [-r 3]
+    python -m benchmarks.serving.batch_throughput [MODEL] [--rows 1,4,8] [--requests 32] [--tokens 64] [-r 3]
 
 Requests end at their end-of-sequence token or the token count, so a batch of N rows stays full only
 while requests wait: with as many requests as rows (8 for 8, the default until 2026-11-25) it drains
