@@ -42,11 +42,15 @@ with torch.inference_mode():
         tok = step(tok, cache, last_only=True)[0, -1].argmax().view(1, 1)
     print(f"{mode}: {(time.perf_counter()-t)/N*1e3:.2f} ms/token wall")
     if mode == "native":  # the C++ call alone: every layer, the final norm and the output projection
-        x = model.model.embed_tokens(tok).reshape(-1)
-        cos, sin = model.rope(torch.tensor([cache.length]), cache, torch.float32)
+        ids, rows, at = tok.view(1), torch.zeros(1, dtype=torch.long), torch.tensor([cache.length])
+        if step._steps.embedding is not None:  # embedding and RoPE rows looked up in C++, as the step does
+            call = lambda: step._steps.run_ids(ids, rows, at, at)  # noqa: E731
+        else:
+            x, tables = model.embed(tok.view(1, 1)).reshape(1, -1), step._rope(at, cache)
+            call = lambda: step._steps.run(x, rows, at, *tables)  # noqa: E731
         t = time.perf_counter()
         for _ in range(N):
-            step._steps.run(x, cache.length, cos, sin)
+            call()
         print(f"native: {(time.perf_counter()-t)/N*1e3:.2f} ms/token in the C++ call")
     from torch.profiler import ProfilerActivity, profile
     t = time.perf_counter()
