@@ -5,9 +5,9 @@ together (rows N), interleaved over repetitions; greedy, at most a fixed token c
 
 Requests end at their end-of-sequence token or the token count, so a batch of N rows stays full only
 while requests wait: with as many requests as rows (8 for 8, the default until 2026-11-25) it drains
-as answers end, 6.0 rows a step on average for SmolLM2, and the figure is the tail's as much as N
-rows'. 32 requests keep 8 rows full but for the last answers (7.0 a step); the table's "mean batch"
-says how full it was.
+as answers end, and the figure is the tail's as much as N rows'. Four times as many requests as rows
+keep them full but for the last answers; the table's "mean batch" says how full it was (measured
+means: docs/performance.md).
 """
 
 from __future__ import annotations
