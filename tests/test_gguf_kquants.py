@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from kquants import quantize
 from tiny import k_mix, reference_from, write_gguf
+
+from benchmarks.shapes import quantize
 
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"]
 BF16 = torch.bfloat16

@@ -247,7 +247,8 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
     """
     import gguf
     from gguf.quants import dequantize
-    from kquants import quantize
+
+    from benchmarks.shapes import quantize
 
     cfg = model.config
     arch = arch or GGUF_ARCH[cfg.model_type]

@@ -8,7 +8,7 @@ R(p - d) = R(-d) R(p). Nothing is recomputed: the shift costs one pass over the 
 
 Re-prefilling the kept tokens instead would compute exactly what a fresh run on the shortened text
 gives (the moved tokens no longer see the dropped ones) but costs a prefill of half the context per
-shift: benchmarks/context_shift.py measures both (see the README); the rotation is kept.
+shift: benchmarks/speed/shift_rotate_vs_prefill.py measures both (see the README); the rotation is kept.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
     CPU    torch's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`, fed bfloat16 activations
            (10-65x slower with float32). From DENSE_FROM_ROWS rows on (prefill), a dequantized tile
-           and a dense GEMM are faster than these GEMV-shaped kernels (measured: benchmarks/kernels.py).
+           and a dense GEMM are faster than these GEMV-shaped kernels
+           (measured: benchmarks/kernels/weight_only_vs_dense.py).
     CUDA   torch's tinygemm `_weight_int4pack_mm` (compute capability 8.0+, bfloat16).
     MPS    torch's Metal `_weight_int4pack_mm` and `_weight_int8pack_mm`.
     else   dequantize a tile of rows to the activation dtype and matmul (every format, every device).

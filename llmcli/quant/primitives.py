@@ -11,7 +11,7 @@ Scales and zeros are stored in bfloat16 (what the kernels read). Codes are chose
 scales, so they are the nearest levels of what is stored. The scale search picks each group's
 scale (and zero) to minimise the squared reconstruction error, like llama.cpp's make_qx_quants and
 make_qkx2_quants, instead of taking them from the group's min and max alone; by default the error
-is weighted towards large values as llama.cpp's K-quants do (measured: benchmarks/quant_quality.py).
+is weighted towards large values as llama.cpp's K-quants do (measured: benchmarks/quality/presets_vs_unquantized.py).
 
 Packing: int4 codes two per byte along K, the even column in the low nibble.
 """

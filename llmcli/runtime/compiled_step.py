@@ -37,7 +37,7 @@ class CompiledStep:
         # one graph for every caller: it always returns (logits, hidden state); emulating eager's
         # rounding of intermediates keeps its numbers close to the eager model's. On the CPU the graph's
         # wrapper is C++ too (cpp_wrapper): no Python between its ~300 kernels, 18.8 -> 16.4 ms per
-        # SmolLM2 token on 2 threads (benchmarks/decode_profile.py, interleaved)
+        # SmolLM2 token on 2 threads (benchmarks/speed/decode_profile.py, interleaved)
         cpu = next(model.parameters()).device.type == "cpu"
         self._compiled = torch.compile(partial(model.forward, hidden=True), dynamic=True,
                                        options={"emulate_precision_casts": True, **({"cpp_wrapper": True} if cpu else {})})

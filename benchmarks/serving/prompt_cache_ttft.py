@@ -8,7 +8,7 @@ load; the replies must come out the same. TTFT is measured at the client: from s
 request to the first streamed text. Each repetition starts a new conversation (a session number
 opens the system prompt, so no repetition reuses another's cache); the table gives medians.
 
-    python benchmarks/prompt_cache_ttft.py [--model smollm2] [--turns 10] [--tokens 48] [-r 3]
+    python -m benchmarks.serving.prompt_cache_ttft [--model smollm2] [--turns 10] [--tokens 48] [-r 3]
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ import signal
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import cpu_name, start_server  # noqa: E402
+from benchmarks.serving.concurrent_clients import cpu_name, start_server
 
 SYSTEM = ("Session {n}. You are a patient assistant for a small bookshop. You help customers find books, explain "
           "the shop's policies and suggest reading for every age. The shop opens at nine and closes at six, Monday to "

@@ -1,13 +1,13 @@
 """Throughput of `llmcli batch`'s engine: the same requests one at a time (rows 1) and decoded
 together (rows N), interleaved over repetitions; greedy, at most a fixed token count per request.
 
-    python benchmarks/batch_throughput.py [MODEL] [--rows 1,4,8] [--requests 32] [--tokens 64] [-r 3]
+    python -m benchmarks.serving.batch_throughput [MODEL] [--rows 1,4,8] [--requests 32] [--tokens 64] [-r 3]
 
 Requests end at their end-of-sequence token or the token count, so a batch of N rows stays full only
 while requests wait: with as many requests as rows (8 for 8, the default until 2026-11-25) it drains
-as answers end, 6.0 rows a step on average for SmolLM2, and the figure is the tail's as much as N
-rows'. 32 requests keep 8 rows full but for the last answers (7.0 a step); the table's "mean batch"
-says how full it was.
+as answers end, and the figure is the tail's as much as N rows'. Four times as many requests as rows
+keep them full but for the last answers; the table's "mean batch" says how full it was (measured
+means: docs/performance.md).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ step, from llmcli's /health).
 Loopback only, and bounded: one request per client per level, --rounds rounds, a deadline per
 request. It starts `llmcli serve MODEL` on a free port (and stops it), or uses --url.
 
-    python benchmarks/serve_load.py [--model smollm2] [--rows 8] [-c 1024] [--tokens 32] [--levels 1,8,50]
-    python benchmarks/serve_load.py --url http://127.0.0.1:8080/v1      # a server already running
+    python -m benchmarks.serving.concurrent_clients [--model smollm2] [--rows 8] [-c 1024] [--tokens 32] [--levels 1,8,50]
+    python -m benchmarks.serving.concurrent_clients --url http://127.0.0.1:8080/v1      # a server already running
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def loopback_only(url: str) -> None:
 def start_server(a, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "llmcli", "serve", a.model, "--port", "0", "--rows", str(a.rows), "-c", str(a.ctx)]
     cmd += (["-t", str(a.threads)] if a.threads else []) + list(extra)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "NO_COLOR": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "NO_COLOR": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     killer = threading.Timer(600, proc.kill)  # a server that never says it serves ends the benchmark
     killer.start()

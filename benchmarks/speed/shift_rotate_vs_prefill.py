@@ -1,6 +1,6 @@
 """Context shift two ways: re-rotating the cached keys vs re-prefilling the kept tokens.
 
-    python benchmarks/context_shift.py MODEL.gguf TEXT_FILE [--ctx 2048,8192] [--keep 64] [--threads 1]
+    python -m benchmarks.speed.shift_rotate_vs_prefill MODEL.gguf TEXT_FILE [--ctx 2048,8192] [--keep 64] [--threads 1]
 
 For each context size: fill a cache with the text's first ctx tokens, then make room as
 context_shift.ContextShift does (keep the first `keep`, drop half of the rest) in both ways:

@@ -1,6 +1,6 @@
 """KV cache kinds side by side: bytes at a context size, and decode tokens/s at several depths.
 
-    python benchmarks/kv_cache.py MODEL.gguf [--depths 0,2048,8192] [-n 32] [-r 3] [--threads 1]
+    python -m benchmarks.speed.kv_cache_kinds MODEL.gguf [--depths 0,2048,8192] [-n 32] [-r 3] [--threads 1]
         [--kinds static,int8,int4,offload] [--dtype auto]
 
 Every kind gets its own cache, prefilled once per depth with the same tokens; then repetitions of

@@ -1,22 +1,27 @@
 """Where a decode step's time goes: torch.profiler over 32 one-token steps after a 64-token prefill.
 
-    python benchmarks/decode_profile.py MODEL eager|compiled|native [THREADS]
+    python -m benchmarks.speed.decode_profile MODEL eager|compiled|native [THREADS]
 
 Prints wall ms/token, the ops with the most self time, and buckets (int4 matmuls, dense matmuls,
 attention, sampling); the rest of the self time is norms, rope and element-wise ops. `native` (the
 C++ step of a GGUF model, native_step.py) is one call the profiler cannot see into: it prints the
 call's own ms/token beside the step's.
 """
+import argparse
 import collections
-import sys
 import time
 
 import torch
 
 from llmcli.runtime.runtime import open_model
 
-M, mode = sys.argv[1], sys.argv[2]  # MODEL eager|compiled|native [THREADS]
-rt = open_model(M, threads=int(sys.argv[3]) if len(sys.argv) > 3 else 2, ctx_size=512)
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("model")
+ap.add_argument("mode", choices=["eager", "compiled", "native"])
+ap.add_argument("threads", type=int, nargs="?", default=2)
+a = ap.parse_args()
+mode = a.mode
+rt = open_model(a.model, threads=a.threads, ctx_size=512)
 model = rt.loaded.model
 from llmcli.runtime.compiled import CompiledStep
 from llmcli.runtime.native_step import NativeStep
@@ -37,11 +42,15 @@ with torch.inference_mode():
         tok = step(tok, cache, last_only=True)[0, -1].argmax().view(1, 1)
     print(f"{mode}: {(time.perf_counter()-t)/N*1e3:.2f} ms/token wall")
     if mode == "native":  # the C++ call alone: every layer, the final norm and the output projection
-        x = model.model.embed_tokens(tok).reshape(-1)
-        cos, sin = model.rope(torch.tensor([cache.length]), cache, torch.float32)
+        ids, rows, at = tok.view(1), torch.zeros(1, dtype=torch.long), torch.tensor([cache.length])
+        if step._steps.embedding is not None:  # embedding and RoPE rows looked up in C++, as the step does
+            call = lambda: step._steps.run_ids(ids, rows, at, at)  # noqa: E731
+        else:
+            x, tables = model.embed(tok.view(1, 1)).reshape(1, -1), step._rope(at, cache)
+            call = lambda: step._steps.run(x, rows, at, *tables)  # noqa: E731
         t = time.perf_counter()
         for _ in range(N):
-            step._steps.run(x, cache.length, cos, sin)
+            call()
         print(f"native: {(time.perf_counter()-t)/N*1e3:.2f} ms/token in the C++ call")
     from torch.profiler import ProfilerActivity, profile
     t = time.perf_counter()

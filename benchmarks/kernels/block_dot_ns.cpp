@@ -5,7 +5,7 @@
 //
 //   S=llmcli/native/src; for v in "avx512vnni:-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c -DLLMCLI_AVX512VNNI" \
 //       "avxvnni:-mavx2 -mavxvnni -mfma -mf16c -DLLMCLI_AVXVNNI" "avx2:-mavx2 -mfma -mf16c -DLLMCLI_AVX2" "portable:"; do
-//     g++ -O3 -std=c++17 -ffp-contract=off -pthread ${v#*:} -I$S benchmarks/native_kernels.cpp -o /tmp/kb && /tmp/kb 576; done
+//     g++ -O3 -std=c++17 -ffp-contract=off -pthread ${v#*:} -I$S benchmarks/kernels/block_dot_ns.cpp $S/matmul.cpp -o /tmp/kb && /tmp/kb 576; done
 //
 // (the flags as build.py has them; neon: "-march=armv8.2-a+dotprod -DLLMCLI_NEON" on aarch64)
 #include "dot.h"
@@ -14,25 +14,12 @@
 #include <cstdlib>
 #include <cstdio>
 #include <random>
-void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1) {
-    const int64_t nb = K / 32;
-    for (int64_t i = m0 * nb; i < m1 * nb; ++i) { quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i]); sums_of_four(q.data() + 32 * i, n4.data() + 8 * i); }
-#if defined(LLMCLI_AVX512VNNI)
-    for (int64_t m = m0; m < m1; ++m) {
-        interleave(row(m), nb, qi.data() + m * K, ni.data() + m * K / 8, ds.data() + 2 * m * nb);
-        if (K % 256 == 0) {
-            q4k_order(row(m), nb, qk.data() + m * K, d2.data() + m * K / 16);
-            q6k_order(row(m), nb, q6.data() + m * K, z6.data() + m * K / 16, d6.data() + m * K / 16);
-        }
-    }
-#endif
-}
 template <int T> double run(int64_t N, int64_t K) {
     const int64_t rb = K / Block<T>::size * Block<T>::bytes, nb = K / 32;
     std::vector<uint8_t> W(N * rb); std::mt19937 g(1); for (auto& b : W) b = g();
     for (int64_t i = 0; i < N * K / Block<T>::size; ++i) { uint8_t* b = W.data() + i * Block<T>::bytes + (T == kQ6_K ? 208 : 0); b[0] = 0; b[1] = 20; if (T == kQ4_1 || T == kQ4_K) { b[2] = 0; b[3] = 20; } }
     std::vector<float> x(K); for (auto& v : x) v = (float)(g() % 1000) / 500.f - 1.f;
-    Q8Rows xq; xq.resize(1, K); xq.quantize(x.data(), 0, 1);
+    Q8Rows xq; xq.resize(1, K); xq.quantize(x.data(), 0, 1, kNibbleLayout | kQ8_0Layout | kQ4KLayout | kQ6KLayout);
     std::vector<float> y(N); double best = 1e9;
     for (int rep = 0; rep < 30; ++rep) {
         auto t = std::chrono::steady_clock::now();

@@ -1,6 +1,6 @@
 """Speculative decoding and beam search against plain greedy decoding, interleaved.
 
-    python benchmarks/speculative.py MODEL [--draft MODEL] [--quant bf16] [--dtype auto] [--draft-quant PRESET]
+    python -m benchmarks.speed.speculative_vs_greedy MODEL [--draft MODEL] [--quant bf16] [--dtype auto] [--draft-quant PRESET]
         [-n 128] [-r 3] [--threads 2] [--ks 4,8] [--lookup-ks 10] [--prompts story,code] [--beams 0]
 
 Loads MODEL (with --quant) as the target and --draft (default: MODEL as stored, e.g. its q4

@@ -1,6 +1,6 @@
 """Every preset against the unquantized model on real text, in one pass; and their speed.
 
-    python benchmarks/quant_quality.py MODEL --file TEXT [--ctx 512] [--chunks 40] [--dtype float32]
+    python -m benchmarks.quality.presets_vs_unquantized MODEL --file TEXT [--ctx 512] [--chunks 40] [--dtype float32]
         [--presets q8,q4,q4_g128,q4_mixed,bf16,f16] [--variants] [--speed] [--json results.json]
 
 Quality: windows of --ctx tokens scored on their second half (llmcli perplexity / llama-perplexity);

@@ -2,7 +2,7 @@
 chat's first and second replies (read from its stats line, in a pseudo-terminal), run's `-v` decode
 figure, and llama-bench's tg128, each round in turn.
 
-    python benchmarks/chat_speed.py FILE --llama-bench build/bin/llama-bench [--rounds 2] [-n 200] [-t 2]
+    python -m benchmarks.speed.chat_speed FILE --llama-bench build/bin/llama-bench [--rounds 2] [-n 200] [-t 2]
 """
 
 from __future__ import annotations

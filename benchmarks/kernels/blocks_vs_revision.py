@@ -1,7 +1,7 @@
 """The GGUF block kernels of a git revision against the working tree's, one variant, on one model's
 weights, interleaved in one process (this machine is too noisy to compare separate runs).
 
-    python benchmarks/gguf_kernel_ab.py MODEL [--rev HEAD] [--variant avx2] [--rows 1] [--type Q4_1]
+    python -m benchmarks.kernels.blocks_vs_revision MODEL [--rev HEAD] [--variant avx2] [--rows 1] [--type Q4_1]
 
 Prints ms per pass over every block weight in order, as a decode step streams them (the figure
 that counts), and per weight shape repeated in place (weights in cache, which can mislead). The

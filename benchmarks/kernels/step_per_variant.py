@@ -2,7 +2,7 @@
 machine is too noisy to compare separate runs): ms per token of the step's C call, after a 64-token
 prefill, greedy tokens fed back.
 
-    python benchmarks/native_variants.py MODEL [--threads 2] [--tokens 32] [--reps 7] [--variants avx512vnni,avx2]
+    python -m benchmarks.kernels.step_per_variant MODEL [--threads 2] [--tokens 32] [--reps 7] [--variants avx512vnni,avx2]
 
 The model loads with float32 activations and its blocks as stored, which the step needs, also on
 CPUs where --dtype auto picks bfloat16. Prints each variant's median and range, and the ratios of

@@ -1,6 +1,6 @@
 """The planner's tables for models and machines that need not be here (computed, nothing loaded).
 
-    python benchmarks/memory_plans.py [--smollm2 PATH.gguf]
+    python -m benchmarks.serving.memory_plans [--smollm2 PATH.gguf]
 
 Prints the plan for SmolLM2-135M at 8192 tokens on this CPU (from the GGUF's headers when given,
 else from its known shapes), and for 7-8B models (Qwen2.5-7B, Mistral-7B shapes at 32k tokens,

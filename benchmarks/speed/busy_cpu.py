@@ -2,7 +2,7 @@
 without and with a CPU-bound process pinned to the last CPU (a browser or a build beside llmcli).
 Rounds interleave the four cases; medians of the rounds.
 
-    python benchmarks/busy_cpu.py MODEL [--tokens 64] [--rounds 5]
+    python -m benchmarks.speed.busy_cpu MODEL [--tokens 64] [--rounds 5]
 
 The model loads with float32 activations and its blocks as stored, which the step needs, also on
 CPUs where --dtype auto picks bfloat16. Uses only open_model and decode_step, so it runs against

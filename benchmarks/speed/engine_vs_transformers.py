@@ -3,7 +3,7 @@
 Same process, same threads, same dtype, interleaved repetitions (the machine is noisy), medians.
 Not a test: it prints figures. Example:
 
-    python benchmarks/engine_vs_transformers.py MODEL.gguf --threads 2 --dtype bfloat16 -p 128 -n 64 -r 5 [--compile]
+    python -m benchmarks.speed.engine_vs_transformers MODEL.gguf --threads 2 --dtype bfloat16 -p 128 -n 64 -r 5 [--compile]
 """
 
 from __future__ import annotations

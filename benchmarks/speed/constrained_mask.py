@@ -1,6 +1,6 @@
 """The grammar mask's cost per token against the decode step it rides on.
 
-    python benchmarks/constrained_mask.py MODEL [--schema FILE] [-r 3] [--dtype auto] [--threads 2]
+    python -m benchmarks.speed.constrained_mask MODEL [--schema FILE] [-r 3] [--dtype auto] [--threads 2]
 
 Generates the same constrained answers (a JSON Schema, a regex) and free text, greedy, interleaved
 over -r repetitions. Per token it times the constraint's mask + advance, and the whole step (time

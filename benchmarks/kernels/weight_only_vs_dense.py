@@ -1,6 +1,6 @@
 """Weight-only kernels vs dequantize + dense GEMM, by activation rows: where DENSE_FROM_ROWS comes from.
 
-    python benchmarks/kernels.py [--threads 2] [--shapes 576x576,1536x576,49152x576,4096x4096]
+    python -m benchmarks.kernels.weight_only_vs_dense [--threads 2] [--shapes 576x576,1536x576,49152x576,4096x4096]
 
 Prints the median time of x @ W.T per path (µs) for each weight shape (N x K) and row count. The
 two paths are timed interleaved, so machine noise hits both alike.

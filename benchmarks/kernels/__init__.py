@@ -1,0 +1,1 @@
+"""Kernels: one matrix product or one decode step per kernel, format or variant, in isolation."""

@@ -1,0 +1,1 @@
+"""Quality: quantized weights against the model they came from, on real text."""
