@@ -238,9 +238,9 @@ def test_the_step_looks_up_embeddings_and_rope_rows_as_the_model_gives_them(load
     with torch.inference_mode():
         cache = loaded.new_cache()
         step(torch.tensor([ids[:1]]), cache, hidden=True)
-        assert step._steps.embedding is not None and step._steps.table_len >= 1
+        assert step._native.embedding is not None and step._native.table_len >= 1
         lean = [step(torch.tensor([[t]]), cache, hidden=True) for t in ids]
-        step._steps.embedding = None  # (the model's embed and _rope's rows as tensors)
+        step._native.embedding = None  # (the model's embed and _rope's rows as tensors)
         cache = loaded.new_cache()
         step(torch.tensor([ids[:1]]), cache, hidden=True)
         tensors = [step(torch.tensor([[t]]), cache, hidden=True) for t in ids]

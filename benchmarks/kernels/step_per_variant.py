@@ -24,7 +24,7 @@ ap.add_argument("--reps", type=int, default=7)
 ap.add_argument("--variants", help="comma-separated (default: every variant this CPU runs)")
 a = ap.parse_args()
 
-from llmcli.decode.generate import prefill  # noqa: E402
+from llmcli.decode.prefill import prefill  # noqa: E402
 from llmcli.runtime.native_step import NativeStep  # noqa: E402
 from llmcli.runtime.runtime import open_model  # noqa: E402
 
@@ -36,7 +36,7 @@ steps = {}
 for name in names:  # each step's C side is built while its variant is the active one
     native._module = native.load(name)
     steps[name] = step = NativeStep(model, threads=a.threads)
-    step._steps, step._cache = step._build(cache), cache
+    step._native, step._cache = step._build(cache), cache
 with torch.inference_mode():
     first = prefill(model, list(range(100, 164)), cache, rt.placement.device).argmax().view(1, 1)
     times = {name: [] for name in names}

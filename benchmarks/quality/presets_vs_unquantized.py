@@ -28,7 +28,7 @@ import torch
 
 from llmcli.bench.perplexity import Scores, logprobs, text_windows
 from llmcli.cache.static import StaticKVCache
-from llmcli.decode.generate import prefill
+from llmcli.decode.prefill import prefill
 from llmcli.quant.convert import convert
 from llmcli.quant.model import build
 from llmcli.quant.pipeline import open_source

@@ -24,7 +24,7 @@ ap.add_argument("--tokens", type=int, default=64)
 ap.add_argument("--rounds", type=int, default=5)
 a = ap.parse_args()
 
-from llmcli.decode.generate import prefill  # noqa: E402
+from llmcli.decode.prefill import prefill  # noqa: E402
 from llmcli.runtime.runtime import open_model  # noqa: E402
 
 cpus = sorted(os.sched_getaffinity(0))

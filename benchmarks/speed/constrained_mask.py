@@ -16,6 +16,7 @@ import time
 
 from llmcli.decode import constrained
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.runtime.runtime import open_model
 
@@ -70,8 +71,8 @@ def main():
             c = Timed(compiler.constraint(grammars[kind])) if grammars[kind] else None
             ids = rt.prompt_ids([{"role": "user", "content": prompt}])
             last, pieces = None, []
-            for chunk in generate(rt.loaded.model, tok, ids, SamplingParams(temperature=0), rt.new_cache(),
-                                  max_tokens=40, constraint=c):
+            request = Request(SamplingParams(temperature=0), 40, grammar=grammars[kind])
+            for chunk in generate(rt.loaded.model, tok, ids, request, rt.new_cache(), constraint=c):
                 now = time.perf_counter()
                 if last is not None and chunk.finish_reason is None:
                     steps[kind].append(now - last)

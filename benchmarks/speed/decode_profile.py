@@ -23,13 +23,13 @@ a = ap.parse_args()
 mode = a.mode
 rt = open_model(a.model, threads=a.threads, ctx_size=512)
 model = rt.loaded.model
-from llmcli.runtime.compiled import CompiledStep
+from llmcli.runtime.compiled_step import CompiledStep
 from llmcli.runtime.native_step import NativeStep
 
 step = {"eager": model, "compiled": CompiledStep(model), "native": rt.decode_step(False)}[mode]
 assert mode != "native" or isinstance(step, NativeStep), "no native step for this model here"
 cache = rt.new_cache()
-from llmcli.decode.generate import prefill
+from llmcli.decode.prefill import prefill
 
 with torch.inference_mode():
     logits = prefill(model, list(range(100, 164)), cache, rt.placement.device)
@@ -43,11 +43,11 @@ with torch.inference_mode():
     print(f"{mode}: {(time.perf_counter()-t)/N*1e3:.2f} ms/token wall")
     if mode == "native":  # the C++ call alone: every layer, the final norm and the output projection
         ids, rows, at = tok.view(1), torch.zeros(1, dtype=torch.long), torch.tensor([cache.length])
-        if step._steps.embedding is not None:  # embedding and RoPE rows looked up in C++, as the step does
-            call = lambda: step._steps.run_ids(ids, rows, at, at)  # noqa: E731
+        if step._native.embedding is not None:  # embedding and RoPE rows looked up in C++, as the step does
+            call = lambda: step._native.run_ids(ids, rows, at, at)  # noqa: E731
         else:
             x, tables = model.embed(tok.view(1, 1)).reshape(1, -1), step._rope(at, cache)
-            call = lambda: step._steps.run(x, rows, at, *tables)  # noqa: E731
+            call = lambda: step._native.run(x, rows, at, *tables)  # noqa: E731
         t = time.perf_counter()
         for _ in range(N):
             call()

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.runtime.device import place
 from llmcli.runtime.loader import load_model
@@ -28,7 +29,7 @@ def llmcli_once(loaded, prompt: list[int], n: int, ctx: int, step=None) -> tuple
     tok = replace(loaded.tokenizer, eos_ids=frozenset())  # always generate n tokens
     cache = StaticKVCache.for_model(loaded.args, ctx, loaded.placement.device, loaded.placement.dtype)
     last = None
-    for chunk in generate(loaded.model, tok, prompt, SamplingParams(temperature=0), cache, max_tokens=n, step=step):
+    for chunk in generate(loaded.model, tok, prompt, Request(SamplingParams(temperature=0), n), cache, step):
         last = chunk
     s = last.stats
     assert s.completion_tokens == n
@@ -77,7 +78,7 @@ def main() -> None:
 
     steps = {"llmcli": None}
     if a.compile:
-        from llmcli.runtime.compiled import CompiledStep
+        from llmcli.runtime.compiled_step import CompiledStep
 
         steps["llmcli compiled"] = CompiledStep(ours.model)
     for step in steps.values():

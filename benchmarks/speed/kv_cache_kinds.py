@@ -18,7 +18,7 @@ import time
 import torch
 
 from llmcli.cache import new_cache
-from llmcli.decode.generate import prefill
+from llmcli.decode.prefill import prefill
 from llmcli.runtime.device import place
 from llmcli.runtime.loader import load_model
 

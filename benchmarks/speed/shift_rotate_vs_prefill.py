@@ -24,7 +24,7 @@ import torch
 
 from llmcli.cache.context_shift import rerotation
 from llmcli.cache import new_cache
-from llmcli.decode.generate import prefill
+from llmcli.decode.prefill import prefill
 from llmcli.runtime.device import place
 from llmcli.runtime.loader import load_model
 

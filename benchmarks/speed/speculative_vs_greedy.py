@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from functools import partial
 
 import torch
 
 from llmcli.decode import speculative
-from llmcli.decode.beam import beam_stream
-from llmcli.decode.generate import generate
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.runtime.runtime import open_model
 
@@ -46,10 +44,9 @@ PROMPTS = {
 }
 
 
-def run_once(rt, ids, n, stream, step):
+def run_once(rt, ids, request, step, draft=None):
     t0 = time.perf_counter()
-    chunks = list(generate(rt.loaded.model, rt.loaded.tokenizer, ids, SamplingParams(temperature=0), rt.new_cache(),
-                           max_tokens=n, device=rt.placement.device, stream=stream, step=step))
+    chunks = list(rt.generate(ids, request, rt.new_cache(), step, draft=draft))
     total = time.perf_counter() - t0
     stats = chunks[-1].stats
     tokens = [t for c in chunks for t in c.tokens]
@@ -73,7 +70,7 @@ def main() -> None:
     a = ap.parse_args()
     rt = open_model(a.model, device="cpu", threads=a.threads, ctx_size=1024, quant=a.quant, dtype=a.dtype)
     draft = open_model(a.draft or a.model, device="cpu", threads=a.threads, ctx_size=1024, quant=a.draft_quant)
-    step, draft_step = rt.decode_step(False), draft.decode_step(False)  # the steps `run` takes
+    step, draft_step = rt.decode_step(False), draft.decode_step(False)  # the steps `run` takes (Runtime.draft's)
     torch.set_num_threads(a.threads)
     print(f"target {rt.loaded.name} --quant {a.quant}; draft {draft.loaded.name} ({draft.loaded.weights_type}, "
           f"--draft-quant {a.draft_quant}); {a.threads} threads, -n {a.n}, {a.r} repetitions; "
@@ -83,22 +80,21 @@ def main() -> None:
     for name in a.prompts.split(","):
         text = PROMPTS[name]
         ids = rt.prompt_ids([{"role": "user", "content": text}])
-        ways = {"greedy": lambda: None}
+        greedy = Request(SamplingParams(temperature=0), a.n)
+        ways = {"greedy": greedy}  # the request of each way of decoding, as `run`'s flags make it
         for k in map(int, a.ks.split(",")):
-            ways[f"--draft, K={k}"] = partial(lambda k: partial(
-                speculative.speculative_stream, draft_tokens=k, proposer=speculative.DraftModel(
-                    draft.loaded.model, draft.new_cache(1024), draft.placement.device, draft_step)), k)
+            ways[f"--draft, K={k}"] = greedy.with_(guesses="draft", draft_tokens=k)
         for k in map(int, a.lookup_ks.split(",")):
-            ways[f"--lookup, K={k}"] = partial(lambda k: partial(
-                speculative.speculative_stream, proposer=speculative.PromptLookup(), draft_tokens=k), k)
+            ways[f"--lookup, K={k}"] = greedy.with_(guesses="lookup", draft_tokens=k)
         if a.beams:
-            ways[f"--beams {a.beams}"] = lambda: partial(beam_stream, beams=a.beams, eos_ids=rt.loaded.tokenizer.eos_ids)
+            ways[f"--beams {a.beams}"] = greedy.with_(beams=a.beams)
         speeds = {w: [] for w in ways}
         out, extra = {}, {}
-        run_once(rt, ids, 8, None, step)  # warm up
+        run_once(rt, ids, greedy.with_(max_tokens=8), step)  # warm up
         for _ in range(a.r):
-            for w, make in ways.items():
-                out[w], tps, extra[w] = run_once(rt, ids, a.n, make(), step)
+            for w, request in ways.items():
+                drafter = draft.draft(1024) if request.guesses == "draft" else None  # a fresh draft cache each run
+                out[w], tps, extra[w] = run_once(rt, ids, request, step, drafter)
                 speeds[w].append(tps)
         base = statistics.median(speeds["greedy"])
         for w in ways:

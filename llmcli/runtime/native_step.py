@@ -55,8 +55,8 @@ class NativeStep:
     def __init__(self, model, threads: int | None = None):
         self.model = model
         self.threads = threads or torch.get_num_threads()
-        self._cache = None  # the cache _steps was built on (it holds that cache's tensors)
-        self._steps = None
+        self._cache = None  # the cache _native was built on (it holds that cache's tensors)
+        self._native = None  # native.step.Step: the C++ side, built on that cache
         self._gemma = type(model) is gemma3.Transformer
         self._tables = None  # _rope's cos, sin (and local cos, sin) for positions [0, L)
         # the last call's (values, indices) (rows, k) of each returned logit row's k largest, where it
@@ -146,17 +146,17 @@ class NativeStep:
         right after a step; else (an embedding it cannot read, positions past the tables) the
         model's embed and _rope's rows go in."""
         if target is not self._cache:
-            self._steps, self._cache = self._build(target), target
+            self._native, self._cache = self._build(target), target
         cap = getattr(self.model.args, "final_logit_softcapping", None)
-        top = min(top, self._steps.vocab) if not cap else 0
+        top = min(top, self._native.vocab) if not cap else 0
         out = None
-        if self._steps.embedding is not None:
-            out = self._steps.run_ids(ids, rows, at, positions, first, top)
+        if self._native.embedding is not None:
+            out = self._native.run_ids(ids, rows, at, positions, first, top)
             if out is None and self._cover(positions, cache):  # the tables grown: again
-                out = self._steps.run_ids(ids, rows, at, positions, first, top)
+                out = self._native.run_ids(ids, rows, at, positions, first, top)
         if out is None:
             x = self.model.embed(ids.view(1, -1)).reshape(ids.shape[0], -1)
-            out = self._steps.run(x, rows, at, *self._rope(positions, cache), logits_from=first, top=top)
+            out = self._native.run(x, rows, at, *self._rope(positions, cache), logits_from=first, top=top)
         logits, h, self.last_top = out
         if cap:
             logits = torch.tanh(logits / cap) * cap
@@ -196,7 +196,7 @@ class NativeStep:
             have = 0 if self._tables is None else self._tables[0].shape[0]
             at = torch.arange(min(TABLE_POSITIONS, max(top, 2 * have, 1024)))
             self._tables = [t.to(torch.float32).contiguous() for t in self._cos_sin(at, cache)]
-            self._steps.set_rope(self._tables)
+            self._native.set_rope(self._tables)
         return True
 
     def _cos_sin(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
@@ -211,8 +211,8 @@ class NativeStep:
         attn = self.model.model.layers[0].self_attn
         scale = attn.scale if attn.scale is not None else args.head_dim ** -0.5
         act = _FAMILIES[type(self.model)][2]
-        steps = native.module().step(args.num_attention_heads, args.num_key_value_heads, args.head_dim,
-                                     args.rotary_dim, args.rms_norm_eps, scale, act, self.threads)
+        step = native.module().step(args.num_attention_heads, args.num_key_value_heads, args.head_dim,
+                                    args.rotary_dim, args.rms_norm_eps, scale, act, self.threads)
         norm = _norm_weight(self._gemma)
         for i, layer in enumerate(self.model.model.layers):
             qkv, o, gate_up, down = (list(map(_spec, group)) for group in _projections(layer))
@@ -224,20 +224,20 @@ class NativeStep:
                     local_rope=args.layer_types[i] == "sliding_attention")
             else:
                 mlp_in, extra = layer.post_attention_layernorm, {}
-            steps.add_layer(norm(layer.input_layernorm), qkv, q_norm, k_norm, o, norm(mlp_in), gate_up, down,
+            step.add_layer(norm(layer.input_layernorm), qkv, q_norm, k_norm, o, norm(mlp_in), gate_up, down,
                             cache.k[i], cache.v[i], a.window or 0, **extra)
-        steps.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
+        step.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
         emb = self.model.model.embed_tokens  # as the model's embed gives its rows (Gemma: times its normalizer)
         scale = float(self.model.embed_scale(torch.float32)) if self._gemma else 1.0
         if getattr(emb, "dtype", None) == torch.float32 and isinstance(getattr(emb, "packed", None), GGUFBlockWeight) \
                 and emb.packed.device.type == "cpu":
-            steps.set_embedding(emb.packed.blocks, TYPE_IDS[emb.packed.type_name], scale)
+            step.set_embedding(emb.packed.blocks, TYPE_IDS[emb.packed.type_name], scale)
         elif isinstance(emb, torch.nn.Embedding) and emb.weight.dtype == torch.float32 and emb.weight.device.type == "cpu":
-            steps.set_embedding(emb.weight, None, scale)
+            step.set_embedding(emb.weight, None, scale)
         if self._tables is not None:
-            steps.set_rope(self._tables)
-        _HELD_COPIES[self.model] = steps.copies()
-        return steps
+            step.set_rope(self._tables)
+        _HELD_COPIES[self.model] = step.copies()
+        return step
 
 
 def _norm_weight(gemma: bool):
