@@ -1,5 +1,5 @@
 """The one-query attention used by every decode step (models/llama.py attend_one; on the CPU with a
-float32 cache, the C++ kernel in native/attention.cpp) against torch's SDPA."""
+float32 cache, the C++ kernel in native/src/attention.cpp) against torch's SDPA."""
 
 import pytest
 import torch

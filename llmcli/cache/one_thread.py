@@ -2,10 +2,9 @@
 
 Such a copy (a finished request's row moved, a prompt's entry kept or restored: 100k-600k values)
 is big enough for torch to share it among its OpenMP threads. Those then spin for a while after it,
-on the cores where the native decode step's own threads (native/team.h) run the next step: an
-8-row batch of SmolLM2 on 2 cores made 815 and 697 t/s with the copies shared, 905 and 794 with
-them on one thread (two runs, each in one process, alternated; AMD EPYC Zen 4). A copy of a few MB
-on one thread takes ~0.1-0.2 ms.
+on the cores where the native decode step's own threads (native/src/team.h) run the next step, and
+an 8-row batch lost a tenth of its throughput to them (docs/performance.md). A copy of a few MB on
+one thread is short beside a step.
 
 torch's thread count is process-wide: another thread's torch ops meanwhile run on one thread too.
 Scopes may overlap (a server's threads): the count goes back when the last one ends.
@@ -26,7 +25,7 @@ _before = 1  # the count when the first of them opened
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """torch's ops on one thread inside; its thread count as it was once no scope is open (~2 us)."""
+    """torch's ops on one thread inside; its thread count as it was once no scope is open."""
     global _inside, _before
     with _lock:
         if _inside == 0:

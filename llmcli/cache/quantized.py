@@ -4,7 +4,7 @@ Per layer, with B batch, KV heads, S = max_len slots, D = head_dim, G = GROUP to
 
     keys    a scale (and for int4 a zero) per head, channel and group of G tokens: (B, KV, S/G, D).
             Keys have outlier channels; a scale that follows each channel keeps them from drowning the
-            others (KIVI). On SmolLM2 this is 2-3x closer to the float cache than a scale per token.
+            others (KIVI); it stays closer to the float cache than a scale per token (docs/memory.md).
     values  a scale (and zero) per head, token and group of CG channels: (B, KV, S, D/CG).
     codes   int8 (B, KV, S, D), or int4 two per byte (B, KV, S, D/2): channel d in the low nibble and
             channel d + D/2 in the high one, so unpacking is two whole-tensor ops.

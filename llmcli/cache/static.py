@@ -47,8 +47,8 @@ class StaticKVCache(CacheSlots):
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
         # torch.empty: pages are only touched as the context fills, and no slot is read before written.
         # Every layer's in one tensor (k_layers, v_layers; self.k[l] is layer l's): a row's slots move
-        # or are copied out for every layer in one op (move_row, the prompt cache), not one a layer,
-        # each ~8 us of dispatch: 60 of them a finished request of SmolLM2's batch
+        # or are copied out for every layer in one op (move_row, the prompt cache), not one a layer
+        # (each op's dispatch costs more than its copy, twice the layers a finished request)
         self.k_layers = torch.empty(shape, device=device, dtype=dtype)
         self.v_layers = torch.empty(shape, device=device, dtype=dtype)
         self.k, self.v = list(self.k_layers.unbind(0)), list(self.v_layers.unbind(0))

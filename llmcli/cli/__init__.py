@@ -62,8 +62,8 @@ _default_showwarning = warnings.showwarning
 
 
 def entry() -> None:
-    """The `llmcli` command: main(), then an exit without the interpreter's teardown, which spent
-    0.2-0.4 s of a two-second `llmcli run` freeing torch's modules and the model's tensors. atexit
+    """The `llmcli` command: main(), then an exit without the interpreter's teardown, which spent a
+    tenth of a short `llmcli run` freeing torch's modules and the model's tensors. atexit
     handlers still run and the streams are flushed first; every file was written (atomically) before.
     The garbage collector waits while the command starts (startup.py)."""
     startup.pause()

@@ -14,8 +14,7 @@ A new sequence's prompt is prefilled alone through a batch-1 view of its row, ex
 generate() prefills; through the native step it goes into the next decode step's call instead
 (NativeStep.pieces: the running rows' tokens and the prompt in one C++ call, each weight read once
 for all of them, and every token's numbers still those it gets alone), so the running rows do not
-wait for it (benchmarks/serving/batch_throughput.py, 8 rows, Gemma 3 270M: 3.87x -> 4.10x one row's throughput,
-Intel Xeon). Through the native step (Runtime.batch_engine's), a step's rows are one C++ call
+wait for it (benchmarks/serving/batch_throughput.py: docs/performance.md). Through the native step (Runtime.batch_engine's), a step's rows are one C++ call
 that reads each weight once for all of them, and each row's numbers are those it gets alone: a
 sequence produces exactly what generate() produces for it. Through the model, batched matrix
 products may round differently. With a `prompt_cache` (cache/prompt_cache.py), the longest
@@ -216,8 +215,7 @@ class BatchEngine:
     def _waits_for_a_prefix(self, req: Sequence, prompts: dict[int, list[int]]) -> bool:
         """Whether `req` waits a step: a prompt that joins this step starts as req's does, for
         SHARED_WAIT tokens more than anything computed. Requests that arrive together with one
-        system prompt then compute it once, and the others copy it from that row next step
-        (8 rows of SmolLM2 taking 8 chat prompts: 280 prompt tokens computed, then ~90)."""
+        system prompt then compute it once, and the others copy it from that row next step."""
         if self.prompt_cache is None or not req.request.cache_prompt or not prompts:
             return False
         limit = len(req.prompt) - 1

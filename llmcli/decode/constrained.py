@@ -4,8 +4,8 @@ Three steps, each an object:
 
     Grammar            what the user gave (--json-schema FILE, --regex PATTERN, --grammar FILE), read and
                        checked before any model loads; it also checks the finished text
-    GrammarCompiler    binds grammars to one model's tokenizer (llguidance's token trie, ~1 s, built once
-                       per model)
+    GrammarCompiler    binds grammars to one model's tokenizer (llguidance's token trie, built once per
+                       model: the slow part)
     TokenConstraint    one per generated sequence (a batch holds one per row); generate.py's decode loop
                        calls, per token:
 
@@ -14,8 +14,8 @@ Three steps, each an object:
         constraint.is_done()               # only an end token may follow: stop without another step
 
 The engine is llguidance (guidance-ai): an Earley parser over a lexer, with token masks computed
-from a trie of the vocabulary in Rust. On SmolLM2 a mask takes ~0.1 ms against a ~20 ms decode step
-(README, "Structured output"), so it runs inline rather than overlapped with the forward pass.
+from a trie of the vocabulary in Rust. A mask takes a small fraction of a decode step
+(docs/performance.md), so it runs inline rather than overlapped with the forward pass.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class TokenConstraint:
         forbidden = self.forbidden(logits.shape[-1])
         if logits.device.type == "cpu" and logits.dtype == torch.float32:
             # in numpy, single-threaded: torch would split 50k-element ops over its threads, which
-            # costs more than the work when other processes share the cores (28 vs 0.1 ms measured)
+            # costs far more than the work when other processes share the cores
             out = logits.numpy().copy()
             out[forbidden] = -np.inf
             out = torch.from_numpy(out)

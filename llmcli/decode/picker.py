@@ -87,14 +87,14 @@ def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor, top=None) -> 
     if not rescores(head, h) or logits.shape[-1] < 2:
         return logits
     k = min(RESCORED, logits.shape[-1])
-    if top is not None and len(top[1]) >= k:  # (another pass over the logits took ~50 us of a ~150 us rescoring)
+    if top is not None and len(top[1]) >= k:  # (another pass over the logits was a third of the rescoring)
         values, indices = top[0][:2], torch.tensor(top[1][:k])
     else:
         values, indices = top_k(logits, k)
         values = values[:2].tolist()
     if not near_tie(*values):
         return logits
-    into = getattr(head, "weight_dot_into", None)  # (GGUF blocks: one C call, ~130 -> ~30 us in place)
+    into = getattr(head, "weight_dot_into", None)  # (GGUF blocks: one C call, in place)
     if into is not None and logits.is_contiguous() and into(indices, h, logits):
         return logits
     rows = head.weight_rows(indices, torch.float32)

@@ -148,13 +148,13 @@ def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the k largest logits, largest first; for logits (V,) on the CPU through the
-    native kernel (torch.topk took 0.2 ms of SmolLM2's ~7 ms step, 1.1 ms of Gemma 3's)."""
+    native kernel (torch.topk took a few percent of a small model's step, more for a large vocabulary)."""
     return native.top_k(logits, k) if logits.dim() == 1 else logits.topk(k, dim=-1)
 
 
 def argmax(logits: torch.Tensor) -> int:
-    """The index of the largest of logits (V,), the first of equals (torch.argmax's; numpy's, 4 us
-    where torch's took 190 us on the CPU)."""
+    """The index of the largest of logits (V,), the first of equals (torch.argmax's; numpy's, which
+    starts no threads, where torch's split the vocabulary over its OpenMP threads on the CPU)."""
     if logits.dtype == torch.float32 and logits.is_cpu and logits.dim() == 1 and not torch.compiler.is_compiling():
         return int(logits.detach().numpy().argmax())
     return int(logits.argmax(dim=-1))
@@ -195,7 +195,7 @@ def draw_from_top(values: list[float], noise: list[float], params: SamplingParam
     """The position drawn among the top-k logits `values` (largest first, the first finite) with
     `noise` (draw's Exp(1) noise, one a value): top-p, min-p, temperature and draw's argmax of
     p / noise, in plain floats. Those are ~15 torch ops on k values, and right after a decode step
-    (its caches cold) they took ~0.2 ms of a token, ~6 % of SmolLM2's; this takes ~0.03. The same
+    (its caches cold) their dispatch cost a visible part of a small model's token. The same
     choice as the ops but where float32 and float64 rounding part them (an exact tie, a probability
     on a threshold)."""
     top = values[0]

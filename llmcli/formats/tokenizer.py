@@ -60,7 +60,7 @@ class Tokenizer:
     special_ids: frozenset[int] = field(default_factory=frozenset)
     add_eos: bool = False  # GGUF's tokenizer.ggml.add_eos_token: a text on its own ends with EOS (frame())
     # the backend's `encode_special_tokens` switch is shared state: one encode at a time flips it
-    # (a second backend would cost a copy, 3 s for Gemma's 262k vocabulary)
+    # (a second backend would cost a copy of the vocabulary, slow for a large one)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property

@@ -36,7 +36,7 @@ def set_rope(model: nn.Module, args, device: torch.device) -> None:
 @contextmanager
 def _skip_init():
     """Module constructors without random initialisation: every parameter is replaced by a loaded
-    tensor right after. (The meta device would do too, but its first use imports ~1 s of torch.)"""
+    tensor right after. (The meta device would do too, but its first use imports more of torch.)"""
     saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters  # subclasses inherit the patch
     nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
     try:

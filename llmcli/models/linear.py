@@ -1,8 +1,8 @@
 """The dense projection every model file uses: `nn.Linear` with a faster one-row path.
 
 Decoding feeds one token, so each projection is a matrix-vector product. On CPU, `torch.mv`
-reaches the GEMV kernel directly and is 1.5-2x faster in bf16 than `F.linear`'s GEMM path
-(measured on SmolLM2's shapes, 1 and 2 threads); elsewhere it is the same cuBLAS/MPS call.
+reaches the GEMV kernel directly and is faster in bf16 than `F.linear`'s GEMM path
+(docs/performance.md); elsewhere it is the same cuBLAS/MPS call.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 codes do not fit the int4 kernel (5 and 6 bits), so they cost no more memory than in the file, and
 where a SIMD variant of the kernels runs (native.int8_dot(): AVX-512 VNNI, AVX-VNNI, AVX2, NEON with
 dot products) also for Q4_0, Q4_1, Q8_0 and Q4_K. The kernels multiply all of these but Q5_K with
-integer dot products (activations quantized to int8 per 32, as llama.cpp does): 2x torch's int4
-kernel with AVX2, 4x a float path for Q5_0/Q6_K.
+integer dot products (activations quantized to int8 per 32, as llama.cpp does), faster than torch's
+int4 kernel and a float path (docs/performance.md).
 
     Q4_0   18 bytes / 32:  d f16, qs[16]                            w = d * (q - 8)
     Q4_1   20 bytes / 32:  d, m f16, qs[16]                         w = d * q + m
@@ -16,7 +16,7 @@ kernel with AVX2, 4x a float path for Q5_0/Q6_K.
     Q6_K  210 bytes / 256: ql[128], qh[64], scales[16] i8, d f16     w = d*sc * (q - 32), per 16
 
 A (N, K) weight is its (N, K/B*bytes) rows of blocks. Decoding (few rows) runs a C++ kernel that
-reads the blocks (native/matmul.cpp); prefill, and machines without a compiler, dequantize a tile of
+reads the blocks (native/src/matmul.cpp); prefill, and machines without a compiler, dequantize a tile of
 rows to the activation dtype and run a dense GEMM. Nothing is rounded a second time.
 """
 
@@ -131,7 +131,7 @@ class GGUFBlockWeight:
         if any(w.type_name != first.type_name or w.shape[1] != first.shape[1] for w in weights):
             return None
         if first.device.type == "cpu":  # numpy's one-thread memcpy: torch.cat spread the copy over the intra-op
-            # threads, and on a busy CPU each call waited ~10-30 ms for them (SmolLM2's fuse: 0.6 s of 0.02)
+            # threads, and on a busy CPU each call waited for them far longer than the copy
             blocks = torch.from_numpy(np.concatenate([w.blocks.numpy() for w in weights]))
         else:
             blocks = torch.cat([w.blocks for w in weights])

@@ -106,7 +106,7 @@ def as_stored_preset(sources, device=None):
     where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks as well."""
     table = AS_STORED
     if device is not None and device.type == "cpu":
-        if native.int8_dot():  # decoding 2.1x faster than the int4 kernel (benchmarks/kernels/matvec_by_format.py)
+        if native.int8_dot():  # decodes faster than the int4 kernel (benchmarks/kernels/matvec_by_format.py)
             table = AS_BLOCKS
     rules = [Rule((s.name,), (), table[s.gguf_type]) for s in sources
              if s.gguf_type in table and len(s.shape) == 2]

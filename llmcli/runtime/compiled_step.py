@@ -2,12 +2,12 @@
 
 Decoding runs the whole model for one token: hundreds of small kernels, each with Python and
 dispatch overhead that dominates a small model. Compiling fuses the element-wise ones and drops
-that overhead (SmolLM2-135M q4 on 2 CPU threads: 14.4 -> 10.4 ms per token). Prefill stays eager:
+that overhead (a small model's token takes a quarter less: docs/performance.md). Prefill stays eager:
 its large GEMMs dominate and varying prompt lengths would only add compilations. The cache length
 is dynamic (`dynamic=True`), so one graph serves every position.
 
-Compiling costs ~30 s the first time and ~7 s in a later process (inductor's kernel cache, kept in
-the llmcli home). `background=True` compiles on a scratch cache in a thread while the model keeps
+Compiling costs tens of seconds the first time and a few in a later process (inductor's kernel
+cache, kept in the llmcli home). `background=True` compiles on a scratch cache in a thread while the model keeps
 decoding eagerly, and switches over when the graph is ready (the chat REPL does this while the user
 types).
 """
@@ -36,8 +36,8 @@ class CompiledStep:
         self.fallback_reason: str | None = None
         # one graph for every caller: it always returns (logits, hidden state); emulating eager's
         # rounding of intermediates keeps its numbers close to the eager model's. On the CPU the graph's
-        # wrapper is C++ too (cpp_wrapper): no Python between its ~300 kernels, 18.8 -> 16.4 ms per
-        # SmolLM2 token on 2 threads (benchmarks/speed/decode_profile.py, interleaved)
+        # wrapper is C++ too (cpp_wrapper): no Python between its ~300 kernels (measured with
+        # benchmarks/speed/decode_profile.py: docs/performance.md)
         cpu = next(model.parameters()).device.type == "cpu"
         self._compiled = torch.compile(partial(model.forward, hidden=True), dynamic=True,
                                        options={"emulate_precision_casts": True, **({"cpp_wrapper": True} if cpu else {})})

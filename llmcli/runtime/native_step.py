@@ -2,7 +2,7 @@
 blocks on the CPU.
 
 A one-token step runs ~300 small operations. Compiled, their dispatch, graph wrapper and dynamo's
-guards still cost ~4.5 ms of SmolLM2's ~15 on 2 threads. Here everything from the tokens' embeddings
+guards still cost a third of a small model's step. Here everything from the tokens' embeddings
 to the logits runs in C++; only the embedding lookup and the RoPE tables (the model's own, so
 scaled or shifted positions come out as the model computes them) stay torch ops, and Gemma's final
 soft-capping. The cache is the model's own StaticKVCache (float16 by default, `--kv-type auto`'s
@@ -38,7 +38,7 @@ TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
 # Each model's copies of its weights for the step (interleaved for the row-group kernels), held as
 # long as the model: a step built for a new cache finds them (a batch engine per `batch_throughput`
-# pass re-made them, ~100 ms of SmolLM2's 1.2 s 8-row pass, while the last engine's step was gone)
+# pass re-made them, a twelfth of the pass, while the last engine's step was gone)
 _HELD_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh")}
@@ -142,7 +142,7 @@ class NativeStep:
         Gemma; the final normed hidden states of every token); last_top as `top` asks (not with
         soft-capped logits: capping can make equal values of unequal ones, and their order is the
         index's). The C++ side looks the ids up in the embedding and RoPE tables itself, where it
-        has them: the lookups as torch ops took ~0.15 ms of SmolLM2's ~3 ms token, each op slow
+        has them: as torch ops the lookups took a twentieth of a small model's token, each op slow
         right after a step; else (an embedding it cannot read, positions past the tables) the
         model's embed and _rope's rows go in."""
         if target is not self._cache:
@@ -181,8 +181,8 @@ class NativeStep:
         start OpenMP threads for any size, which then spin beside the step's own threads: computed
         each step, they took a tenth of an 8-row step's time on 2 cores. The rows are taken with
         index_select, which stays on this thread for a few rows: `t[positions]` went parallel too, and
-        with the embedding rows' gather and the picker's copy of the logits, SmolLM2's 8-row step took
-        18.7 ms where it takes 15.5 without them (Intel Xeon, 2 threads)."""
+        with the embedding rows' gather and the picker's copy of the logits, an 8-row step took a fifth
+        longer than without them (docs/performance.md)."""
         if not self._cover(positions, cache):  # a long shifted conversation: computed for these positions alone
             return self._cos_sin(positions, cache)
         return [t.index_select(0, positions) for t in self._tables]

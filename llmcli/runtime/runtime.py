@@ -155,7 +155,7 @@ class Runtime:
     @property
     def compiles_well(self) -> bool:
         """Whether compiling pays with the planned cache: not for quantized or offloaded caches, whose
-        compiled steps ran slower than eager ones (int8 at depth 2048: 22 vs 38 t/s)."""
+        compiled steps ran slower than eager ones (docs/performance.md)."""
         choice = getattr(self.plan, "choice", None)
         return choice is None or (choice.kv_type not in ("int8", "int4") and choice.device_layers is None)
 
@@ -374,7 +374,7 @@ def _open_encoder(flags: ModelFlags, model_file: ModelFile, placement) -> Runtim
     if flags.preset is not None:
         raise InvalidParameterError(f"--quant does not apply to an embedding model ({arch}); drop it")
     pooling = model_file.pooling  # read before loading: a pipeline llmcli cannot run is refused first
-    # all-MiniLM-L6-v2, 256 texts: float32 2.6 s, bf16 4.0 s (a Xeon with AVX-512 BF16, 2 threads)
+    # an encoder's few large matmuls ran slower in bf16 than in float32, even with native bf16 (docs/performance.md)
     if placement.device.type == "cpu":
         placement = placement.with_fastest_dtype(torch.float32, "faster than bf16 for an encoder on the CPU")
     loaded = load_model(model_file, placement)

@@ -8,7 +8,7 @@ with its own constraint and seed, and the choice objects that turn their chunks 
 The constraint is the request's: its tools' grammar (tool_grammar.py, in the syntax of the model's
 template), its response_format schema or `grammar`, or serve's --json-schema / --grammar for a
 request that asks for no format (openai_api.chat_job chose), or none. Binding grammars to the
-tokenizer happens once per server (~1 s, on first use: Runtime.compiler).
+tokenizer happens once per server, on first use (Runtime.compiler: the slow part).
 """
 
 from __future__ import annotations
