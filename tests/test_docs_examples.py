@@ -272,7 +272,10 @@ def _run_page(page: Path, folder: Path, smollm2: Path) -> list[str]:
             examples.append(block)
     env = {**os.environ, "PYTHONPATH": str(REPO), "LLMCLI_HOME": str(conftest.test_cache_dir() / "llmcli-home"),
            "PATH": f"{_shims(folder)}{os.pathsep}{os.environ['PATH']}", "DOCS_PORT": str(port),
-           "NO_COLOR": "1", "COLUMNS": "200", "PIP_NO_INDEX": "1", "HF_HUB_OFFLINE": "1"}
+           "NO_COLOR": "1", "COLUMNS": "200", "PIP_NO_INDEX": "1", "HF_HUB_OFFLINE": "1",
+           # torch's OpenMP threads spin while they wait: on a machine other work keeps busy, the
+           # eager path's examples (a quantized folder, an int8 cache) ran 10x slower for it
+           "OMP_WAIT_POLICY": "PASSIVE"}
     env.pop("LLMCLI_API_KEY", None)
     failures, server = [], None
 
