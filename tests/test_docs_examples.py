@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,6 +151,16 @@ def test_every_example_is_run_or_marked_with_a_reason():
                 else:
                     assert "llmcli serve" not in block.text, \
                         f"{block.where}: start `llmcli serve` in a transcript ($ lines), where the test runs it in the background"
+
+
+def test_every_marker_sits_on_the_line_before_a_block():
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines):
+            if line.strip().startswith("<!--") and re.search(r"not tested|file:", line):
+                assert MARKER.match(line.strip()), f"{page.relative_to(REPO)}:{n + 1}: a marker the test cannot read"
+                assert n + 1 < len(lines) and FENCE.match(lines[n + 1]), \
+                    f"{page.relative_to(REPO)}:{n + 1}: a marker must be on the line just before its block"
 
 
 def test_the_readme_is_the_front_door():
@@ -319,5 +330,7 @@ def _run_page(page: Path, folder: Path, smollm2: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_examples_run_as_written(page, tmp_path, smollm2_gguf, minilm_folder):
+    if shutil.which("curl") is None and any("curl " in b.text for b in blocks(page) if b.not_tested is None):
+        pytest.skip("the page's examples call curl, which is not installed")
     failures = _run_page(page, tmp_path, smollm2_gguf)
     assert not failures, "\n\n".join(failures)
