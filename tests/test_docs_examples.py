@@ -175,9 +175,6 @@ def test_the_readme_is_the_front_door():
 
 # Written by other parts of issue 34 (native/ by architecture, benchmarks/ with a guide); once those
 # branches are in, both exist and this set can go.
-PENDING = {"llmcli/native/README.md", "benchmarks/README.md"}
-
-
 def _anchors(page: Path) -> set[str]:
     """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as hyphens."""
     inside, anchors = False, set()
@@ -199,8 +196,6 @@ def test_links_between_pages_resolve():
             path, _, anchor = target.partition("#")
             resolved = (page.parent / path).resolve() if path else page
             relative = resolved.relative_to(REPO).as_posix() if resolved.is_relative_to(REPO) else str(resolved)
-            if relative in PENDING and not resolved.exists():
-                continue
             assert resolved.exists(), f"{page.relative_to(REPO)}: a link to {target}, which does not exist"
             if anchor:
                 assert anchor in _anchors(resolved), f"{page.relative_to(REPO)}: a link to {target}: no such heading"

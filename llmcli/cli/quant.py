@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import CtxSize, Device, Dtype, ModelArg, Quant, Threads, model_flags, stderr_console
+from .options import Device, Dtype, ModelArg, Quant, Threads, model_flags, stderr_console
 
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
@@ -93,7 +93,7 @@ def _open_reference(flags, reference: str, progress=None):
 def perplexity(
     model: ModelArg,
     file: Annotated[Path, typer.Option("--file", "-f", help="The text to score (UTF-8).", show_default=False)],
-    ctx_size: CtxSize = 512,
+    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="Window size in tokens (llama-perplexity's -c).")] = 512,
     chunks: Annotated[Optional[int], typer.Option("--chunks", help="Score only the first N windows (default: all).", show_default=False)] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", help="Also compare with this model, or with MODEL under this preset: KL divergence and same top token.", show_default=False)] = None,
     quant: Quant = None,
