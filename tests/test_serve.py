@@ -31,7 +31,7 @@ from llmcli.errors import ServeError
 from llmcli.runtime.runtime import Runtime, open_model
 from llmcli.serve.http import Server
 from llmcli.serve.listener import bind
-from llmcli.serve.openai_api import token_bytes
+from llmcli.serve.logprobs import token_bytes
 
 GREEDY = SamplingParams(temperature=0)
 ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]

@@ -2,7 +2,7 @@
 come (deltas) and the whole choice at the end. A request with `n` > 1 has n of them, decoded
 together and independent.
 
-    choice = ChatChoice(index, cursor, reader)   # cursor: openai_api.LogprobCursor; reader: a tool CallReader
+    choice = ChatChoice(index, cursor, reader)   # cursor: logprobs.LogprobCursor; reader: a tool CallReader
     deltas = choice.push(chunk)                  # [(delta, logprobs)] to stream for this chunk
     choice.finish_reason, choice.body()          # once its last chunk was pushed
 
@@ -13,6 +13,7 @@ tool_calls delta, once its JSON is complete (its arguments parse and validate).
 from __future__ import annotations
 
 from . import openai_api as api
+from .logprobs import merge_legacy
 
 
 class ChatChoice:
@@ -100,4 +101,4 @@ class CompletionChoice:
 
     def body(self) -> dict:
         return api.completion_choice(self.index, "".join(self.pieces), self.finish_reason,
-                                     api.merge_legacy(self.parts) if self.cursor else None, self.last.stopped_by)
+                                     merge_legacy(self.parts) if self.cursor else None, self.last.stopped_by)

@@ -5,7 +5,6 @@ pieces of the answer -> the dicts OpenAI returns. No HTTP and no model here (htt
                                             decode.Request; a mistake is ApiError(400, ...)
     chat_response / chat_chunk              chat.completion and chat.completion.chunk objects
     completion_response / completion_chunk  text_completion objects (the legacy endpoint)
-    LogprobCursor                           a request's Logprobs entries, handed out chunk by chunk
 
 Defaults are OpenAI's, not llama.cpp's: temperature 1, top_p 1, no top-k / min-p, and the legacy
 completions endpoint stops at 16 tokens unless max_tokens says otherwise; `serve`'s flags replace
@@ -15,7 +14,6 @@ them (Defaults), and a request's own values win over both.
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -32,7 +30,6 @@ MAX_TOP_LOGPROBS = 20
 MAX_N = 16  # choices per request (each is a row of the engine; OpenAI allows 128)
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat has none: until the context is full)
 JSON_OBJECT = '{"type": "object"}'  # response_format json_object: any JSON object
-IMPOSSIBLE = -9999.0  # what OpenAI reports for a logprob of -inf (JSON has no infinity)
 CACHED_GRAMMARS = 64  # distinct schemas and grammars kept compiled (clients send the same ones again)
 # How a request's checks name its fields (decode.Request's spelling), and the field an error names as `param`
 SPELLING = {"stop": "stop", "grammar": "response_format or grammar", "tools": "tools", "tool_choice": "tool_choice",
@@ -435,86 +432,3 @@ def completion_chunk(head: dict, text: str | None, finish: str | None = None, lo
     if with_usage:
         out["usage"] = usage(stats) if stats is not None else None
     return out
-
-
-class LogprobCursor:
-    """A request's generate.Logprobs entries, handed out with the chunks they belong to.
-
-    The engine records an entry per sampled token before it makes that token's chunk, so a chunk's
-    token is the next entry. A grammar's closing end token was never sampled (no entry); a sampled
-    end-of-sequence token is skipped: it is not part of the text, so its entry is not either."""
-
-    def __init__(self, recorder, tokenizer):
-        self.recorder, self.tokenizer, self.taken = recorder, tokenizer, 0
-
-    def take(self, chunk) -> list[tuple[int, float, list]]:
-        out = []
-        entries = self.recorder.entries
-        for token in chunk.tokens:
-            if self.taken < len(entries) and entries[self.taken][0] == token:
-                self.taken += 1
-                if token not in self.tokenizer.eos_ids:
-                    out.append(entries[self.taken - 1])
-        return out
-
-    def chat(self, chunk) -> list[dict]:
-        """OpenAI chat's shape: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]."""
-        def one(t, lp):
-            return {"token": _text(self.tokenizer, t), "logprob": _finite(lp), "bytes": list(token_bytes(self.tokenizer, t))}
-
-        return [{**one(t, lp), "top_logprobs": [one(a, alp) for a, alp in top]} for t, lp, top in self.take(chunk)]
-
-    def legacy(self, chunk, offset: int) -> dict:
-        """The completions endpoint's shape: parallel lists; text_offset counts characters from
-        `offset` (the prompt's length, as OpenAI counts)."""
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for t, lp, top in self.take(chunk):
-            text = _text(self.tokenizer, t)
-            out["tokens"].append(text)
-            out["token_logprobs"].append(_finite(lp))
-            out["top_logprobs"].append({_text(self.tokenizer, a): _finite(alp) for a, alp in top})
-            out["text_offset"].append(offset)
-            offset += len(text)
-        return out
-
-
-def merge_legacy(parts: list[dict]) -> dict:
-    return {k: [x for p in parts for x in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-
-
-def _text(tokenizer, token: int) -> str:
-    return tokenizer.decode([token], skip_special=False)
-
-
-def _finite(logprob: float) -> float:
-    return logprob if logprob > IMPOSSIBLE else IMPOSSIBLE
-
-
-def token_bytes(tokenizer, token: int) -> bytes:
-    """The bytes a token stands for, also when it is part of a UTF-8 character (its text is then
-    U+FFFD): SentencePiece byte pieces <0xAB>, and byte-level BPE's printable stand-ins for bytes."""
-    text = _text(tokenizer, token)
-    if "\ufffd" not in text:
-        return text.encode("utf-8")
-    piece = tokenizer.token_text(token) or ""
-    byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
-    if byte:
-        return bytes([int(byte[1], 16)])
-    table = _byte_of_char()
-    if piece and all(c in table for c in piece):
-        return bytes(table[c] for c in piece)
-    return text.encode("utf-8")
-
-
-@lru_cache(maxsize=1)
-def _byte_of_char() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, reversed: the character that stands for each byte -> the byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars

@@ -19,6 +19,7 @@ from ..errors import GrammarError
 from ..formats.tools import ToolsUnsupportedError
 from . import openai_api as api
 from .choices import ChatChoice, CompletionChoice
+from .logprobs import LogprobCursor
 from .openai_api import ApiError
 
 
@@ -64,4 +65,4 @@ class Preparer:
         return seqs
 
     def _cursor(self, seq: Sequence):
-        return api.LogprobCursor(seq.logprobs, self.rt.loaded.tokenizer) if seq.logprobs is not None else None
+        return LogprobCursor(seq.logprobs, self.rt.loaded.tokenizer) if seq.logprobs is not None else None
