@@ -148,8 +148,9 @@ def _expandtabs(s, tabsize=8):
 
 
 def _translate(s, table, *args):
-    longest = max((_str_bound(v) for v in table.values() if v is not None), default=1) if isinstance(table, Mapping) else 1
-    return len(s) * max(longest, 1)
+    if not isinstance(table, Mapping):
+        return len(s)
+    return len(s) * max((_str_bound(v) for v in table.values() if v is not None), default=1)
 
 
 def _indent(s, width=4, first=False, blank=False):
@@ -204,7 +205,7 @@ def _sum(iterable, attribute=None, start=0):
                             for x in iterable)
 
 
-_SPACES = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_SPACES = "".join(c for c in map(chr, range(0x3001)) if c.isspace())  # what str.split() splits at
 
 
 def _pieces(s, sep=None, maxsplit=-1):
@@ -218,8 +219,11 @@ def _pieces(s, sep=None, maxsplit=-1):
     return n + 1
 
 
+_LINE_ENDS = ("\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")  # str.splitlines()'s
+
+
 def _splitlines(s, keepends=False):
-    ends = (b"\n", b"\r") if isinstance(s, bytes) else ("\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+    ends = (b"\n", b"\r") if isinstance(s, bytes) else _LINE_ENDS
     return sum(map(s.count, ends)) + 1
 
 
