@@ -23,7 +23,7 @@ WHY_NOT = {  # variant: the reason given on each kind that cannot run it
     "avxvnni": {"zen3": "needs avx_vnni", "zen4": "needs avx_vnni",
                 "arm": "avxvnni is for x86_64 CPUs; this one is aarch64", "old": "needs avx_vnni"},
     "avx2": {"arm": "avx2 is for x86_64 CPUs; this one is aarch64", "old": "needs avx2"},
-    "neon": {kind: "neon is for aarch64 CPUs; this one is x86_64" for kind in ("zen3", "zen4", "intel", "alderlake", "old")},
+    "neon": {kind: "neon is for aarch64 CPUs; this one is x86_64" for kind in KINDS if kind != "arm"},
 }
 
 
