@@ -43,6 +43,13 @@ def _pin_xdist_worker() -> None:
 _pin_xdist_worker()
 
 
+def _one_compile_cache() -> None:
+    """torch.compile's kernels in one cache for every worker and `llmcli` process of the suite, kept
+    between runs as the test models are: the compile tests (in-process, and chat's background compile
+    through the CLI) build the same graphs; without it each started from an empty llmcli home."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(test_cache_dir() / "inductor"))
+
+
 def _kernels_built_before_the_tests() -> None:
     """The C++ kernels for this CPU, loaded (or built into the user cache, once, under a lock) before
     any test starts an `llmcli` process: a build's note on stderr would spoil tests of the CLI's output.
@@ -63,6 +70,9 @@ def test_cache_dir() -> Path:
     d = Path(os.environ.get("LLMCLI_TEST_CACHE", Path.home() / ".cache" / "llmcli-tests"))
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+_one_compile_cache()
 
 
 @pytest.fixture(scope="session")
