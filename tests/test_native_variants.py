@@ -214,6 +214,11 @@ def test_an_installed_library_of_older_sources_is_passed_over(tmp_path, monkeypa
                    'extern "C" const char* llmcli_variant() { return "avx2"; }\n')
     subprocess.run(["c++", "-shared", "-fPIC", str(src), "-o", str(old)], check=True)
     monkeypatch.setattr(library, "installed", lambda variant: old)
+    # the cache's build, made already (the one in use, copied where find() looks): nothing compiles again
+    monkeypatch.setattr(library, "cache_dir", lambda: tmp_path / "cache")
+    built = tmp_path / "cache" / f"{build.source_hash(native.variant())}-{build.library_name(native.variant())}"
+    built.parent.mkdir()
+    shutil.copy(native.module().path, built)
     k = library.find(native.variant())
     assert k.path != old and k.source_hash == build.source_hash(native.variant())
     assert library._source_hash(old) == "older" and library._source_hash(src) is None
