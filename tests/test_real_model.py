@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from test_embeddings import SENTENCES, TEXTS
+
 from llmcli.decode.generate import generate
 from llmcli.decode.sampling import SamplingParams
-from llmcli.runtime.runtime import Runtime
+from llmcli.runtime.runtime import Runtime, open_model
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -49,3 +51,16 @@ def test_chat_template_and_greedy_output_match_transformers(smollm2_loaded, refe
     assert "".join(c.text for c in chunks) == hf_tok.decode(expected, skip_special_tokens=True)
     if index == 0:
         assert "Paris" in "".join(c.text for c in chunks)
+
+
+@pytest.mark.slow
+def test_smollm2_last_token_matches_transformers(smollm2_gguf, reference):
+    """`embed --pooling last` of a causal model: the last token's final hidden state, as transformers
+    computes it (here, beside the greedy tests: transformers reads the file once for both)."""
+    rt = open_model(str(smollm2_gguf), quant="f32", dtype="float32", ctx_size=512)
+    e = rt.embedder("last", normalize=False)
+    ids = [e.ids(t) for t in SENTENCES + TEXTS]
+    with torch.no_grad():
+        want = torch.stack([reference[1].model(torch.tensor([i])).last_hidden_state[0, -1] for i in ids])
+    got = e.embed(ids)
+    assert (got - want).abs().max() < 1e-4, (got - want).abs().max()
