@@ -177,6 +177,7 @@ def test_stdout_redirected_gets_only_replies(tmp_path, tiny_gguf):
     assert replies.count("\n") == 1 and ">>>" not in replies and "tiny-test" not in replies
 
 
+@pytest.mark.slow
 def test_background_compile_takes_over_while_chatting(tmp_path, tiny_gguf):
     """At a terminal the decode step compiles in the background: replies come at once (eagerly),
     and once compiled the session says so and keeps answering."""
@@ -190,7 +191,7 @@ def test_background_compile_takes_over_while_chatting(tmp_path, tiny_gguf):
         mode = send(child, "/show info", "decode +(\\S[^\\r\\n]*)").group(1)
         if mode.startswith("compiled") or time.time() > deadline or "failed" in mode:
             break
-        time.sleep(5)
+        time.sleep(1)
     assert mode.startswith("compiled"), mode
     send(child, "Hello again", "\\n")
     leave(child, tmp_path)

@@ -9,6 +9,7 @@ from llmcli.runtime.compiled import CompiledStep
 from llmcli.runtime.runtime import Runtime
 
 
+@pytest.mark.slow
 def test_compiled_and_eager_steps_give_the_same_logits(tiny_gguf):
     """The compiled step of a GGUF model in bfloat16 (its blocks kept packed, as SmolLM2's are) gives the
     eager model's logits at every position, from a prompt prefilled eagerly. A tiny model compiles the
@@ -80,6 +81,7 @@ def test_quantized_and_offloaded_caches_decode_eagerly(tmp_path):
         assert (rt.decode_step(True) is loaded.model) is not compiles
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type, overrides", [
     ("gemma3_text", {"num_hidden_layers": 2}),  # scaled embeddings, two RoPE tables, a local and a global layer
     ("phi3", {"original_max_position_embeddings": 8, "rope_parameters": {

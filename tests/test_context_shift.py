@@ -57,6 +57,7 @@ def test_the_system_prompt_is_the_kept_prefix(model):
     assert text.endswith("<|im_start|>user\n") and "You are a storyteller." in text
 
 
+@pytest.mark.slow
 def test_three_contexts_of_text_stay_coherent(model):
     """384 tokens through a 128-token context: no error, no collapse into one repeated token, and
     after the last shift layer 0's keys are those a fresh prefill of the kept tokens computes."""

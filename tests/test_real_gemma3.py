@@ -32,6 +32,7 @@ PROMPTS = [
     [{"role": "user", "content": "List three prime numbers and explain why they are prime."}],
 ]
 NEW_TOKENS = 32
+pytestmark = pytest.mark.slow
 
 
 REFERENCE = Path(__file__).parent / "data" / "gemma3-reference.json"
