@@ -162,6 +162,7 @@ def cpu_kind(request) -> cpu_kinds.CpuKind:
         mp.setattr(cpu, "machine", lambda: kind.machine)
         mp.setattr(native, "load", load)
         mp.setattr(native, "_module", None)  # the variant chosen for this CPU, chosen again
+        mp.delenv("ATEN_CPU_CAPABILITY", raising=False)  # torch kept off AVX-512 would veto the kind's bf16
         cpu.flags.cache_clear()
         yield kind
     cpu.flags.cache_clear()  # this CPU's flags again, as the environment hides them
