@@ -2,20 +2,15 @@
 
 transformers takes minutes to read the GGUF (its tokenizer conversion and tensor dequantization), so
 its answers (the rendered prompt, its ids and 32 greedy tokens per prompt) are kept in
-tests/data/gemma3-reference.json, keyed by the file's hash, the prompts and the token count. Where
-they do not match (new prompts), transformers computes them once into the test cache; delete
-`gemma3-reference-*.json` there to recompute. llmcli itself runs every time.
+tests/data/gemma3-reference.json (tests/references.py). llmcli itself runs every time.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 from conftest import GEMMA3_SHA256
-from conftest import test_cache_dir as cache_dir
+from references import kept
 
 from llmcli.decode.generate import generate
 from llmcli.decode.sampling import SamplingParams
@@ -35,45 +30,29 @@ NEW_TOKENS = 32
 pytestmark = pytest.mark.slow
 
 
-REFERENCE = Path(__file__).parent / "data" / "gemma3-reference.json"
-
-
-def _kept(path: Path) -> list[dict] | None:
-    """The answers kept in `path`, where they are for this file, these prompts and NEW_TOKENS."""
-    if not path.exists():
-        return None
-    kept = json.loads(path.read_text())
-    if (kept.get("file_sha256", GEMMA3_SHA256), kept.get("new_tokens", NEW_TOKENS), kept["prompts"]) != \
-            (GEMMA3_SHA256, NEW_TOKENS, PROMPTS):
-        return None
-    return kept["answers"]
-
-
 @pytest.fixture(scope="module")
 def reference(gemma3_gguf) -> list[dict]:
-    transformers = pytest.importorskip("transformers")
-    path = cache_dir() / (f"gemma3-reference-{GEMMA3_SHA256[:12]}-tf{transformers.__version__}"
-                               f"-torch{torch.__version__.split('+')[0]}-{NEW_TOKENS}.json")
-    answers = _kept(REFERENCE) or _kept(path)
-    if answers is not None:
+    def compute():
+        transformers = pytest.importorskip("transformers")
+        folder, name = str(gemma3_gguf.parent), gemma3_gguf.name
+        tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+        answers = []
+        for messages in PROMPTS:
+            # the file has no template (a base model): Gemma's own, which llmcli falls back to
+            text = tok.apply_chat_template(messages, chat_template=GEMMA_TEMPLATE, tokenize=False,
+                                           add_generation_prompt=True)
+            ids = tok(text, add_special_tokens=False).input_ids
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+            tokens = out[0, len(ids):].tolist()
+            answers.append({"text": text, "ids": ids, "tokens": tokens,
+                            "reply": tok.decode(tokens, skip_special_tokens=True)})
         return answers
-    folder, name = str(gemma3_gguf.parent), gemma3_gguf.name
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    answers = []
-    for messages in PROMPTS:
-        # the file has no template (a base model): Gemma's own, which llmcli falls back to
-        text = tok.apply_chat_template(messages, chat_template=GEMMA_TEMPLATE, tokenize=False, add_generation_prompt=True)
-        ids = tok(text, add_special_tokens=False).input_ids
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
-        tokens = out[0, len(ids):].tolist()
-        answers.append({"text": text, "ids": ids, "tokens": tokens,
-                        "reply": tok.decode(tokens, skip_special_tokens=True)})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"prompts": PROMPTS, "answers": answers}, ensure_ascii=False))
-    tmp.replace(path)
-    return answers
+
+    key = {"file_sha256": GEMMA3_SHA256, "prompts": PROMPTS, "new_tokens": NEW_TOKENS,
+           "template": GEMMA_TEMPLATE}
+    return kept("gemma3-reference", key, compute)
 
 
 @pytest.fixture(scope="module")
