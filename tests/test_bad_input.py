@@ -152,7 +152,7 @@ def test_template_bounded_in_all_it_builds(name, monkeypatch):
 
 
 S = "{% set s = 'x' * 1000000 %}"  # a long text; below, one call would make thousands of copies of it
-GROWS_IN_ONE_CALL = {  # each built 2-6 GB in one C call, which no bound can stop once started
+GROWS_IN_ONE_CALL = {  # each built gigabytes in one C call, which no bound can stop once started
     "join": S + "{{ ([s] * 3000)|join|length }}",
     "join method": S + "{{ ''.join([s] * 3000)|length }}",
     "replace": S + "{{ s|replace('x', 'y' * 3000)|length }}",
