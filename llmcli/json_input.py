@@ -73,6 +73,14 @@ def load_json(data: str | bytes, what: str, *, max_bytes: int | None = None, max
     return value
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSON Lines text: they end at "\n" alone (a "\r" before it is JSON whitespace).
+    Not str.splitlines(), which also splits at U+2028, U+2029 and U+0085, all legal inside a JSON
+    string: a good line holding one became two bad ones, and its answer was lost."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def _utf8_size(text: str, what: str) -> int:
     try:
         return len(text.encode("utf-8"))

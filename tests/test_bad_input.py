@@ -131,6 +131,8 @@ BUILDS_A_LOT = {  # each text under MAX_TEXT, a hundred of them kept: 3.1 GB bef
     "list of texts": "{% set ns = namespace(l=[]) %}{% for i in range(100) %}{% set ns.l = ns.l + ['x' * 31000000] %}"
                      "{% endfor %}{{ ns.l|length }}",
     "variables": "".join("{%% set v%d = 'x' * 31000000 %%}" % i for i in range(100)) + "ok",
+    "split words": "".join("{%% set v%d = ('xy ' * 10000000).split() %%}" % i for i in range(20)) + "ok",
+    "wide characters": "".join("{%% set v%d = '\U0001F600' * 31000000 %%}" % i for i in range(100)) + "ok",
 }
 
 
@@ -141,12 +143,80 @@ def test_template_bounded_in_all_it_builds(name, monkeypatch):
     monkeypatch.setattr(chat_template, "RENDER_SECONDS", 60)  # the size bound must stop it, not the clock
     tracemalloc.start()
     try:
-        with pytest.raises(chat_template.TemplateError, match="built more than 67108864 characters in all"):
+        with pytest.raises(chat_template.TemplateError, match="built more than 256 MiB in all"):
             chat_template.render(BUILDS_A_LOT[name], [{"role": "user", "content": "hi"}])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 256 << 20, peak
+    assert peak < 320 << 20, peak
+
+
+S = "{% set s = 'x' * 1000000 %}"  # a long text; below, one call would make thousands of copies of it
+GROWS_IN_ONE_CALL = {  # each built gigabytes in one C call, which no bound can stop once started
+    "join": S + "{{ ([s] * 3000)|join|length }}",
+    "join method": S + "{{ ''.join([s] * 3000)|length }}",
+    "replace": S + "{{ s|replace('x', 'y' * 3000)|length }}",
+    "replace method": S + "{{ s.replace('x', 'y' * 3000)|length }}",
+    "expandtabs": "{{ ('\t' * 3000).expandtabs(1000000)|length }}",
+    "translate": S + "{{ s.translate({120: 'y' * 3000})|length }}",
+    "indent": "{{ ('a\n' * 3000)|indent(1000000, true)|length }}",
+    "indent by a text": "{{ ('a\n' * 3000)|indent('y' * 1000000)|length }}",
+    "wordwrap": "{{ ('x ' * 1000000)|wordwrap(1, wrapstring='y' * 3000)|length }}",
+    "format method": S + "{{ ('{0}' * 3000).format(s)|length }}",
+    "format width": "{{ ('{:1000000}' * 3000).format(*([1] * 3000))|length }}",
+    "percent": S + "{{ (('%(a)s' * 3000) % {'a': s})|length }}",
+    "format filter": S + "{{ ('%(a)s' * 3000)|format(a=s)|length }}",
+    "tojson": S + "{{ ([s] * 3000)|tojson|length }}",
+    "tojson indent": "{{ ([[1]] * 1000)|tojson(indent=1000000)|length }}",
+    "tojson separators": "{{ ([1] * 3000)|tojson(separators=('y' * 1000000, ':'))|length }}",
+    "a list made upper case": S + "{{ ([s] * 3000)|upper|length }}",
+    "a list written out": S + "{{ [s] * 3000 }}",
+    "a list joined by ~": S + "{{ ('' ~ [s] * 3000)|length }}",
+    "a list as a string": S + "{{ ([s] * 3000)|string|length }}",
+    "urlencode": S + "{{ ([s] * 3000)|join|urlencode|length }}",
+    "sum of lists": "{% set l = ['x'] * 1000000 %}{{ ([l] * 300)|sum(start=[])|length }}",
+    "bytes": "{{ ('x'.encode() * 3000000000)|length }}",
+    "characters of a wide text": "{{ ('\U0001F600' * 30000000)|list|length }}",
+    "encode": "{{ ('\U0001F600' * 30000000).encode('unicode_escape')|length }}",
+}
+
+
+@pytest.mark.parametrize("name", GROWS_IN_ONE_CALL)
+def test_template_stopped_before_one_call_builds_too_much(name):
+    t0 = time.monotonic()
+    with pytest.raises(chat_template.TemplateError) as e:
+        chat_template.render(GROWS_IN_ONE_CALL[name], [{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 2  # refused before the work, not by the clock
+    assert "\n" not in str(e.value) and str(e.value).endswith("use --raw")
+    assert "built" in str(e.value) or "produced" in str(e.value)
+
+
+def test_hostile_templates_peak_well_under_a_gigabyte():
+    """Every template above, rendered in a child process: its peak RSS above what it held before.
+    Linux's ru_maxrss keeps the peak from before exec (pytest's, forked): the child reads VmHWM."""
+    code = (
+        "import json, resource, sys\n"
+        "from llmcli.formats import chat_template\n"
+        "def peak():\n"
+        "    try:\n"
+        "        with open('/proc/self/status') as f:\n"
+        "            return next(int(line.split()[1]) << 10 for line in f if line.startswith('VmHWM'))\n"
+        "    except OSError:  # macOS: ru_maxrss is this process's own, in bytes\n"
+        "        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "chat_template.RENDER_SECONDS = 0.5\n"
+        "chat_template.render('{{ 1 }}', [])\n"
+        "before = peak()\n"
+        "for source in json.load(sys.stdin):\n"
+        "    try:\n"
+        "        chat_template.render(source, [{'role': 'user', 'content': 'hi'}])\n"
+        "    except chat_template.TemplateError:\n"
+        "        pass\n"
+        "print(peak() - before)\n")
+    sources = [*BAD_TEMPLATES.values(), *BUILDS_A_LOT.values(), *GROWS_IN_ONE_CALL.values()]
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(sources), capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) < 512 << 20, f"{int(r.stdout) >> 20} MiB"
 
 
 def test_normal_template_still_renders():

@@ -202,6 +202,16 @@ def test_resume_cuts_a_torn_last_line(tmp_path):
         bj.done_ids(tmp_path / "other.jsonl")
 
 
+def test_results_holding_line_separators_are_resumed(tmp_path):
+    """JSON leaves U+2028, U+2029 and U+0085 raw in strings (ensure_ascii=False writes them so): a
+    line ends at "\n" alone, or a result that holds one read as two lines of something else."""
+    out = tmp_path / "out.jsonl"
+    with bj.ResultWriter(out) as w:
+        w.write({"id": "a\u2028b", "text": "x\u2029y\x85z"})
+        w.write({"id": 2, "text": "\r"})
+    assert bj.done_ids(out) == {bj.id_key("a\u2028b"), bj.id_key(2)}
+
+
 def test_next_cap():
     assert bj.next_cap(16, 100) == 32
     assert bj.next_cap(64, 100) == 100
@@ -250,6 +260,22 @@ def test_cli_batch_resume_bad_lines_and_fallback(tiny_folder, tmp_path):
     assert "3 requests already in" in r.stderr, r.stderr
     lines = out.read_text().splitlines()
     assert len(lines) == 4 and json.loads(lines[-1])["id"] == "d"
+
+
+def test_cli_batch_answers_every_good_line_whatever_the_others_hold(tiny_gguf, tmp_path):
+    """A line nested too deep is one warning; the good lines after it are answered, one holding
+    U+2028 and U+0085 in its prompt too (str.splitlines cut it in three bad lines: no output at all)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("[" * 100 + "]" * 100 + "\n"
+                   + json.dumps({"id": "sep", "prompt": "one\u2028two\x85three", "max_tokens": 2}, ensure_ascii=False)
+                   + "\r\n" + json.dumps({"id": "plain", "prompt": "Hello", "max_tokens": 2}) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    r = run_cli("batch", str(tiny_gguf), str(src), "-o", str(out), "--temp", "0", "--retries", "0")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")] == [
+        "warning: line 1: nested more than 64 levels deep (llmcli reads JSON of up to 16 MiB and 64 levels of nesting)"]
+    assert "error: 1 input lines were skipped" in r.stderr
+    assert set(_results(out)) == {"sep", "plain"}
 
 
 def test_cli_batch_refuses_bad_flags_before_loading(capsys, tmp_path):

@@ -1,45 +1,37 @@
-"""The compiled decode step against the eager model on the real small model."""
+"""The compiled decode step against the eager model (tiny models: compiling a real one takes minutes)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from llmcli.decode.generate import generate
-from llmcli.decode.request import Request
-from llmcli.decode.sampling import SamplingParams
 from llmcli.runtime.compiled_step import CompiledStep
 from llmcli.runtime.runtime import Runtime
 
 
 @pytest.mark.slow
-def test_compiled_and_eager_decode_choose_the_same_tokens(smollm2_gguf, tmp_path, monkeypatch):
-    """The compiled step fed the eager model's greedy reply picks the same next token nearly everywhere.
-    (Free-running, two greedy replies part for good at the first near tie that bfloat16 rounding
-    and int8 activations tip the other way: comparing whole replies tested luck.)"""
-    monkeypatch.setenv("LLMCLI_HOME", str(tmp_path))
+def test_compiled_and_eager_steps_give_the_same_logits(tiny_gguf):
+    """The compiled step of a GGUF model in bfloat16 (its blocks kept packed, as SmolLM2's are) gives the
+    eager model's logits at every position, from a prompt prefilled eagerly. A tiny model compiles the
+    same graph, layer by layer, as a real one, in seconds rather than minutes (cpp_wrapper's C++)."""
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model
 
-    loaded = load_model(smollm2_gguf, place("cpu", "bfloat16"))  # the default path: Q4_1 blocks kept packed
+    loaded = load_model(tiny_gguf, place("cpu", "bfloat16"))
     loaded.model.fuse()
-    rt = Runtime(loaded, 512)
+    rt = Runtime(loaded, 64)
     ids = rt.prompt_ids([{"role": "user", "content": "Name the planets of the solar system."}])
-    chunks = generate(loaded.model, loaded.tokenizer, ids, Request(SamplingParams(temperature=0), max_tokens=48),
-                      rt.new_cache())
-    reply = [t for c in chunks for t in c.tokens]
-    assert len(reply) > 8
-
     step = CompiledStep(loaded.model)
-    cache = rt.new_cache()
-    agree = 0
+    caches = [rt.new_cache(), rt.new_cache()]
     with torch.inference_mode():
-        logits = loaded.model(torch.tensor([ids]), cache, last_only=True)
-        for token in reply:
-            agree += int(logits[0, -1].argmax()) == token
-            logits = step(torch.tensor([[token]]), cache, last_only=True)
+        for cache in caches:
+            loaded.model(torch.tensor([ids]), cache)
+        for token in range(5, 21):
+            eager = loaded.model(torch.tensor([[token]]), caches[0], last_only=True).float()
+            compiled = step(torch.tensor([[token]]), caches[1], last_only=True).float()
+            torch.testing.assert_close(compiled, eager, rtol=0, atol=0.01 * eager.abs().max().item())
+            assert int(compiled.argmax()) == int(eager.argmax())
     assert step.fallback_reason is None  # it really ran compiled
-    assert agree >= 0.9 * len(reply), (agree, len(reply))
 
 
 def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
@@ -89,8 +81,9 @@ def test_quantized_and_offloaded_caches_decode_eagerly(tmp_path):
         assert (rt.decode_step(True) is loaded.model) is not compiles
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type, overrides", [
-    ("gemma3_text", {}),  # its own forward: scaled embeddings, two RoPE tables, local and global layers
+    ("gemma3_text", {"num_hidden_layers": 2}),  # scaled embeddings, two RoPE tables, a local and a global layer
     ("phi3", {"original_max_position_embeddings": 8, "rope_parameters": {
         "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 8,
         "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0]}}),

@@ -96,21 +96,6 @@ def test_causal_last_token_matches_transformers_hidden_states(tiny_folder, one_t
     assert (mean - torch.nn.functional.normalize(torch.stack(states), dim=1)).abs().max() < 1e-5
 
 
-@pytest.mark.slow
-def test_smollm2_last_token_matches_transformers(smollm2_gguf):
-    from transformers import AutoModelForCausalLM
-
-    rt = open_model(str(smollm2_gguf), quant="f32", dtype="float32", ctx_size=512)
-    e = rt.embedder("last", normalize=False)
-    ids = [e.ids(t) for t in SENTENCES + TEXTS]
-    ref = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
-                                               dtype=torch.float32).eval()
-    with torch.no_grad():
-        want = torch.stack([ref.model(torch.tensor([i])).last_hidden_state[0, -1] for i in ids])
-    got = e.embed(ids)
-    assert (got - want).abs().max() < 1e-4, (got - want).abs().max()
-
-
 def test_floats_are_the_shortest_that_read_back():
     v = torch.tensor([0.1, -1 / 3, 1e-8, 0.0], dtype=torch.float32)
     assert floats(v)[0] == 0.1 and json.dumps(floats(v)) == "[0.1, -0.33333334, 1e-08, 0.0]"

@@ -131,7 +131,6 @@ def _forward(model, ids, dtype: torch.dtype) -> torch.Tensor:
 
 def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
     """issue 11: layers whose attn_v is Q6_K (and q/k biases beside packed weights) loaded by default."""
-    from llmcli.quant.modules import GGUFBlockLinear, QuantEmbedding
     from llmcli.quant.presets import load_preset
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model
@@ -151,14 +150,21 @@ def test_a_q4_k_m_qwen2_loads_packed_and_matches_transformers(mixed_gguf):
         with torch.no_grad():
             got = _forward(loaded.model, ids, dtype)
         assert (got - expected).abs().max().item() < tol * expected.abs().max().item(), dtype
-    # by default every 2-D weight stays packed (nothing dequantized to bfloat16), the 5/6-bit ones as blocks
-    modules = list(loaded.model.modules())
+
+
+def test_every_weight_stays_packed_and_blocks_where_the_kernels_multiply_them(mixed_gguf, cpu_kind):
+    """By default every 2-D weight stays packed (nothing dequantized to bfloat16), the 5/6-bit ones as
+    blocks; Q8_0 and Q4_K ones too where the kernels have integer dot products (all variants but the
+    portable one), else as int8 / int4 for torch's kernels. Chosen at load: no kernel runs."""
+    from llmcli.quant.modules import GGUFBlockLinear, QuantEmbedding
+    from llmcli.runtime.device import place
+    from llmcli.runtime.loader import load_model
+
+    path, _, base = mixed_gguf
+    modules = list(load_model(path, place("cpu", "bfloat16", threads=1)).model.modules())
     assert not any(isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) for m in modules)
     blocks = {m.packed.type_name for m in modules if isinstance(m, GGUFBlockLinear)}
-    from llmcli import native
-
-    # Q8_0 and Q4_K tensors stay blocks where the kernel multiplies them as integers (else int8 / int4)
-    int8_dot = ({"Q8_0", "Q4_K"} if base == "Q4_K" else {"Q8_0"}) if native.int8_dot() else set()
+    int8_dot = ({"Q8_0", "Q4_K"} if base == "Q4_K" else {"Q8_0"}) if cpu_kind.name != "old" else set()
     assert blocks == ({"Q5_0", "Q6_K"} if base == "Q4_K" else {"Q5_K", "Q5_1", "Q6_K"}) | int8_dot
     assert any(isinstance(m, QuantEmbedding) for m in modules)
 

@@ -18,6 +18,7 @@ from llmcli.runtime.runtime import Runtime
 CPU = torch.device("cpu")
 STEPS = 64
 PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint. Give details."}]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

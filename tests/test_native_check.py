@@ -17,6 +17,7 @@ from llmcli.native import build
 HERE = Path(__file__).parent
 
 
+@pytest.mark.slow
 def test_the_neon_variant_multiplies_as_float64_does(tmp_path):
     flags = build.VARIANTS["neon"].flags
     if build.machine() == "aarch64":

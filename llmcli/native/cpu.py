@@ -4,7 +4,9 @@ where it does not."""
 
 from __future__ import annotations
 
+import fnmatch
 import functools
+import os
 import subprocess
 import sys
 
@@ -13,8 +15,20 @@ from .build import VARIANTS, machine
 _MACOS_NAMES = {"avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni", "avx1.0": "avx"}  # sysctl's spelling -> Linux's
 
 
+HIDE_FLAGS = "LLMCLI_HIDE_CPU_FLAGS"  # glob patterns, comma-separated: flags() leaves out those they match
+
+
 @functools.cache
 def flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux names them (the one probe: the kernel variant and the CPU's
+    default dtype are chosen from it), less those LLMCLI_HIDE_CPU_FLAGS hides, e.g.
+    LLMCLI_HIDE_CPU_FLAGS='avx512*,avx_vnni,*bf16,amx*' makes an AVX-512 machine choose as a Zen 3
+    does (tests, benchmarks, a bug report's CPU). Hiding only removes: it never adds a feature."""
+    hidden = [p.strip() for p in os.environ.get(HIDE_FLAGS, "").split(",") if p.strip()]
+    return frozenset(f for f in _probe() if not any(fnmatch.fnmatchcase(f, p) for p in hidden))
+
+
+def _probe() -> frozenset[str]:
     if sys.platform.startswith("linux"):
         try:
             with open("/proc/cpuinfo") as f:

@@ -31,7 +31,7 @@ from .. import native
 from ..cache.static import StaticKVCache
 from ..models import gemma3, llama
 from ..native.step import KV_DTYPES
-from ..quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
+from ..quant.gguf_blocks import INT8_DOT_BLOCKS, TYPE_IDS, GGUFBlockWeight
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF general.architecture the step runs
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
@@ -70,7 +70,9 @@ class NativeStep:
         if not model_file.is_gguf or model_file.architecture not in ARCHITECTURES or native.module() is None:
             return False
         matrices = [t for t in model_file.reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight"]
-        return bool(matrices) and all(t.tensor_type.name in TYPE_IDS for t in matrices)
+        # without integer dot products (the portable kernels) Q4_0/Q4_1/Q8_0/Q4_K load as int4/int8 (gguf_import)
+        kept = [t for t in TYPE_IDS if native.int8_dot() or t not in INT8_DOT_BLOCKS]
+        return bool(matrices) and all(t.tensor_type.name in kept for t in matrices)
 
     @staticmethod
     def supports(model) -> bool:

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 from ..decode.constrained import from_json_schema
 from ..decode.request import Request
 from ..errors import InvalidParameterError, LlmcliError
-from ..json_input import JsonInputError, load_json
+from ..json_input import JsonInputError, jsonl_lines, load_json
 
 # line field -> SamplingParams field
 SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -182,7 +182,7 @@ def done_ids(out: Path) -> set[str]:
             f.flush()
             os.fsync(f.fileno())
     ids = set()
-    for n, line in enumerate(data[:end].decode("utf-8", errors="replace").splitlines(), start=1):
+    for n, line in enumerate(jsonl_lines(data[:end].decode("utf-8", errors="replace")), start=1):
         if not line.strip():
             continue
         try:
