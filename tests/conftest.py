@@ -150,7 +150,7 @@ def cpu_kind(request) -> cpu_kinds.CpuKind:
     from llmcli.native.build import BuildError
 
     kind = cpu_kinds.KINDS[request.param]
-    real_why_not = {v: cpu.why_not(v) for v in cpu.NEEDS}  # before the kind's flags replace this CPU's
+    real_why_not = {v: cpu.why_not(v) for v in cpu.VARIANTS}  # before the kind's flags replace this CPU's
     real_load = native.load
 
     def load(name):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from llmcli.quant.primitives import SCALE_DTYPE, dequantize, pack_int4, quantize, reconstruction_error, unpack_int4
@@ -63,6 +63,7 @@ def test_quantize_dequantize_round_trip(wg, fmt, search):
 
 @FAST
 @given(st.integers(1, 6), st.integers(1, 3), st.sampled_from([32, 64]), st.integers(0, 2**31 - 1), st.booleans())
+@example(3, 1, 32, 10_000_000, True)  # the search's least-squares zero came out an ulp off: min/max's is kept
 def test_weights_on_the_grid_are_recovered_exactly(rows, groups, group, seed, search):
     """A weight that is exactly (q - 8) * s + z, with every group using levels 0 and 15, comes back
     bit for bit: neither the min/max scales nor the search lose anything (this is what makes a

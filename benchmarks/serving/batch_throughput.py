@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from llmcli.decode.batched import Request
+from llmcli.decode.batched import Sequence
+from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.runtime.runtime import open_model
 
@@ -32,7 +33,7 @@ PROMPTS = ["Name a colour.", "What is the capital of France?", "Write a haiku ab
 def one_pass(rt, rows: int, prompts: list[list[int]], tokens: int) -> tuple[float, int, float]:
     """(seconds, tokens generated, mean rows per step) for all prompts through an engine of `rows`."""
     engine = rt.batch_engine(rows, max(len(p) for p in prompts) + tokens + 1)  # as `batch` and `serve` make it
-    reqs = [Request(p, SamplingParams(temperature=0), tokens) for p in prompts]
+    reqs = [Sequence(p, Request(SamplingParams(temperature=0), tokens)) for p in prompts]
     made = 0
     t0 = time.perf_counter()
     for _, chunk in engine.run(reqs):

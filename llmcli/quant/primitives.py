@@ -89,9 +89,38 @@ def quantize(w: torch.Tensor, bits: int, group_size: int, symmetric: bool = True
         zeros.append(z)
     s = torch.cat(scales).to(SCALE_DTYPE)
     z = None if symmetric else torch.cat(zeros).to(SCALE_DTYPE)
-    codes = _nearest_codes(g, s.float(), None if z is None else z.float(), bits).view(N, K)
+    codes = _nearest_codes(g, s.float(), None if z is None else z.float(), bits)
+    if mode != "minmax":  # the search's fit, rounded to SCALE_DTYPE, may lose to plain min/max by an ulp
+        s, z, codes = _no_worse_than_min_max(g, s, z, codes, bits, symmetric, mode)
+    codes = codes.view(N, K)
     shape = (N, K // group_size)
     return Quantized(codes, s.view(shape), None if z is None else z.view(shape), bits, group_size)
+
+
+def _no_worse_than_min_max(g, s, z, codes, bits: int, symmetric: bool, mode: str):
+    """Per group, the searched (scale, zero, codes) or min/max's, whichever reconstructs `g` with
+    the smaller weighted error once both are rounded as stored: weights already on a grid come back
+    exactly, whatever the search's float sums made of its fit."""
+    if bits == 8:
+        s0, z0 = _search_symmetric(g, 127, 127, "minmax")
+    elif symmetric:
+        s0, z0 = _search_symmetric(g, 8, 7, "minmax")
+    else:
+        s0, z0 = _search_asymmetric(g, 15, "minmax")
+    s0 = s0.to(SCALE_DTYPE)
+    z0 = None if symmetric else z0.to(SCALE_DTYPE)
+    codes0 = _nearest_codes(g, s0.float(), None if z0 is None else z0.float(), bits)
+    w = _importance(g, mode)
+
+    def error(s, z, codes):
+        back = codes.float() - (8 if bits == 4 else 0)
+        back = back * s.float().unsqueeze(-1) + (0 if z is None else z.float().unsqueeze(-1))
+        return (w * (back - g) ** 2).sum(1)
+
+    plain = error(s0, z0, codes0) < error(s, z, codes)
+    s = torch.where(plain, s0, s)
+    z = None if z is None else torch.where(plain, z0, z)
+    return s, z, torch.where(plain.unsqueeze(-1), codes0, codes)
 
 
 def _nearest_codes(g: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, bits: int) -> torch.Tensor:
