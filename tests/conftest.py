@@ -47,7 +47,9 @@ def _one_compile_cache() -> None:
     """torch.compile's kernels in one cache for every worker and `llmcli` process of the suite, kept
     between runs as the test models are: the compile tests (in-process, and chat's background compile
     through the CLI) build the same graphs; without it each started from an empty llmcli home."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(test_cache_dir() / "inductor"))
+    from llmcli.runtime.compiled_step import compile_cache
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache(test_cache_dir() / "inductor")))
 
 
 def _kernels_built_before_the_tests() -> None:

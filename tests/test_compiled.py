@@ -112,3 +112,14 @@ def test_compiled_step_runs_the_new_architectures(tmp_path, monkeypatch, model_t
             compiled = step(torch.tensor([[t]]), caches[1], last_only=True)
             torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
     assert step.fallback_reason is None
+
+
+def test_the_kernel_cache_is_kept_apart_per_cpu_kind(tmp_path, monkeypatch, cpu_kind):
+    """inductor's cache does not key on ATEN_CPU_CAPABILITY: kernels cached under one setting decoded
+    garbage under another. llmcli's cache folder is one per CPU feature set and torch ISA choice."""
+    from llmcli.runtime.compiled_step import compile_cache
+
+    here = compile_cache(tmp_path)
+    assert here.parent == tmp_path and compile_cache(tmp_path) == here
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert compile_cache(tmp_path) != here

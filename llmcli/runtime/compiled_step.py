@@ -14,13 +14,25 @@ types).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from ..hub.store import default_home
+
+
+def compile_cache(base: Path) -> Path:
+    """inductor's kernel cache for this CPU's features and torch's ISA choice, under `base`. Its own
+    keys leave ATEN_CPU_CAPABILITY out: kernels cached under one setting decoded garbage under another
+    (a home shared by machines of two CPU kinds would do the same)."""
+    from ..native import cpu
+
+    seen = " ".join([torch.__version__, os.environ.get("ATEN_CPU_CAPABILITY", ""), *sorted(cpu.flags())])
+    return base / hashlib.sha256(seen.encode()).hexdigest()[:12]
 
 
 class CompiledStep:
@@ -31,7 +43,7 @@ class CompiledStep:
     """
 
     def __init__(self, model: torch.nn.Module, scratch_cache=None):
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_home() / "compile-cache"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache(default_home() / "compile-cache")))
         self.model = model
         self.fallback_reason: str | None = None
         # one graph for every caller: it always returns (logits, hidden state); emulating eager's
