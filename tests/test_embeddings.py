@@ -162,6 +162,10 @@ def test_cli_embed_one_text_lines_and_jsonl(tiny_bert_folder):
     got = [json.loads(x) for x in run_cli("embed", str(tiny_bert_folder), "-", "--jsonl", "-t", "1", input=jsonl).stdout.splitlines()]
     assert [g["id"] for g in got] == ["t0", "t1", "t2", "t3"]
     assert (torch.tensor([g["embedding"] for g in got]) - want).abs().max() < 1e-6
+    # lines of an argument end at \n alone, as stdin's do: U+2028 inside a line keeps it one text
+    joined = "\n".join(TEXTS[:2]).replace(" ", "\u2028", 1)
+    got = [json.loads(x) for x in run_cli("embed", str(tiny_bert_folder), joined, "--lines", "-t", "1").stdout.splitlines()]
+    assert [g["index"] for g in got] == [0, 1]
 
 
 @pytest.mark.parametrize("args, input, needle", [

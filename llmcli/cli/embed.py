@@ -74,12 +74,13 @@ def embed(
 
 def _input(text: str | None, by_line: bool):
     """TEXT, or stdin: the whole of it for one text; for --lines/--jsonl an iterator of (line number, line)."""
+    from ..json_input import jsonl_lines
     from ..text_input import check_text, line_text, read_stdin, stdin_lines
 
     if text is not None and text != "-":
         check_text(text, "the text")
-        if by_line:
-            return enumerate(text.splitlines(), 1)
+        if by_line:  # lines end at \n alone, as stdin's do (a text may hold U+2028)
+            return enumerate((line.removesuffix("\r") for line in jsonl_lines(text)), 1)
         if not text.strip():
             raise InvalidParameterError("the text is empty; pass some text")
         return text
