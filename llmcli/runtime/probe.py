@@ -102,8 +102,7 @@ def quantized_bytes(spec, shape: tuple[int, int], device: torch.device, rows_nee
     codes plus 16-bit scales (and zeros); the kernels' layouts always hold a zero per group, and
     group-wise int8 on the CPU rides the int4 kernel as two 4-bit halves with two scale sets."""
     N, K = shape
-    if spec.kind.startswith("Q"):  # GGUF blocks kept as they are (quant/gguf_blocks.py)
-
+    if spec.blocks:  # GGUF blocks (or F16/BF16 rows) kept as they are (quant/gguf_blocks.py)
         return N * row_bytes(spec.kind, K)
     G = spec.group_size or K
     groups = N * (K // G)
