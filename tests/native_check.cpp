@@ -2,8 +2,10 @@
 // together with the library's sources, so that a variant this machine cannot load as a library
 // (neon on x86) is still checked, cross-compiled and run under qemu (test_native_check.py).
 // Per block type: mm against float64 on the same int8 activations (the dequantized weights are
-// compared with gguf-py elsewhere), quantize_rows against the portable bytes; attention against
-// float64. Prints "ok <variant>" and exits 0, or names what differs and exits 1.
+// compared with gguf-py elsewhere), quantize_rows against the portable bytes; F16 and BF16 rows
+// against float64 on the float activations, each row's numbers those it gets alone (streamed and
+// tiled); attention against float64. Prints "ok <variant>" and exits 0, or names what differs and
+// exits 1.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -24,10 +26,20 @@ static uint16_t to_half(float f) {
     return (uint16_t)(sign | (exp << 10) | man);
 }
 
-// random bytes, with sane float16 scales where the type keeps them
+// random bytes, with sane float16 scales where the type keeps them; F16 and BF16: weights of +-0.001..0.05
 static std::vector<uint8_t> random_blocks(int type, int64_t N, int64_t K) {
     const int64_t size = block_size(type), bytes = block_bytes(type), n = N * K / size;
     std::vector<uint8_t> w(n * bytes);
+    if (type == kF16 || type == kBF16) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float f = uniform(0.001f, 0.05f) * (rng() % 2 ? 1.f : -1.f);
+            uint32_t b;
+            std::memcpy(&b, &f, 4);
+            const uint16_t h = type == kF16 ? to_half(f) : (uint16_t)(b >> 16);
+            std::memcpy(w.data() + 2 * i, &h, 2);
+        }
+        return w;
+    }
     for (auto& b : w) b = (uint8_t)rng();
     const bool has_m = type == kQ4_1 || type == kQ5_1 || type == kQ4_K || type == kQ5_K;
     for (int64_t i = 0; i < n; ++i) {
@@ -65,7 +77,8 @@ static bool check_type(int type) {
         for (int64_t n = 0; n < N; ++n) {
             double want = 0;
             for (int64_t k = 0; k < K; ++k) {
-                const double a = type == kQ5_K ? x[m * K + k] : (double)q[m * K + k] * d[m * K / 32 + k / 32];
+                const bool floats = type == kQ5_K || type == kF16 || type == kBF16;  // the float routes
+                const double a = floats ? x[m * K + k] : (double)q[m * K + k] * d[m * K / 32 + k / 32];
                 want += a * wf[n * K + k];
             }
             worst = std::max(worst, std::fabs(want - y[m * N + n]));
@@ -74,6 +87,23 @@ static bool check_type(int type) {
     if (worst > 1e-4 * top) {
         std::printf("type %d: mm differs from float64 by %g of %g\n", type, worst, top);
         return false;
+    }
+    return true;
+}
+
+// F16/BF16: 20 activation rows in one call (tiled) give what each gives alone (streamed)
+static bool check_alone(int type) {
+    const int64_t N = 21, M = 20, K = 576;
+    const std::vector<uint8_t> w = random_blocks(type, N, K);
+    std::vector<float> x(M * K), y(M * N), one(N);
+    for (auto& v : x) v = uniform(-1.f, 1.f);
+    if (llmcli_mm(x.data(), M, w.data(), N, K, type, y.data(), 2)) return false;
+    for (int64_t m = 0; m < M; ++m) {
+        if (llmcli_mm(x.data() + m * K, 1, w.data(), N, K, type, one.data(), 1)) return false;
+        if (std::memcmp(one.data(), y.data() + m * N, N * sizeof(float))) {
+            std::printf("type %d: row %lld differs from its numbers alone\n", type, (long long)m);
+            return false;
+        }
     }
     return true;
 }
@@ -112,6 +142,7 @@ static bool check_attention() {
 int main() {
     bool ok = check_attention();
     for (int type = 0; type < kTypes; ++type) ok = check_type(type) && ok;
+    ok = check_alone(kF16) && check_alone(kBF16) && ok;
     std::printf("%s %s\n", ok ? "ok" : "FAILED", llmcli_variant());
     return ok ? 0 : 1;
 }

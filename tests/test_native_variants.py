@@ -119,6 +119,36 @@ def test_row_group_kernels_equal_float64_and_give_each_row_what_it_gets_alone(ke
                 assert torch.equal(kernels.mm_grouped(x[:M], b, type_id, K), alone[:M]), (raw, K, M)
 
 
+def _half_rows(type_name: str, N: int, K: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    """(N, 2K) uint8 rows of F16 or BF16 (every exponent F16 has that a weight may take, subnormals and
+    zeros among them), and their values in float64."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((N, K)) * np.exp2(rng.integers(-20, 4, (N, K)))
+    w[rng.random((N, K)) < 0.05] = 0.0
+    t = torch.from_numpy(w).to(torch.float16 if type_name == "F16" else torch.bfloat16)
+    return t.view(torch.uint8).contiguous(), t.double().numpy()
+
+
+@pytest.mark.parametrize("type_name", ["F16", "BF16"])
+def test_half_rows_take_float32_activations_and_give_each_row_what_it_gets_alone(kernels, type_name):
+    """F16 and BF16 rows times float32 activations (no int8): float64's products within float32
+    rounding; each activation row's values bit for bit those it gets alone, whether the weights stream
+    (a few rows: decode) or are tiled (a prompt: converted once, micro-tiles of several rows), and
+    whatever range of weight rows a thread takes. The rows dequantize exactly."""
+    type_id = TYPE_IDS[type_name]
+    for N, K in ((70, 576), (37, 1536), (9, 104), (5, 40)):  # K % 16: 0, 0, 8, 8 (vector tails)
+        rows, w = _half_rows(type_name, N, K, seed=K)
+        assert torch.equal(kernels.dequantize(rows, type_id, K).double(), torch.from_numpy(w))
+        x = torch.randn(130, K, generator=torch.Generator().manual_seed(N))
+        want = x.double().numpy() @ w.T
+        alone = torch.cat([kernels.mm(x[i:i + 1], rows, type_id, K) for i in range(130)])
+        bound = 4e-7 * K * (np.abs(x.double().numpy()) @ np.abs(w).T)  # float32 sums of K products
+        assert (np.abs(alone.double().numpy() - want) <= bound + 1e-30).all()
+        for M in (2, 3, 7, 8, 13, 100, 130):  # streamed (up to 12 rows on AVX-512), tiled beyond
+            assert torch.equal(kernels.mm(x[:M], rows, type_id, K), alone[:M]), (N, K, M)
+        assert torch.equal(kernels.mm(x[:50], rows[3:], type_id, K), alone[:50, 3:])  # rows from another start
+
+
 def test_q5_k_takes_the_float_route(kernels):
     from gguf.quants import dequantize
 

@@ -22,8 +22,8 @@ class Source:
     name: str
     shape: tuple[int, ...]
     values: Callable[[], torch.Tensor]  # float32 on the CPU, Q/K rows already un-permuted
-    gguf_type: str | None = None  # e.g. "Q4_1" for a GGUF tensor
-    raw: Callable[[], np.ndarray] | None = None  # the GGUF bytes, for a direct import
+    gguf_type: str | None = None  # the stored type by GGUF's names: "Q4_1" in a GGUF; "BF16", "F16", "F32" in a folder
+    raw: Callable[[], np.ndarray] | None = None  # the stored bytes (or GGUF's F16 values), for a direct import
     heads: int | None = None  # rows to un-permute after a direct import (llama Q/K in GGUF)
 
     @property
@@ -42,15 +42,19 @@ def gguf_sources(reader, args, arch: str) -> list[Source]:
     return out
 
 
+_FLOATS = ("BF16", "F16", "F32")  # safetensors' names, which are GGUF's too
+
+
 def folder_sources(files: list[Path]) -> list[Source]:
     out = []
     for path in files:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                names = [(name, tuple(f.get_slice(name).get_shape())) for name in f.keys()]
+                slices = [(name, f.get_slice(name)) for name in f.keys()]
+                names = [(name, tuple(t.get_shape()), t.get_dtype()) for name, t in slices]
         except (SafetensorError, OSError, ValueError) as e:
             raise CorruptModelError(f"{path} is truncated or corrupt ({e}); download it again") from None
-        for name, shape in names:
+        for name, shape, dtype in names:
             if name.endswith("rotary_emb.inv_freq"):
                 continue
 
@@ -58,5 +62,9 @@ def folder_sources(files: list[Path]) -> list[Source]:
                 with safe_open(str(path), framework="pt", device="cpu") as g:
                     return g.get_tensor(name).float()
 
-            out.append(Source(name, shape, values))
+            def raw(path=path, name=name):  # the bits as stored (16-bit rows kept as they are: quant/float_rows.py)
+                with safe_open(str(path), framework="pt", device="cpu") as g:
+                    return g.get_tensor(name).contiguous().view(torch.uint8).numpy()
+
+            out.append(Source(name, shape, values, dtype if dtype in _FLOATS else None, raw))
     return out

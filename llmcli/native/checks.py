@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 # quant/gguf_blocks.py's type id -> (weights a block, bytes a block)
-BLOCKS = {0: (32, 22), 1: (32, 24), 2: (256, 176), 3: (256, 210), 4: (32, 18), 5: (32, 20), 6: (32, 34), 7: (256, 144)}
+BLOCKS = {0: (32, 22), 1: (32, 24), 2: (256, 176), 3: (256, 210), 4: (32, 18), 5: (32, 20), 6: (32, 34), 7: (256, 144),
+          8: (1, 2), 9: (1, 2)}  # (8, 9: F16 and BF16 rows, a "block" of one weight)
 
 # type id -> K -> the bytes of a row of K weights (None where K is not whole blocks)
 ROW_BYTES = {t: (lambda K, size=size, nbytes=nbytes: K // size * nbytes if K % size == 0 else None)

@@ -8,7 +8,7 @@ float32 and quantized per the preset. The result is portable (CPU tensors, no de
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -16,8 +16,9 @@ import torch
 from ..formats.gguf import unpermute_rows
 from ..formats.tensors import Source
 from .bnb_formats import pack_nf4, quantize_nf4
+from .float_rows import to_rows
 from .gguf_import import direct_spec, import_block_quants
-from .presets import KEEP, Preset, QuantSpec
+from .presets import KEEP, ROW_KINDS, Preset, QuantSpec
 from .primitives import SCALE_DTYPE, pack_int4, quantize
 
 EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -104,6 +105,9 @@ def quantize_source(s: Source, spec: QuantSpec, search: bool = True, portable: b
             codes, scales = unpermute_rows(codes, s.heads), unpermute_rows(scales, s.heads)
             zeros = None if zeros is None else unpermute_rows(zeros, s.heads)
         return QuantizedTensor(spec, _portable(codes, scales, zeros, spec.bits, portable), direct=True)
+    if spec.kind in ROW_KINDS:  # 16-bit rows of floats stored wider (an f32 folder): F16, or BF16 past its range
+        kind, rows = to_rows(s.values(), spec.kind)
+        return QuantizedTensor(replace(spec, kind=kind), {"blocks": rows})
     if spec.kind == "nf4":
         codes, absmax = quantize_nf4(s.values(), spec.group_size)
         return QuantizedTensor(spec, {"qweight": pack_nf4(codes), "absmax": absmax})

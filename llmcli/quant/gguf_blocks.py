@@ -15,6 +15,12 @@ int4 kernel and a float path (docs/performance.md).
     Q5_K  176 bytes / 256: d, dmin f16, scales[12], qh[32], qs[128]  w = d*sc * q - dmin*m, per 32
     Q6_K  210 bytes / 256: ql[128], qh[64], scales[16] i8, d f16     w = d*sc * (q - 32), per 16
 
+    F16     2 bytes / 1:   an IEEE half                              w = the half
+    BF16    2 bytes / 1:   a bfloat16 (a float32's top 16 bits)      w = the bfloat16
+
+F16 and BF16 rows (GGUF files of those types, and safetensors folders held as stored on the CPU:
+quant/float_rows.py) multiply with float32 activations as they are, never int8 ones.
+
 A (N, K) weight is its (N, K/B*bytes) rows of blocks. Decoding (few rows) runs a C++ kernel that
 reads the blocks (native/src/matmul.cpp); prefill, and machines without a compiler, dequantize a tile of
 rows to the activation dtype and run a dense GEMM. Nothing is rounded a second time.
@@ -33,10 +39,12 @@ from .packed import _dense_tiles
 # (gguf_import.as_stored_preset): its integer dot products (activations as int8, as llama.cpp takes
 # them) beat torch's int4 kernel there. type -> (elements per block, bytes per block)
 INT8_DOT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}
-BLOCKS = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210), **INT8_DOT_BLOCKS}
+FLOAT_ROWS = {"F16": (1, 2), "BF16": (1, 2)}  # 16-bit floats, rows of K (float32 activations)
+BLOCKS = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210), **INT8_DOT_BLOCKS, **FLOAT_ROWS}
 INT8_DOT_TYPES = (*INT8_DOT_BLOCKS, "Q6_K", "Q5_0", "Q5_1")  # what the kernel multiplies with int8 activations
-TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6, "Q4_K": 7}  # the kernel's switch
-BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4}
+TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6, "Q4_K": 7,
+            "F16": 8, "BF16": 9}  # the kernel's switch
+BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4, "F16": 16, "BF16": 16}
 
 
 def row_bytes(type_name: str, K: int) -> int:
@@ -65,6 +73,8 @@ def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_blocks(blocks: torch.Tensor, type_name: str, K: int) -> torch.Tensor:
     """(n, row bytes) uint8 -> (n, K) float32, with torch ops (the portable path)."""
     n = blocks.shape[0]
+    if type_name in FLOAT_ROWS:
+        return blocks.contiguous().view(torch.float16 if type_name == "F16" else torch.bfloat16).reshape(n, K).float()
     size, nbytes = BLOCKS[type_name]
     b = blocks.reshape(n, K // size, nbytes)
     if type_name == "Q4_K":  # 8 sub-blocks of 32, 6-bit scales and mins
@@ -152,7 +162,9 @@ class GGUFBlockWeight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         N, K = self.shape
         rows = x.numel() // K
-        if self.device.type == "cpu" and kernels.use_kernel(self.device, rows) and native.available():
+        # F16/BF16 rows: the kernels' float32 products for any number of rows (half_rows.h tiles a prompt's)
+        wide = self.type_name in FLOAT_ROWS
+        if self.device.type == "cpu" and (wide or kernels.use_kernel(self.device, rows)) and native.available():
             y = native.mm(x.reshape(rows, K), self.blocks, TYPE_IDS[self.type_name], K)
             return y.to(x.dtype).view(*x.shape[:-1], N)
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .. import native
-from .gguf_blocks import BITS, BLOCKS, INT8_DOT_BLOCKS, _k_scales, _nibble_pairs
+from .gguf_blocks import BITS, BLOCKS, FLOAT_ROWS, INT8_DOT_BLOCKS, _k_scales, _nibble_pairs
 from .presets import Preset, QuantSpec, Rule
 
 BLOCK = 32
@@ -72,7 +72,8 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
     if spec.kind == type_name:
         # a view of the file's (copy-on-write) memory map, as llama.cpp's mmap: no copy to make at load,
         # and pages the OS can drop and read back under memory pressure
-        return {"blocks": torch.from_numpy(np.asarray(raw, dtype=np.uint8).reshape(N, -1))}
+        # (F16 files' data comes as float16: the same bytes, viewed)
+        return {"blocks": torch.from_numpy(np.asarray(raw).view(np.uint8).reshape(N, -1))}
     if type_name == "Q4_K":
         return _q4_k(raw, N, K)
     if type_name == "Q4_0":
@@ -94,20 +95,26 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
 # GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks
 AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True),
              "Q4_K": QuantSpec(4, BLOCK, False),
-             **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items() if t not in INT8_DOT_BLOCKS}}
+             **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items()
+                if t not in INT8_DOT_BLOCKS and t not in FLOAT_ROWS}}
 # ... and with Q4_0/Q4_1/Q8_0/Q4_K as their blocks too (CPUs where the block kernel has integer dot products)
 AS_BLOCKS = {**AS_STORED, **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in INT8_DOT_BLOCKS.items()}}
+# F16 and BF16 matrices as their rows, on a CPU where a kernel variant multiplies them (else the compute dtype)
+AS_ROWS = {t: QuantSpec(16, 1, False, t) for t in FLOAT_ROWS}
 
 
 def as_stored_preset(sources, device=None):
     """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0/Q4_K tensors stay packed
     (exactly, see the table at the top), Q5_0/Q5_1/Q5_K/Q6_K as their blocks, every other type is
     dequantized to the compute dtype. None when the file has no such tensors. On a `device` CPU
-    where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks as well."""
+    where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks as well; where
+    any kernel variant runs, F16 and BF16 matrices stay rows (no float32 copy of them)."""
     table = AS_STORED
     if device is not None and device.type == "cpu":
         if native.int8_dot():  # decodes faster than the int4 kernel (benchmarks/kernels/matvec_by_format.py)
             table = AS_BLOCKS
+        if native.available():
+            table = {**table, **AS_ROWS}
     rules = [Rule((s.name,), (), table[s.gguf_type]) for s in sources
              if s.gguf_type in table and len(s.shape) == 2]
     embedding = next((r for r in rules if r.patterns == ("model.embed_tokens.weight",)), None)

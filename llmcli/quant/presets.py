@@ -39,6 +39,7 @@ _RULE_KEYS = {"match", "layers", "bits", "group_size", "symmetric", "format"}
 FORMATS = ("int", "nf4", "llm_int8")
 _TOP_KEYS = {"description", "on_indivisible", "dtype", "rules"}
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+ROW_KINDS = ("F16", "BF16")  # 16-bit floats kept as GGUF rows (gguf_blocks.py's FLOAT_ROWS): packed, not quantized
 
 
 class PresetError(LlmcliError):
@@ -55,16 +56,22 @@ class QuantSpec:
     group_size: int | None = None  # None: one group per row
     symmetric: bool = True
     kind: str = "int"  # "int" (llmcli's group-wise formats) | "nf4" | "llm_int8" (bitsandbytes')
-    #                    | a GGUF type kept as its blocks: "Q5_0" | "Q5_1" | "Q5_K" | "Q6_K"
+    #                    | a GGUF type kept as its blocks: "Q5_0" | "Q5_1" | "Q5_K" | "Q6_K" | ... | "F16" | "BF16"
 
     @property
     def quantized(self) -> bool:
-        return self.bits < 16
+        """Held packed: fewer than 16 bits, or 16-bit floats held as GGUF F16/BF16 rows."""
+        return self.bits < 16 or self.kind in ROW_KINDS
+
+    @property
+    def blocks(self) -> bool:
+        """A GGUF type kept as its blocks (gguf_blocks.py)."""
+        return self.kind.startswith("Q") or self.kind in ROW_KINDS
 
     def name(self) -> str:
         if not self.quantized:
             return "float"
-        if self.kind.startswith("Q"):
+        if self.blocks:
             return self.kind
         group = "row" if self.group_size is None else f"g{self.group_size}"
         if self.kind != "int":

@@ -12,9 +12,10 @@ from .. import models
 from ..formats.open import ModelFile, open_model_file
 from ..formats.tokenizer import Tokenizer
 from ..models.llama import ModelArgs  # the base of every family's ModelArgs
-from ..quant import pipeline
+from ..quant import float_rows, pipeline
 from ..quant.gguf_import import as_stored_preset
 from .device import Placement
+from .native_step import NativeStep
 
 
 @dataclass
@@ -63,7 +64,17 @@ def _build(mf: ModelFile, placement: Placement, preset) -> tuple[torch.nn.Module
         as_stored = as_stored_preset(sources, placement.device)
         if as_stored is not None:
             return pipeline.model_from_sources(sources, args, as_stored, placement), stored
+    if preset is None and NativeStep.holds_rows(mf, placement.device, placement.dtype, placement.dtype_asked):
+        # the folder's matrices as F16/BF16 rows, its bf16/f16 bits as they are: no float32 copy of them
+        model = pipeline.model_from_sources(mf.sources(), args, float_rows.rows_preset(mf.headers), placement)
+        return model, f"{stored} as {_rows_held(model)} rows"
     if preset is None:
         return models.build(args, mf.state_dict(placement.dtype, placement.device), placement.device), stored
     # GGUF blocks the preset can use are taken as they are; the rest quantized or kept
     return pipeline.model_from_sources(mf.sources(), args, preset, placement), f"{preset.name} (from {stored})"
+
+
+def _rows_held(model: torch.nn.Module) -> str:
+    """The kinds of rows a model's matrices are held in: "BF16", "F16", "F16/BF16"."""
+    kinds = {getattr(m.packed, "type_name", None) for m in model.modules() if hasattr(m, "packed")}
+    return "/".join(sorted(k for k in kinds if k))

@@ -8,7 +8,8 @@
                                  ModelArgs and the bytes the weights will take once loaded, read from
                                  the ModelFile's headers only: per tensor, the format the preset gives it (GGUF
                                  Q4_0/Q4_1/Q8_0/Q4_K/Q5_x/Q6_K blocks are kept packed, at about the same size, unless
-                                 the dtype is float32), or the compute dtype when nothing quantizes it.
+                                 the dtype is float32; an unquantized folder the native step decodes keeps its
+                                 matrices as F16/BF16 rows), or the compute dtype when nothing quantizes it.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from .. import heap
 from ..errors import InvalidParameterError
 from ..formats.open import ModelFile, open_model_file
 from ..models import ARCHITECTURES
-from ..quant import kernels
+from ..quant import float_rows, kernels
 from ..quant.gguf_blocks import row_bytes
 from ..quant.gguf_import import as_stored_preset
+from .native_step import NativeStep
 
 MEMORY_LIMIT_ENV = "LLMCLI_MEMORY_LIMIT"
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -102,8 +104,7 @@ def quantized_bytes(spec, shape: tuple[int, int], device: torch.device, rows_nee
     codes plus 16-bit scales (and zeros); the kernels' layouts always hold a zero per group, and
     group-wise int8 on the CPU rides the int4 kernel as two 4-bit halves with two scale sets."""
     N, K = shape
-    if spec.kind.startswith("Q"):  # GGUF blocks kept as they are (quant/gguf_blocks.py)
-
+    if spec.blocks:  # GGUF blocks (or F16/BF16 rows) kept as they are (quant/gguf_blocks.py)
         return N * row_bytes(spec.kind, K)
     G = spec.group_size or K
     groups = N * (K // G)
@@ -162,9 +163,12 @@ def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch
     return total
 
 
-def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, device: torch.device) -> WeightsInfo:
+def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, device: torch.device,
+                       dtype_asked: bool = False) -> WeightsInfo:
     """The model's arguments and the bytes its weights take once loaded (`model`: a ModelFile, or a
-    path to open). A GGUF's blocks stay packed unless a preset says otherwise (runtime/loader.py)."""
+    path to open). A GGUF's blocks stay packed unless a preset says otherwise, and so do a folder's
+    16-bit rows where the native step decodes it (runtime/loader.py; `dtype_asked`: --dtype named
+    the dtype)."""
     mf = model if isinstance(model, ModelFile) else open_model_file(model)
     args, name = mf.args, str(dtype).removeprefix("torch.")
     if mf.quantization is not None:  # an llmcli checkpoint: loaded as stored
@@ -173,6 +177,10 @@ def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, devi
         return WeightsInfo(args, nbytes, f"{mf.quantization.get('preset')} (llmcli checkpoint)")
     shapes = mf.shapes()
     source = "/".join(sorted(mf.block_types())) if mf.is_gguf else mf.weights_type
+    if preset is None and NativeStep.holds_rows(mf, device, dtype, dtype_asked):  # the loader keeps 16-bit matrices as rows
+        rows = float_rows.rows_preset(mf.headers)
+        nbytes = weights_bytes(shapes, args, rows, dtype, device)
+        return WeightsInfo(args, nbytes, f"{source} as {float_rows.label(mf.headers)}")
     if preset is None and mf.is_gguf:  # the loader keeps the quantized blocks packed
         stored = as_stored_preset(mf.sources(), device)
         if stored is not None:

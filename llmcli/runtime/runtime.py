@@ -311,7 +311,8 @@ def native_placement(model_file: ModelFile, placement: Placement, preset) -> tup
     Elsewhere the placement as it is and None (auto: the compute dtype)."""
     if preset is None and placement.device.type == "cpu" and NativeStep.decodes(model_file):
         placement = placement.with_fastest_dtype(torch.float32, "the native one-call step runs in float32")
-        if placement.dtype == torch.float32:
+        if placement.dtype == torch.float32 and (model_file.is_gguf or NativeStep.holds_rows(
+                model_file, placement.device, placement.dtype, placement.dtype_asked)):
             return placement, "f16"
     return placement, None
 
@@ -325,7 +326,7 @@ def plan_memory(model: ModelFile | Path, placement: Placement, preset=None, ctx_
     `float_kv`: the float cache `--kv-type auto` stores (native_placement's)."""
     kv_type = check_kv_type(kv_type)
     check_kv_offload(kv_offload, kv_type)
-    info = weights_from_files(model, preset, placement.dtype, placement.device)
+    info = weights_from_files(model, preset, placement.dtype, placement.device, placement.dtype_asked)
     trained = info.args.max_position_embeddings
     ctx = check_ctx_size(ctx_size, trained)
     source = "--ctx-size" if ctx_size is not None else "the model's trained context"

@@ -9,9 +9,12 @@
 
 #include "isa.h"
 
-// quant/gguf_blocks.py's TYPE_IDS
-enum BlockType : int { kQ5_0 = 0, kQ5_1 = 1, kQ5_K = 2, kQ6_K = 3, kQ4_0 = 4, kQ4_1 = 5, kQ8_0 = 6, kQ4_K = 7 };
-constexpr int kTypes = 8;
+// quant/gguf_blocks.py's TYPE_IDS. F16 and BF16 are rows of 2-byte floats (a "block" of one weight),
+// which float_rows.h multiplies with float32 activations, never int8 ones.
+enum BlockType : int { kQ5_0 = 0, kQ5_1 = 1, kQ5_K = 2, kQ6_K = 3, kQ4_0 = 4, kQ4_1 = 5, kQ8_0 = 6, kQ4_K = 7,
+                       kF16 = 8, kBF16 = 9 };
+constexpr int kTypes = 10;
+template <int T> constexpr bool float_type = T == kF16 || T == kBF16;
 
 // Q4_K / Q5_K: 8 six-bit scales and mins in 12 bytes (ggml's get_scale_min_k4), unpacked with
 // word operations: bytes 0-3 hold scales 0-3 (and the top bits of scales 4-7), 4-7 mins 0-3 (and
@@ -134,10 +137,22 @@ template <> struct Block<kQ4_K> {  // d, dmin f16, scales[12], qs[128]: w = d*sc
     }
 };
 
-static inline int64_t block_size(int type) { return type == kQ5_K || type == kQ6_K || type == kQ4_K ? 256 : 32; }
+template <> struct Block<kF16> {  // one IEEE half
+    static constexpr int size = 1, bytes = 2;
+    static void deq(const uint8_t* b, float* y) { y[0] = h2f(b); }
+};
+
+template <> struct Block<kBF16> {  // one bfloat16: a float32's top 16 bits
+    static constexpr int size = 1, bytes = 2;
+    static void deq(const uint8_t* b, float* y) { uint16_t h; std::memcpy(&h, b, 2); y[0] = bf16_to_float(h); }
+};
+
+static inline int64_t block_size(int type) {
+    return type == kQ5_K || type == kQ6_K || type == kQ4_K ? 256 : type == kF16 || type == kBF16 ? 1 : 32;
+}
 
 static inline int64_t block_bytes(int type) {
-    static const int64_t bytes[kTypes] = {22, 24, 176, 210, 18, 20, 34, 144};
+    static const int64_t bytes[kTypes] = {22, 24, 176, 210, 18, 20, 34, 144, 2, 2};
     return bytes[type];
 }
 
@@ -153,6 +168,8 @@ static void with_type(int type, F&& f) {
         case 5: f(std::integral_constant<int, 5>{}); break;
         case 6: f(std::integral_constant<int, 6>{}); break;
         case 7: f(std::integral_constant<int, 7>{}); break;
+        case 8: f(std::integral_constant<int, 8>{}); break;
+        case 9: f(std::integral_constant<int, 9>{}); break;
         default: break;  // the API checks type ids before they get here
     }
 }

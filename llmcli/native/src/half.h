@@ -1,5 +1,5 @@
-// float16 <-> float in plain C++, exactly as the hardware converts: the portable build's float16
-// loads, and every variant's odd elements (a vector's tail, one value of a float16 KV cache).
+// float16 <-> float (and bfloat16 -> float) in plain C++, exactly as the hardware converts: the portable
+// build's loads, and every variant's odd elements (a vector's tail, one value of a float16 KV cache).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -18,6 +18,14 @@ static inline float half_to_float(uint16_t h) {
         std::memcpy(&bits, &f, 4);
         bits |= sign;
     }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// bfloat16 bits -> float, exactly: they are a float's top half
+static inline float bf16_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
     float f;
     std::memcpy(&f, &bits, 4);
     return f;

@@ -17,7 +17,7 @@ static inline unsigned layout_of(int type) {
         case kQ8_0: return kQ8_0Layout;
         case kQ4_K: return kQ4KLayout;
         case kQ6_K: return kQ6KLayout;
-        default: return 0;  // Q5_K: the float route
+        default: return 0;  // Q5_K, F16, BF16: the float routes (no int8 activations)
     }
 }
 

@@ -4,11 +4,13 @@
 // (blocks.h's Q8), and each block's dot product is integer multiply-adds of the variant (dot.h),
 // scaled once per block. Q5_K takes the float route: each weight block dequantized once into a
 // register-sized buffer and dotted with every activation row. Either way the weights are read once.
+// F16 and BF16 rows take float32 activations as they are (half_rows.h), never int8 ones.
 // Where the variant has row-group kernels (AVX-512: 16 rows, arch/x86/avx512_rows16.h; AVX2 and AVX-VNNI:
 // 8 rows, arch/x86/avx2_rows8.h), a decode step reads a copy of the weights interleaved for them
 // (row_groups.h), Q5_K included, and llmcli_mm takes Q5_K so too.
 #include "api.h"
 #include "dot.h"
+#include "half_rows.h"
 #include "kernels.h"
 #include "vec.h"
 
@@ -249,7 +251,8 @@ void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const floa
         if constexpr (grouped_type<T>)
             if (grouped) return grouped_dot<T>(W, K, xq, m0, M, y, ldy, n0, n1);
 #endif
-        if constexpr (T == kQ5_K) float_rows<T>(W, K, xf + m0 * K, M, y, ldy, n0, n1);
+        if constexpr (float_type<T>) half_rows<T>(W, K, xf + m0 * K, K, M, y, ldy, n0, n1);
+        else if constexpr (T == kQ5_K) float_rows<T>(W, K, xf + m0 * K, M, y, ldy, n0, n1);
         else dot_rows<T>(W, K, xq, m0, M, y, ldy, n0, n1, alone);
     });
 }
@@ -287,7 +290,7 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
     static thread_local Q8Rows mine;  // the calling thread's: no allocation per call
     Q8Rows& xq = mine;  // (a thread_local named in the lambdas would be each worker's own)
     std::vector<Stage> stages;
-    if (type != kQ5_K) {
+    if (layout_of(type)) {  // (not the float routes: Q5_K's, F16's and BF16's)
         xq.resize(M, K);
         const unsigned layouts = layout_of(type);
         if (M * K <= 8192) xq.quantize(x, 0, M, layouts);  // a few microseconds: not worth a stage
@@ -315,8 +318,10 @@ LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int typ
     if (N == 0) return 0;
     std::vector<Stage> stages{{N, 4, [&](int, int64_t lo, int64_t hi) {
         with_type(type, [&](auto t) {
-            using Bk = Block<decltype(t)::value>;
+            constexpr int T = decltype(t)::value;
+            using Bk = Block<T>;
             const int64_t nb = K / Bk::size;
+            if constexpr (float_type<T>) return half_rows_to_floats<T>(w + lo * K * 2, (hi - lo) * K, y + lo * K);
             for (int64_t n = lo; n < hi; ++n)
                 for (int64_t k = 0; k < nb; ++k) Bk::deq(w + (n * nb + k) * Bk::bytes, y + n * K + k * Bk::size);
         });

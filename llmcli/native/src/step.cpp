@@ -15,7 +15,9 @@
 //
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
-// same operations whatever rows come with it, so a batch never changes what a row decodes.
+// same operations whatever rows come with it, so a batch never changes what a row decodes. F16 and
+// BF16 projections read the float activations (the norm's output) as they are, with the same promise
+// (half_rows.h); their rows are read as stored, never copied.
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -244,13 +246,14 @@ class Step {
             }, {}});
             // each attention item quantizes the blocks of the heads it wrote, where the o projection
             // reads nothing that takes whole rows; then the rows to their columns
-            const bool by_blocks = N <= kColGroup && D % 32 == 0 && Q8Rows::by_blocks(l.o_in);
+            const bool by_blocks = l.o_in && N <= kColGroup && D % 32 == 0 && Q8Rows::by_blocks(l.o_in);
             std::function<void()> cols;
             if (by_blocks && (l.o_in & kColsLayout)) cols = [this] { a_attn.q.to_cols(0, N); };
             stages.push_back({N * KV * parts, 1, [this, &l, by_blocks](int t, int64_t lo, int64_t hi) {
                 attend(l, t, lo, hi, by_blocks);
             }, cols});
-            if (!by_blocks) per_token(stages, [this, &l](int64_t m) { quantize(a_attn, m, l.o_in); }, &a_attn, l.o_in);
+            if (!by_blocks && l.o_in)
+                per_token(stages, [this, &l](int64_t m) { quantize(a_attn, m, l.o_in); }, &a_attn, l.o_in);
             stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
                 project_rows(l.o, a_attn.q, a_attn.x.data(), 0, N, y.data(), hidden, lo, hi);
             }, {}});
@@ -390,8 +393,9 @@ class Step {
     }
 
     // token m's row of act quantized in `layouts`, less the columns when there are several tokens
-    // (per_token writes them)
+    // (per_token writes them); none where no weight reads int8 (F16, BF16 and Q5_K's float route)
     void quantize(Activation& act, int64_t m, unsigned layouts) {
+        if (!layouts) return;
         act.q.quantize(act.x.data(), m, m + 1, cols_apart ? layouts & ~kColsLayout : layouts);
     }
 

@@ -3,8 +3,8 @@
 // GELU, RMSNorm, RoPE, attention's pieces. The primitives come from the variant's arch header
 // (isa.h): vf, vload, vstore, vset1, vfma (a * b + c), vmax, vmin, vround (to nearest even), vpow2i
 // (2^n for integral n), vsum (of the lanes), vany_above(v, t) (some lane above t, or NaN),
-// vload_half (float16 bits -> floats), reduce4 (four vectors' sums) and kAccumulators (vectors a
-// loop may keep summing in registers); to_halves and h2f beside them.
+// vload_half (float16 bits -> floats), vload_bf16 (bfloat16 bits -> floats), reduce4 (four vectors'
+// sums) and kAccumulators (vectors a loop may keep summing in registers); to_halves and h2f beside them.
 #pragma once
 #include <algorithm>
 #include <cmath>

@@ -39,8 +39,11 @@ static inline vf vpow2i(vf n) {
 static inline float vsum(vf v) { return vaddvq_f32(v); }
 static inline bool vany_above(vf v, float t) { return vmaxvq_u32(vmvnq_u32(vcleq_f32(v, vdupq_n_f32(t)))) != 0; }
 static inline vf vload_half(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+static inline vf vload_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }  // to the top halves
 static inline void reduce4(const vf acc[4], float out[4]) {
     for (int j = 0; j < 4; ++j) out[j] = vsum(acc[j]);
 }
 
 constexpr int kAccumulators = 16;  // vectors a loop may keep summing in registers (half of NEON's 32)
+// Activation rows an F16/BF16 micro-tile takes against 4 weight rows (float_rows.h): 24 sums, 4 weights, 1 input
+constexpr int kFloatCols = 6;

@@ -46,8 +46,13 @@ static inline bool vany_above(vf v, float t) {
 static inline vf vload_half(const uint16_t* p) {
     return vf{half_to_float(p[0]), half_to_float(p[1]), half_to_float(p[2]), half_to_float(p[3])};
 }
+static inline vf vload_bf16(const uint16_t* p) {
+    return vf{bf16_to_float(p[0]), bf16_to_float(p[1]), bf16_to_float(p[2]), bf16_to_float(p[3])};
+}
 static inline void reduce4(const vf acc[4], float out[4]) {
     for (int j = 0; j < 4; ++j) out[j] = vsum(acc[j]);
 }
 
 constexpr int kAccumulators = 8;  // vectors a loop may keep summing in registers (SSE2 has 16)
+// Activation rows an F16/BF16 micro-tile takes against 4 weight rows (float_rows.h): 8 sums, 4 weights, 1 input
+constexpr int kFloatCols = 2;

@@ -20,8 +20,14 @@ static inline float vsum(vf v) {
 }
 static inline bool vany_above(vf v, float t) { return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(t), _CMP_NLE_UQ)) != 0; }
 static inline vf vload_half(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+static inline vf vload_bf16(const uint16_t* p) {  // each to the top half of a float
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
 static inline void reduce4(const vf acc[4], float out[4]) {
     for (int j = 0; j < 4; ++j) out[j] = vsum(acc[j]);
 }
 
 constexpr int kAccumulators = 8;  // vectors a loop may keep summing in registers (half of AVX2's 16)
+// Activation rows an F16/BF16 micro-tile takes against 4 weight rows (float_rows.h): 12 sums, 4 weights
+// (the inputs as the multiply-adds' memory operands)
+constexpr int kFloatCols = 3;

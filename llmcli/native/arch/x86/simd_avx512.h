@@ -16,6 +16,9 @@ static inline vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]
 static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
 static inline bool vany_above(vf v, float t) { return _mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_NLE_UQ) != 0; }
 static inline vf vload_half(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+static inline vf vload_bf16(const uint16_t* p) {  // each to the top half of a float
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
 
 // out[j] = the sum of acc[j]'s lanes, the four reduced together (a transpose's adds, as the block
 // kernels reduce four rows)
@@ -28,3 +31,5 @@ static inline void reduce4(const vf acc[4], float out[4]) {
 }
 
 constexpr int kAccumulators = 16;  // vectors a loop may keep summing in registers (half of AVX-512's 32)
+// Activation rows an F16/BF16 micro-tile takes against 4 weight rows (float_rows.h): 24 sums, 4 weights, 1 input
+constexpr int kFloatCols = 6;

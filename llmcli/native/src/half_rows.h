@@ -1,0 +1,188 @@
+// F16 and BF16 weights (GGUF's types: rows of K 2-byte floats, as safetensors folders hold them too)
+// times float32 activations: y[m][n] = W[n] . x[m] in float32 multiply-adds, the weights converted
+// exactly (F16 by the variant's vload_half, BF16 by a 16-bit shift), the activations unrounded.
+//
+// Each (weight row, activation row) pair sums a depth of K at a time (kHalfDepth) in one vector chain,
+// reduced with reduce4 (the same tree for each of its four) into the pair's float, depth after depth,
+// then the K % kVW tail in order: a value is the same whatever rows come with it, on either route:
+// - few activation rows (decode): each weight row streamed from memory once, converted in registers
+//   against all of them (memory-bound: the rows are read as stored, no copy of the weights);
+// - many (a prompt): a tile of weight rows converted to float32 once into a buffer, then micro-tiles of
+//   4 weight rows x kFloatCols activation rows (the variant's, from its register count) from it,
+//   the activations a block of rows at a time (compute-bound).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "blocks.h"
+#include "vec.h"
+
+template <int T> static inline vf vload_w(const uint16_t* p) {
+    if constexpr (T == kF16) return vload_half(p);
+    else return vload_bf16(p);
+}
+template <int T> static inline vf vload_w(const float* p) { return vload(p); }  // a converted tile's
+template <int T> static inline float w_at(const uint16_t* p) { return T == kF16 ? half_to_float(*p) : bf16_to_float(*p); }
+template <int T> static inline float w_at(const float* p) { return *p; }
+
+// Depths of K a chain runs before it is reduced into its pair's sum: [0, kv) in about equal parts
+// of at most about kHalfDepth, whole vectors each (the numbers' order, the same on both routes: a
+// tile keeps one float a pair between depths, not a vector)
+constexpr int64_t kHalfDepth = 512;
+static inline int64_t half_depth(int64_t kv) {
+    const int64_t parts = std::max<int64_t>(1, (kv + kHalfDepth / 2) / kHalfDepth);
+    return (kv / parts + kVW - 1) / kVW * kVW;
+}
+
+// Adds to s[c * lds + r] the products over k in [k0, k1) (multiples of kVW, k0 < k1) of R <= 4
+// weight rows (ldw apart; 2-byte floats of type T, or floats) and C activation rows (ldx apart): one
+// vector chain a pair in registers, reduce4'd
+template <int T, int R, int C, typename E>
+static inline void half_block(const E* w, int64_t ldw, const float* x, int64_t ldx, int64_t k0, int64_t k1, float* s,
+                              int64_t lds) {
+    vf acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = vset1(0.f);
+    int64_t k = k0;
+    do {
+        vf wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = vload_w<T>(w + r * ldw + k);
+        for (int c = 0; c < C; ++c) {
+            const vf xv = vload(x + c * ldx + k);
+            for (int r = 0; r < R; ++r) acc[r][c] = vfma(wv[r], xv, acc[r][c]);
+        }
+        k += kVW;
+    } while (k < k1);
+    for (int c = 0; c < C; ++c) {
+        vf four[4];
+        for (int r = 0; r < 4; ++r) four[r] = r < R ? acc[r][c] : vset1(0.f);
+        float o[4];
+        reduce4(four, o);
+        for (int r = 0; r < R; ++r) s[c * lds + r] += o[r];
+    }
+}
+
+// f(R, C) with R (4, or 1) and C (1..kFloatCols) as compile-time constants
+template <typename F>
+static inline void with_tile(int R, int C, F&& f) {
+    const auto rows = [&](auto c) {
+        if (R == 4) f(std::integral_constant<int, 4>(), c);
+        else f(std::integral_constant<int, 1>(), c);
+    };
+    switch (C) {
+        case 1: return rows(std::integral_constant<int, 1>());
+        case 2: if constexpr (kFloatCols >= 2) return rows(std::integral_constant<int, 2>()); break;
+        case 3: if constexpr (kFloatCols >= 3) return rows(std::integral_constant<int, 3>()); break;
+        case 4: if constexpr (kFloatCols >= 4) return rows(std::integral_constant<int, 4>()); break;
+        case 5: if constexpr (kFloatCols >= 5) return rows(std::integral_constant<int, 5>()); break;
+        case 6: if constexpr (kFloatCols >= 6) return rows(std::integral_constant<int, 6>()); break;
+        default: break;
+    }
+}
+static_assert(kFloatCols >= 1 && kFloatCols <= 6, "with_tile takes up to 6 activation rows");
+
+// half_block for rows [0, R) (4 at a time, then one by one) against C activation rows
+template <int T, typename E>
+static inline void half_blocks(int R, int C, const E* w, int64_t ldw, const float* x, int64_t ldx, int64_t k0,
+                               int64_t k1, float* s, int64_t lds) {
+    for (int r = 0; r < R;) {
+        const int Rn = R - r >= 4 ? 4 : 1;
+        with_tile(Rn, C, [&](auto rr, auto cc) {
+            half_block<T, decltype(rr)::value, decltype(cc)::value>(w + r * ldw, ldw, x, ldx, k0, k1, s + r, lds);
+        });
+        r += Rn;
+    }
+}
+
+// y[m * ldy + n] for n in [n0, n1), m < M: zero, then the tail's products [kv, K) added in order
+// after the depths' (the last step of both routes)
+template <int T>
+static void half_tails(const uint16_t* w, int64_t K, int64_t kv, const float* X, int64_t ldx, int64_t M, float* y,
+                       int64_t ldy, int64_t n0, int64_t n1) {
+    if (kv == K) return;
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = n0; n < n1; ++n) {
+            float s = y[m * ldy + n];
+            for (int64_t t = kv; t < K; ++t) s += w_at<T>(w + n * K + t) * X[m * ldx + t];
+            y[m * ldy + n] = s;
+        }
+}
+
+// Groups of 4 weight rows this many groups ahead are prefetched (as the block kernels fetch rows ahead)
+constexpr int64_t kHalfAhead = 2;
+// Up to this many activation rows, the weights are streamed (converted in registers); more, tiled
+constexpr int64_t kHalfStreamRows = 2 * kFloatCols;
+// A tile: this many weight rows, converted to floats a depth at a time (16 x about 512 floats, 32 KB:
+// they stay in L1 while the micro-tiles go through them, a few activation rows at a time), against
+// this many activation rows (in L2)
+constexpr int64_t kHalfTileRows = 16, kHalfBlockRows = 96;
+
+// Few activation rows: each group of 4 weight rows streamed once, converted in registers
+template <int T>
+static void half_rows_streamed(const uint16_t* w, int64_t K, int64_t kv, const float* X, int64_t ldx, int64_t M,
+                               float* y, int64_t ldy, int64_t n0, int64_t n1) {
+    const int64_t depth = half_depth(kv);
+    for (int64_t n = n0; n < n1; n += 4) {
+        const int R = (int)std::min<int64_t>(4, n1 - n);
+        if (n + 4 * kHalfAhead < n1) {
+            const auto* ahead = reinterpret_cast<const uint8_t*>(w + (n + 4 * kHalfAhead) * K);
+            for (int64_t b = 0; b < std::min<int64_t>(4, n1 - n - 4 * kHalfAhead) * K * 2; b += 64) __builtin_prefetch(ahead + b);
+        }
+        for (int64_t m = 0; m < M; m += kFloatCols)
+            for (int64_t k0 = 0; k0 < kv; k0 += depth)
+                half_blocks<T>(R, (int)std::min<int64_t>(kFloatCols, M - m), w + n * K, K, X + m * ldx, ldx, k0,
+                               std::min(kv, k0 + depth), y + m * ldy + n, ldy);
+    }
+}
+
+// Many: a tile of weight rows converted to floats a depth at a time, against a block of activation
+// rows micro-tile by micro-tile, each pair's sum kept (in `sums`, in L1) between depths
+template <int T>
+static void half_rows_tiled(const uint16_t* w, int64_t K, int64_t kv, const float* X, int64_t ldx, int64_t M,
+                            float* y, int64_t ldy, int64_t n0, int64_t n1) {
+    static thread_local std::vector<float> tile;
+    const int64_t most = half_depth(kv);
+    tile.resize(kHalfTileRows * most);
+    float sums[kHalfBlockRows * kHalfTileRows];  // (activation row, weight row) of the tile
+    for (int64_t mb = 0; mb < M; mb += kHalfBlockRows) {
+        const int64_t Mb = std::min(kHalfBlockRows, M - mb);
+        for (int64_t nt = n0; nt < n1; nt += kHalfTileRows) {
+            const int64_t rows = std::min(kHalfTileRows, n1 - nt);
+            std::fill(sums, sums + Mb * kHalfTileRows, 0.f);
+            for (int64_t k0 = 0; k0 < kv; k0 += most) {
+                const int64_t depth = std::min(most, kv - k0);
+                for (int64_t r = 0; r < rows; ++r)  // rows' [k0, k0 + depth) as floats, `depth` apart
+                    for (int64_t k = 0; k < depth; k += kVW)
+                        vstore(tile.data() + r * depth + k, vload_w<T>(w + (nt + r) * K + k0 + k));
+                for (int64_t m = 0; m < Mb; m += kFloatCols)
+                    half_blocks<T>((int)rows, (int)std::min<int64_t>(kFloatCols, Mb - m), tile.data(), depth,
+                                   X + (mb + m) * ldx + k0, ldx, 0, depth, sums + m * kHalfTileRows, kHalfTileRows);
+            }
+            for (int64_t m = 0; m < Mb; ++m)
+                std::copy(sums + m * kHalfTileRows, sums + m * kHalfTileRows + rows, y + (mb + m) * ldy + nt);
+        }
+    }
+}
+
+// y[m * ldy + n] = row n of W (rows of K 2-byte floats of type T) . row m of X (M rows, ldx apart),
+// for n in [n0, n1) and m in [0, M)
+template <int T>
+static void half_rows(const uint8_t* W, int64_t K, const float* X, int64_t ldx, int64_t M, float* y, int64_t ldy,
+                      int64_t n0, int64_t n1) {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(W);
+    const int64_t kv = K / kVW * kVW;
+    for (int64_t m = 0; m < M; ++m) std::fill(y + m * ldy + n0, y + m * ldy + n1, 0.f);
+    if (M <= kHalfStreamRows) half_rows_streamed<T>(w, K, kv, X, ldx, M, y, ldy, n0, n1);
+    else half_rows_tiled<T>(w, K, kv, X, ldx, M, y, ldy, n0, n1);
+    half_tails<T>(w, K, kv, X, ldx, M, y, ldy, n0, n1);
+}
+
+// n rows of K 2-byte floats of type T -> floats (dequantization, the embedding lookup)
+template <int T>
+static void half_rows_to_floats(const uint8_t* W, int64_t count, float* y) {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(W);
+    int64_t i = 0;
+    for (; i + kVW <= count; i += kVW) vstore(y + i, vload_w<T>(w + i));
+    for (; i < count; ++i) y[i] = w_at<T>(w + i);
+}
