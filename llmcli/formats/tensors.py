@@ -25,10 +25,18 @@ class Source:
     gguf_type: str | None = None  # e.g. "Q4_1" for a GGUF tensor
     raw: Callable[[], np.ndarray] | None = None  # the GGUF bytes, for a direct import
     heads: int | None = None  # rows to un-permute after a direct import (llama Q/K in GGUF)
+    stored_bytes: int | None = None  # its size in the file (None: as float32)
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.stored_bytes if self.stored_bytes is not None else 4 * self.numel
+
+
+_ITEMSIZE = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def gguf_sources(reader, args, arch: str) -> list[Source]:
@@ -38,7 +46,8 @@ def gguf_sources(reader, args, arch: str) -> list[Source]:
             w = torch.from_numpy(gguf_file.tensor_values(t, arch))
             return (gguf_file.unpermute_rows(w, heads) if heads is not None else w).float()
 
-        out.append(Source(name, gguf_file.tensor_shape(t), values, t.tensor_type.name, lambda t=t: t.data, heads))
+        out.append(Source(name, gguf_file.tensor_shape(t), values, t.tensor_type.name, lambda t=t: t.data, heads,
+                          int(t.n_bytes)))
     return out
 
 
@@ -47,10 +56,10 @@ def folder_sources(files: list[Path]) -> list[Source]:
     for path in files:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                names = [(name, tuple(f.get_slice(name).get_shape())) for name in f.keys()]
+                names = [(name, tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()]
         except (SafetensorError, OSError, ValueError) as e:
             raise CorruptModelError(f"{path} is truncated or corrupt ({e}); download it again") from None
-        for name, shape in names:
+        for name, shape, dtype in names:
             if name.endswith("rotary_emb.inv_freq"):
                 continue
 
@@ -58,5 +67,5 @@ def folder_sources(files: list[Path]) -> list[Source]:
                 with safe_open(str(path), framework="pt", device="cpu") as g:
                     return g.get_tensor(name).float()
 
-            out.append(Source(name, shape, values))
+            out.append(Source(name, shape, values, stored_bytes=_ITEMSIZE.get(dtype, 4) * int(np.prod(shape))))
     return out

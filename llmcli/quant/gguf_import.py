@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import native
 from .gguf_blocks import BITS, BLOCKS, INT8_DOT_BLOCKS, _k_scales, _nibble_pairs
 from .presets import Preset, QuantSpec, Rule
 
@@ -91,25 +90,20 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
     raise ValueError(f"no direct import for GGUF type {type_name}")
 
 
-# GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks
+# GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks.
+# Where the kernels multiply blocks with integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks too
+# (quant/held.py: they decode faster than through torch's int4 kernel, benchmarks/kernels/matvec_by_format.py)
 AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True),
              "Q4_K": QuantSpec(4, BLOCK, False),
              **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items() if t not in INT8_DOT_BLOCKS}}
-# ... and with Q4_0/Q4_1/Q8_0/Q4_K as their blocks too (CPUs where the block kernel has integer dot products)
-AS_BLOCKS = {**AS_STORED, **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in INT8_DOT_BLOCKS.items()}}
 
 
-def as_stored_preset(sources, device=None):
+def as_stored_preset(sources):
     """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0/Q4_K tensors stay packed
     (exactly, see the table at the top), Q5_0/Q5_1/Q5_K/Q6_K as their blocks, every other type is
-    dequantized to the compute dtype. None when the file has no such tensors. On a `device` CPU
-    where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks as well."""
-    table = AS_STORED
-    if device is not None and device.type == "cpu":
-        if native.int8_dot():  # decodes faster than the int4 kernel (benchmarks/kernels/matvec_by_format.py)
-            table = AS_BLOCKS
-    rules = [Rule((s.name,), (), table[s.gguf_type]) for s in sources
-             if s.gguf_type in table and len(s.shape) == 2]
+    dequantized to the compute dtype. None when the file has no such tensors."""
+    rules = [Rule((s.name,), (), AS_STORED[s.gguf_type]) for s in sources
+             if s.gguf_type in AS_STORED and len(s.shape) == 2]
     embedding = next((r for r in rules if r.patterns == ("model.embed_tokens.weight",)), None)
     if embedding is not None and not any(s.name == "lm_head.weight" for s in sources):
         # a tied output head is the embedding table itself: it keeps the same packed format
