@@ -26,6 +26,7 @@ class Source:
     raw: Callable[[], np.ndarray] | None = None  # the GGUF bytes, for a direct import
     heads: int | None = None  # rows to un-permute after a direct import (llama Q/K in GGUF)
     stored_bytes: int | None = None  # its size in the file (None: as float32)
+    stored: Callable[[], torch.Tensor] | None = None  # in the file's own float dtype (folders): no float32 copy
 
     @property
     def numel(self) -> int:
@@ -63,9 +64,10 @@ def folder_sources(files: list[Path]) -> list[Source]:
             if name.endswith("rotary_emb.inv_freq"):
                 continue
 
-            def values(path=path, name=name):
+            def stored(path=path, name=name):
                 with safe_open(str(path), framework="pt", device="cpu") as g:
-                    return g.get_tensor(name).float()
+                    return g.get_tensor(name)
 
-            out.append(Source(name, shape, values, stored_bytes=_ITEMSIZE.get(dtype, 4) * int(np.prod(shape))))
+            out.append(Source(name, shape, lambda stored=stored: stored().float(),
+                              stored_bytes=_ITEMSIZE.get(dtype, 4) * int(np.prod(shape)), stored=stored))
     return out

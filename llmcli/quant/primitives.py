@@ -18,15 +18,17 @@ Packing: int4 codes two per byte along K, the even column in the low nibble.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 SCALE_DTYPE = torch.bfloat16
-_TASK_VALUES = 1 << 16  # values a task quantizes: its float32 temporaries (a dozen) stay in the cache
+TASK_VALUES = 1 << 16  # values a task quantizes: its float32 temporaries (a dozen) stay in the cache
 SEARCH_MODES = ("weighted", "plain", "minmax")
 DEFAULT_SEARCH = "weighted"
+_POOL_LOCK = threading.Lock()
 
 
 @dataclass
@@ -69,7 +71,7 @@ def quantize(w: torch.Tensor, bits: int, group_size: int, symmetric: bool = True
     search: True (the default kind), False or "minmax", "plain" (least squared error), "weighted"
     (squared error weighted towards large values, as llama.cpp's quantizers do).
 
-    The groups go in tasks of about _TASK_VALUES values over torch's threads, each task on one thread
+    The groups go in tasks of about TASK_VALUES values over torch's threads, each task on one thread
     (torch's own parallel ops, on pieces this small, waited at every op for a descheduled thread on a
     busy CPU). A task holds its groups as columns, (G, groups): a group's sums are adds of rows."""
     mode = DEFAULT_SEARCH if search is True else "minmax" if search is False else search
@@ -85,7 +87,7 @@ def quantize(w: torch.Tensor, bits: int, group_size: int, symmetric: bool = True
     codes = torch.empty(g.shape, dtype=torch.uint8 if bits == 4 else torch.int8, device=g.device)
     scales = torch.empty(n, dtype=SCALE_DTYPE, device=g.device)
     zeros = None if symmetric else torch.empty(n, dtype=SCALE_DTYPE, device=g.device)
-    per_task = max(1, _TASK_VALUES // group_size)
+    per_task = max(1, TASK_VALUES // group_size)
 
     def task(start: int) -> None:
         stop = min(n, start + per_task)
@@ -108,12 +110,21 @@ def in_tasks(task, starts, device: torch.device | None = None) -> None:
         for start in starts:
             task(start)
         return
-    torch.set_num_threads(1)  # a task's ops stay on its thread (new threads take this setting)
+    torch.set_num_threads(1)  # a task's ops stay on its thread (a new thread takes this setting)
     try:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(task, starts))
+        list(_pool(threads).map(task, starts))
     finally:
         torch.set_num_threads(threads)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # kept: starting threads for each call took a fifth of a load
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if threads not in _POOLS:
+            _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="llmcli-quantize")
+        return _POOLS[threads]
 
 
 def _quantize_columns(x: torch.Tensor, bits: int, symmetric: bool, mode: str):
@@ -177,12 +188,14 @@ def _importance(x: torch.Tensor, mode: str) -> torch.Tensor:
 def _search_symmetric(x: torch.Tensor, neg: int, pos: int, mode: str):
     """Scales for w = l * scale, l in [-neg, pos] (int8: 127/127, int4: 8/7); zero is None.
 
-    Min/max: the value of largest magnitude maps to -neg (Q4_0's trick: with an asymmetric range the
-    sign of the scale follows that value, so it gets the extra level). The search rounds with 19
-    inverse scales around that one and fits each rounding's scale by weighted least squares,
-    Σwxl / Σwl²; that fit's error is Σwx² - (Σwxl)² / Σwl², so the best maximises (Σwxl)² / Σwl².
+    Min/max: the value of largest magnitude (the positive one of a tie) maps to -neg (Q4_0's trick:
+    with an asymmetric range the sign of the scale follows that value, so it gets the extra level).
+    The search rounds with 19 inverse scales around that one and fits each rounding's scale by
+    weighted least squares, Σwxl / Σwl²; that fit's error is Σwx² - (Σwxl)² / Σwl², so the best
+    maximises (Σwxl)² / Σwl².
     """
-    peak = x.gather(0, x.abs().argmax(dim=0, keepdim=True))[0]  # signed value of largest magnitude, (groups,)
+    lo, hi = x.amin(0), x.amax(0)  # (aminmax and argmax over the 32 rows: ten times as long)
+    peak = torch.where(-lo > hi, lo, hi)  # signed value of largest magnitude, (groups,)
     zero = peak == 0
     scale = torch.where(zero, torch.zeros_like(peak), peak / -neg)  # maps peak to -neg
     if mode == "minmax":
@@ -223,7 +236,7 @@ def _search_asymmetric(x: torch.Tensor, nmax: int, mode: str):
     scales from (nmax - 1) to (nmax + 1) / range) rounds with each candidate, fits scale and min to
     those levels by weighted least squares and keeps the pair with the smallest weighted error.
     """
-    lo, hi = x.aminmax(dim=0)
+    lo, hi = x.amin(0), x.amax(0)
     span = hi - lo
     flat = span == 0
     best_s = torch.where(flat, torch.zeros_like(span), span / nmax)
