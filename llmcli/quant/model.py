@@ -84,23 +84,26 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
     total, done = sum(s.nbytes for s in wanted), 0
     for i, s in enumerate(wanted):
         done += s.nbytes
-        if len(s.shape) == 1:
-            continue
-        if i % 8 == 0:  # about once a layer: freed temporaries go back to the system (heap.py)
-            heap.trim()
-        spec = specs[s.name]
-        if spec == KEEP:  # rounded as a saved checkpoint would hold it, then to the compute dtype
-            floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)
-        else:
-            held = held_spec(spec, device, s.gguf_type)
-            if held.kind == s.gguf_type:  # the file's own blocks are the held format: taken as they are
-                spec = held
-            quantized_embedding |= s.name == EMBEDDING
-            install(model, {s.name: quantize_source(s, spec, search, portable=False)}, floats, device, dtype,
-                    args.tie_word_embeddings and s.name == EMBEDDING)
+        if len(s.shape) > 1:
+            if i % 8 == 0:  # about once a layer: freed temporaries go back to the system (heap.py)
+                heap.trim()
+            quantized_embedding |= _take(model, s, specs[s.name], floats, keep_dtype, args, device, dtype, search)
         if progress:
             progress(done, total, s.name)
     return _finish(model, args, floats, quantized_embedding, device)
+
+
+def _take(model, s: Source, spec, floats: dict, keep_dtype, args, device, dtype, search) -> bool:
+    """Source tensor `s` (a matrix) into `model` as `spec` says; whether it quantized the embedding."""
+    if spec == KEEP:  # rounded as a saved checkpoint would hold it, then to the compute dtype
+        floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)
+        return False
+    held = held_spec(spec, device, s.gguf_type)
+    if held.kind == s.gguf_type:  # the file's own blocks are the held format: taken as they are
+        spec = held
+    install(model, {s.name: quantize_source(s, spec, search, portable=False)}, floats, device, dtype,
+            args.tie_word_embeddings and s.name == EMBEDDING)
+    return s.name == EMBEDDING
 
 
 def _finish(model: nn.Module, args, floats: dict, quantized_embedding: bool, device: torch.device) -> nn.Module:

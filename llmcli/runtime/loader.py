@@ -69,8 +69,8 @@ def _build(mf: ModelFile, placement: Placement, preset, progress=None) -> tuple[
     if preset is None:
         return models.build(args, mf.state_dict(placement.dtype, placement.device), placement.device), stored
     # GGUF blocks the preset can use are taken as they are; the rest quantized or kept. Scales from
-    # min/max at load (as llama.cpp's Q4_0/Q4_1/Q8_0): the search takes ten times as long (a minute
-    # for a 1.5B model on 2 cores, docs/performance.md); `llmcli quantize` searches, once
+    # min/max at load, as llama.cpp's Q4_0/Q4_1/Q8_0 take them: the search takes ten times as long
+    # (docs/performance.md), too long for every start of a large model; `llmcli quantize` searches, once
     held = describe(model_formats(mf, preset, placement.device).values())
     label = f"{QUANTIZING} ({preset.name})"
     report = None if progress is None else (lambda done, total, name: progress(label, done, total))
