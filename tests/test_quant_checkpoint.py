@@ -57,6 +57,20 @@ def _packed_modules(model):
     return {name: m.packed.state() for name, m in model.named_modules() if hasattr(m, "packed")}
 
 
+def _in_memory(path, preset: str, placement):
+    """What `quantize_to_folder` converts, built in memory: nothing between it and the model but disk."""
+    from llmcli.quant.convert import convert
+    from llmcli.quant.model import build
+    from llmcli.quant.pipeline import open_source
+
+    src = open_source(path)
+    args = src.args
+    converted = convert(src.sources, load_preset(preset), args.num_hidden_layers, args.tie_word_embeddings)
+    loaded = load_model(path, placement)  # its tokenizer and template
+    loaded.model = build(args, converted, placement.device, placement.dtype)
+    return loaded
+
+
 @pytest.mark.parametrize("preset,source", [(p, s) for p in ("q4", "q8", "q4_mixed") for s in ("folder", "gguf")]
                          + [("nf4", "folder"), ("llm_int8", "gguf"), ("q4_g128", "folder")])
 def test_save_load_is_bit_identical_and_generates_the_same(tmp_path, tiny_tied_folder, tiny_q4_gguf, preset, source):
@@ -64,9 +78,9 @@ def test_save_load_is_bit_identical_and_generates_the_same(tmp_path, tiny_tied_f
     summary = quantize_to_folder(path, preset, tmp_path / "out")
     assert summary.output_bytes > 0 and summary.bits_per_weight < (7 if preset.startswith("q4") else 12)
     # the file holds exactly what the in-memory quantization produced
-    in_memory = load_model(path, CPU, load_preset(preset))
+    in_memory = _in_memory(path, preset, CPU)
     loaded = load_model(tmp_path / "out", CPU)
-    assert loaded.weights_type == f"{preset} (llmcli)"
+    assert loaded.weights_type.startswith(f"{preset} (llmcli) as ")
     ours, theirs = _packed_modules(loaded.model), _packed_modules(in_memory.model)
     assert ours.keys() == theirs.keys() and len(ours) >= 14 - 1  # a tied head shares the embedding
     for name in ours:
@@ -74,9 +88,16 @@ def test_save_load_is_bit_identical_and_generates_the_same(tmp_path, tiny_tied_f
             assert torch.equal(ours[name][part], theirs[name][part]), (name, part)
     from safetensors.torch import load_file
 
+    from llmcli.quant.convert import QuantizedTensor
+    from llmcli.quant.held import as_held
+
     stored = load_file(str(tmp_path / "out" / checkpoint.WEIGHTS))
     q_proj = "model.layers.0.self_attn.q_proj"
-    assert torch.equal(stored[f"{q_proj}.qweight"], ours[q_proj]["qweight"])
+    spec = QuantSpec.from_json(json.loads((tmp_path / "out" / "config.json").read_text())
+                               ["quantization"]["tensors"][f"{q_proj}.weight"])
+    parts = {p: stored[f"{q_proj}.{p}"] for p in ("qweight", "scales", "zeros", "absmax") if f"{q_proj}.{p}" in stored}
+    held = as_held(QuantizedTensor(spec, parts), CPU.device).state  # as this CPU holds it: blocks or llmcli's own
+    assert held.keys() == ours[q_proj].keys() and all(torch.equal(held[k], ours[q_proj][k]) for k in held)
     assert _greedy(loaded) == _greedy(in_memory)
     # the tokenizer, BOS/EOS and chat template survive
     for text in TEXTS:
@@ -188,13 +209,14 @@ def test_cached_quantized_converts_once(tmp_path, tiny_q4_gguf):
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     again = cached_quantized(tiny_q4_gguf, "q4", tmp_path / "cache")
     assert again == first and (first / "model.safetensors").stat().st_mtime_ns == stamp
-    assert load_model(first, CPU).weights_type == "q4 (llmcli)"
+    assert load_model(first, CPU).weights_type.startswith("q4 (llmcli)")
 
 
 @pytest.mark.slow
 def test_real_model_quantized_checkpoint(tmp_path, smollm2_gguf):
-    """SmolLM2's Q4_1 GGUF -> q4 checkpoint: every block imported, the same tokenizer, the same
-    tokens as quantizing at load, and next-token distributions close to the GGUF's own."""
+    """SmolLM2's Q4_1 GGUF -> q4 checkpoint: every block imported, the same tokenizer, and
+    next-token distributions close to the GGUF's own; quantizing at load to q4 gives the GGUF's own
+    tokens (its blocks are q4's, taken as they are)."""
     summary = quantize_to_folder(smollm2_gguf, "q4", tmp_path / "q4")
     assert summary.imported_tensors == summary.quantized_tensors == 211
     source = load_model(smollm2_gguf, CPU32)
@@ -202,7 +224,7 @@ def test_real_model_quantized_checkpoint(tmp_path, smollm2_gguf):
     for text in TEXTS + [open(__file__, encoding="utf-8").read()]:
         assert loaded.tokenizer.encode(text) == source.tokenizer.encode(text)
     assert loaded.tokenizer.eos_ids == source.tokenizer.eos_ids and loaded.chat_template == source.chat_template
-    assert _greedy(loaded, 20) == _greedy(load_model(smollm2_gguf, CPU32, load_preset("q4")), 20)
+    assert _greedy(load_model(smollm2_gguf, CPU32, load_preset("q4")), 20) == _greedy(source, 20)
     ids = torch.tensor([source.tokenizer.encode(TEXTS[1] + "Paris is the capital of France. " * 3)])
     with torch.no_grad():
         ref = source.model(ids, StaticKVCache.for_model(source.args, 128, CPU.device, torch.float32))[0]

@@ -1,14 +1,20 @@
 """Every preset against the unquantized model on real text, in one pass; and their speed.
 
     python -m benchmarks.quality.presets_vs_unquantized MODEL --file TEXT [--ctx 512] [--chunks 40] [--dtype float32]
-        [--presets q8,q4,q4_g128,q4_mixed,bf16,f16] [--variants] [--speed] [--json results.json]
+        [--presets q8,q4,q4_g128,q4_mixed,bf16,f16] [--variants] [--path eager|step] [--speed] [--json results.json]
 
 Quality: windows of --ctx tokens scored on their second half (llmcli perplexity / llama-perplexity);
-the reference (MODEL as stored, dequantized to --dtype) is evaluated once per window and every preset
-is compared with it: mean and p99 KL divergence, same top token, perplexity ratio, and the size of
-the checkpoint it would write. `name:minmax` / `name:plain` / `name:weighted` evaluate a preset with
+the reference (MODEL as stored, dequantized to float32) is evaluated once per window and every preset
+(built in --dtype) is compared with it: mean and p99 KL divergence, same top token, perplexity
+ratio, and the size of the checkpoint it would write. `name:minmax` / `name:plain` / `name:weighted` evaluate a preset with
 min/max scales or one kind of scale search, `name:requant` re-quantizes GGUF blocks it would import;
 --variants adds symmetric, per-row and re-quantized variants under each search, to judge the search.
+
+--path step scores each preset the way `run` decodes it: through the native step (int8 activations
+per 32, as llama.cpp; a float16 KV cache) where the step takes the model (on a CPU whose kernels have
+integer dot products: q4, q8, q4_mixed as GGUF blocks), else as --path eager does: the model's own
+forward over the window (for blocks and packed weights, their dequantized tiles in a dense GEMM).
+Today's path before blocks: LLMCLI_KERNEL=portable (llmcli's own int4/int8 layouts) with --path eager.
 
 Speed (--speed): pp512 (prefill) and tg128 (decode) tokens/s in bfloat16 on --threads threads, for
 the unquantized model and each preset, interleaved over --repeats rounds (medians): this machine is
@@ -27,6 +33,7 @@ from pathlib import Path
 import torch
 
 from llmcli.bench.perplexity import Scores, logprobs, text_windows
+from llmcli.cache import new_cache
 from llmcli.cache.static import StaticKVCache
 from llmcli.decode.prefill import prefill
 from llmcli.quant.convert import convert
@@ -35,6 +42,7 @@ from llmcli.quant.pipeline import open_source
 from llmcli.quant.presets import load_preset, parse_preset
 from llmcli.runtime.device import place
 from llmcli.runtime.loader import LoadedModel, load_model
+from llmcli.runtime.native_step import NativeStep
 
 VARIANT_PRESETS = {
     "q8_row": '[[rules]]\nmatch = "*"\nbits = 8\ngroup_size = "row"\n',
@@ -71,9 +79,24 @@ def quantized_model(source, spec: str, placement) -> tuple[LoadedModel, int]:
     return loaded, converted.nbytes
 
 
+def scorer(loaded, path: str):
+    """window -> log-probabilities of its scored half (as bench.perplexity's), by `path`."""
+    if path != "step" or not NativeStep.supports(loaded.model):
+        return lambda w: logprobs(loaded, w)
+    step = NativeStep(loaded.model)
+
+    def score(w: list[int]) -> torch.Tensor:
+        cache = new_cache(loaded.args, len(w), torch.device("cpu"), torch.float32, "f16")
+        with torch.inference_mode():
+            logits = step(torch.tensor([w]), cache)[0]
+        return torch.log_softmax(logits[len(w) // 2:-1].float(), dim=-1)
+
+    return score
+
+
 def quality(a) -> dict:
     placement = place("cpu", a.dtype, a.threads)
-    reference = load_model(a.model, placement)
+    reference = load_model(a.model, place("cpu", "float32", a.threads))
     text = Path(a.file).read_text(encoding="utf-8")
     todo = text_windows(reference, text, a.ctx, a.chunks)
     names = a.presets.split(",") + (VARIANTS if a.variants else [])
@@ -81,16 +104,18 @@ def quality(a) -> dict:
     for name in names:
         loaded, nbytes = quantized_model(a.model, name, placement)
         loaded.tokenizer = reference.tokenizer
-        models[name] = (loaded, nbytes, Scores())
-        print(f"built {name}", file=sys.stderr, flush=True)
+        score = scorer(loaded, a.path)
+        models[name] = (score, nbytes, Scores())
+        how = "native step" if a.path == "step" and NativeStep.supports(loaded.model) else "eager"
+        print(f"built {name} ({how})", file=sys.stderr, flush=True)
     base_scores = Scores()
     t0 = time.perf_counter()
     for i, w in enumerate(todo):
         targets = torch.tensor(w[a.ctx // 2 + 1:])
         ref = logprobs(reference, w)
         base_scores.add(ref, targets)
-        for loaded, _, scores in models.values():
-            scores.add(logprobs(loaded, w), targets, ref)
+        for score, _, scores in models.values():
+            scores.add(score(w), targets, ref)
         print(f"window {i + 1}/{len(todo)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     out = {"reference": {"weights": reference.weights_type, "bytes": reference.weights_bytes,
                          "ppl": base_scores.result(len(todo), a.ctx, 0).ppl}}
@@ -135,6 +160,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--presets", default="q8,q4,q4_g128,q4_mixed,bf16,f16,nf4,llm_int8")
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--path", choices=("eager", "step"), default="eager",
+                    help="score through the model's forward (eager) or the native step where it runs (as run decodes)")
     ap.add_argument("--speed", action="store_true", help="also measure pp512 / tg128")
     ap.add_argument("--no-quality", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)

@@ -1,4 +1,5 @@
-"""Download progress for the command line: a Rich bar per file on stderr (bytes, speed, ETA).
+"""Download progress for the command line: a Rich bar per file on stderr (bytes, speed, ETA), and one
+for quantizing at load (bytes of weights read), shown once that has taken more than a moment.
 
 Library code reports `progress(label, done, total)`; this turns those calls into bars, and into
 nothing when stderr is not a terminal (pipes and logs stay clean).
@@ -7,6 +8,7 @@ nothing when stderr is not a terminal (pipes and logs stay clean).
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -14,6 +16,9 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from ..hub.store import ProgressFn
+from ..quant import QUANTIZING
+
+QUANTIZING_SHOWN_AFTER = 0.5  # seconds: a small model quantizes at load without a flash of a bar
 
 
 @contextmanager
@@ -29,10 +34,14 @@ def download_progress(console: Console | None = None) -> Iterator[ProgressFn | N
     bars = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                     TimeRemainingColumn(), console=console)
     tasks: dict[str, int] = {}
+    first_seen: dict[str, float] = {}
     lock = threading.Lock()
 
     def report(label: str, done: int, total: int | None) -> None:
         with lock:
+            if label.startswith(QUANTIZING) and label not in tasks:
+                if time.monotonic() - first_seen.setdefault(label, time.monotonic()) < QUANTIZING_SHOWN_AFTER:
+                    return
             if not tasks:
                 bars.start()  # only once something downloads: a cached model shows nothing
             if label not in tasks:

@@ -25,10 +25,19 @@ class Source:
     gguf_type: str | None = None  # the stored type by GGUF's names: "Q4_1" in a GGUF; "BF16", "F16", "F32" in a folder
     raw: Callable[[], np.ndarray] | None = None  # the stored bytes (or GGUF's F16 values), for a direct import
     heads: int | None = None  # rows to un-permute after a direct import (llama Q/K in GGUF)
+    stored_bytes: int | None = None  # its size in the file (None: as float32)
+    stored: Callable[[], torch.Tensor] | None = None  # in the file's own float dtype (folders): no float32 copy
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.stored_bytes if self.stored_bytes is not None else 4 * self.numel
+
+
+_ITEMSIZE = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def gguf_sources(reader, args, arch: str) -> list[Source]:
@@ -38,7 +47,8 @@ def gguf_sources(reader, args, arch: str) -> list[Source]:
             w = torch.from_numpy(gguf_file.tensor_values(t, arch))
             return (gguf_file.unpermute_rows(w, heads) if heads is not None else w).float()
 
-        out.append(Source(name, gguf_file.tensor_shape(t), values, t.tensor_type.name, lambda t=t: t.data, heads))
+        out.append(Source(name, gguf_file.tensor_shape(t), values, t.tensor_type.name, lambda t=t: t.data, heads,
+                          int(t.n_bytes)))
     return out
 
 
@@ -58,13 +68,13 @@ def folder_sources(files: list[Path]) -> list[Source]:
             if name.endswith("rotary_emb.inv_freq"):
                 continue
 
-            def values(path=path, name=name):
+            def stored(path=path, name=name):
                 with safe_open(str(path), framework="pt", device="cpu") as g:
-                    return g.get_tensor(name).float()
+                    return g.get_tensor(name)
 
-            def raw(path=path, name=name):  # the bits as stored (16-bit rows kept as they are: quant/float_rows.py)
-                with safe_open(str(path), framework="pt", device="cpu") as g:
-                    return g.get_tensor(name).contiguous().view(torch.uint8).numpy()
+            def raw(stored=stored):  # the bits as stored (16-bit rows kept as they are: quant/float_rows.py)
+                return stored().contiguous().view(torch.uint8).numpy()
 
-            out.append(Source(name, shape, values, dtype if dtype in _FLOATS else None, raw))
+            out.append(Source(name, shape, lambda stored=stored: stored().float(), dtype if dtype in _FLOATS else None,
+                              raw, stored_bytes=_ITEMSIZE.get(dtype, 4) * int(np.prod(shape)), stored=stored))
     return out

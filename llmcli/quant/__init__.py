@@ -7,8 +7,12 @@
     modules.py      Int4Linear, Int8Linear, NF4Linear, LLMInt8Linear, QuantEmbedding (with from_linear)
     presets.py      TOML rules from tensor names to formats (shipped in the top-level quant/ folder)
     gguf_import.py  GGUF Q4_0 / Q4_1 / Q8_0 blocks taken as they are
+    gguf_blocks.py  GGUF blocks kept as they are (the native kernels' formats), and the block type sets
+    held.py         how each weight is held on its device: llmcli's g32 formats as GGUF blocks on the CPU
     convert.py      a model's tensors -> formats, one tensor at a time
     model.py        the walker: swap modules by Hugging Face name; build a quantized model
     checkpoint.py   the checkpoint folder: config.json `quantization` block, safetensors, tokenizer
     pipeline.py     quantize_to_folder / cached_quantized / building models for the loader
 """
+
+QUANTIZING = "quantizing"  # how the loader's progress reports of quantizing at load start their label

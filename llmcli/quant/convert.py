@@ -111,7 +111,7 @@ def quantize_source(s: Source, spec: QuantSpec, search: bool = True, portable: b
     if spec.kind == "nf4":
         codes, absmax = quantize_nf4(s.values(), spec.group_size)
         return QuantizedTensor(spec, {"qweight": pack_nf4(codes), "absmax": absmax})
-    q = quantize(s.values(), spec.bits, spec.group_size or K, spec.symmetric, search)
+    q = quantize((s.stored or s.values)(), spec.bits, spec.group_size or K, spec.symmetric, search)
     return QuantizedTensor(spec, _portable(q.codes, q.scales, q.zeros, spec.bits, portable))
 
 

@@ -45,6 +45,10 @@ INT8_DOT_TYPES = (*INT8_DOT_BLOCKS, "Q6_K", "Q5_0", "Q5_1")  # what the kernel m
 TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6, "Q4_K": 7,
             "F16": 8, "BF16": 9}  # the kernel's switch
 BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4, "F16": 16, "BF16": 16}
+STEP_TYPES = frozenset(TYPE_IDS)  # the block types the native step (runtime/native_step.py) multiplies
+# llmcli's group-wise formats that are a block type exactly (codes as they are, scales in f16), held as
+# those blocks where INT8_DOT_BLOCKS are (quant/held.py): (bits, group size, symmetric) -> type
+FROM_LLMCLI = {(4, 32, False): "Q4_1", (4, 32, True): "Q4_0", (8, 32, True): "Q8_0"}
 
 
 def row_bytes(type_name: str, K: int) -> int:

@@ -92,13 +92,13 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
     raise ValueError(f"no direct import for GGUF type {type_name}")
 
 
-# GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks
+# GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks.
+# Where the kernels multiply blocks with integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks too
+# (quant/held.py: they decode faster than through torch's int4 kernel, benchmarks/kernels/matvec_by_format.py)
 AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True),
              "Q4_K": QuantSpec(4, BLOCK, False),
              **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items()
                 if t not in INT8_DOT_BLOCKS and t not in FLOAT_ROWS}}
-# ... and with Q4_0/Q4_1/Q8_0/Q4_K as their blocks too (CPUs where the block kernel has integer dot products)
-AS_BLOCKS = {**AS_STORED, **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in INT8_DOT_BLOCKS.items()}}
 # F16 and BF16 matrices as their rows, on a CPU where a kernel variant multiplies them (else the compute dtype)
 AS_ROWS = {t: QuantSpec(16, 1, False, t) for t in FLOAT_ROWS}
 
@@ -107,14 +107,11 @@ def as_stored_preset(sources, device=None):
     """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0/Q4_K tensors stay packed
     (exactly, see the table at the top), Q5_0/Q5_1/Q5_K/Q6_K as their blocks, every other type is
     dequantized to the compute dtype. None when the file has no such tensors. On a `device` CPU
-    where the block kernel has integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks as well; where
-    any kernel variant runs, F16 and BF16 matrices stay rows (no float32 copy of them)."""
+    where any kernel variant runs, F16 and BF16 matrices stay rows (no float32 copy of them).
+    (Where the kernels have integer dot products, quant/held.py holds Q4_0/Q4_1/Q8_0/Q4_K as blocks.)"""
     table = AS_STORED
-    if device is not None and device.type == "cpu":
-        if native.int8_dot():  # decodes faster than the int4 kernel (benchmarks/kernels/matvec_by_format.py)
-            table = AS_BLOCKS
-        if native.available():
-            table = {**table, **AS_ROWS}
+    if device is not None and device.type == "cpu" and native.available():
+        table = {**table, **AS_ROWS}
     rules = [Rule((s.name,), (), table[s.gguf_type]) for s in sources
              if s.gguf_type in table and len(s.shape) == 2]
     embedding = next((r for r in rules if r.patterns == ("model.embed_tokens.weight",)), None)

@@ -15,8 +15,9 @@ from torch import nn
 from .. import heap, models
 from ..errors import CorruptModelError
 from .bnb_formats import LLMInt8Weight, NF4Weight
-from .convert import EMBEDDING, HEAD, KEEP, Converted, QuantizedTensor, Source, convert, plan, quantize_source
+from .convert import EMBEDDING, HEAD, KEEP, Converted, Progress, QuantizedTensor, Source, convert, plan, quantize_source
 from .gguf_blocks import BLOCKS, GGUFBlockWeight
+from .held import as_held, held_spec
 from .modules import QuantEmbedding, QuantLinear, linear_class
 from .packed import Int4Weight, Int8Weight
 from .presets import Preset
@@ -34,9 +35,11 @@ def packed_weight(q: QuantizedTensor, device: torch.device, rows_needed: bool = 
 
 def install(model: nn.Module, quantized: dict[str, QuantizedTensor], biases: dict[str, torch.Tensor],
             device: torch.device, dtype: torch.dtype, tied: bool, own_biases: bool = False) -> None:
-    """Replace each quantized weight's module; `biases` (by bias name) are taken from as used.
-    `own_biases`: a module's existing bias is real (a loaded float model), not a skeleton's."""
+    """Replace each quantized weight's module, in the format it is held in on `device` (held.py);
+    `biases` (by bias name) are taken from as used. `own_biases`: a module's existing bias is real
+    (a loaded float model), not a skeleton's."""
     for weight_name, q in quantized.items():
+        q = as_held(q, device)
         module_name = weight_name.removesuffix(".weight")
         current = model.get_submodule(module_name)
         if isinstance(current, nn.Embedding):
@@ -67,9 +70,10 @@ def build(args, converted: Converted, device: torch.device, dtype: torch.dtype) 
 
 
 def build_from_sources(args, sources: list[Source], preset: Preset, device: torch.device, dtype: torch.dtype,
-                       search: bool = True) -> nn.Module:
+                       search: bool | str = True, progress: Progress | None = None) -> nn.Module:
     """build(convert(...)) one tensor at a time: each weight is packed for the device as soon as it
-    is converted, so the portable copies of all weights never exist at once (peak memory at load)."""
+    is converted, so the portable copies of all weights never exist at once (peak memory at load).
+    `progress(done, total, name)` hears about it after each tensor, in bytes of the source's weights."""
     specs = plan(sources, preset, args.num_hidden_layers, args.tie_word_embeddings)
     keep_dtype = {"float16": torch.float16, "float32": torch.float32}.get(preset.dtype, torch.bfloat16)
     model = models.skeleton(args)
@@ -77,19 +81,29 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
     # 1-D tensors (norms, biases) first: a quantized module takes its bias when it is installed
     floats = {s.name: s.values().to(device=device, dtype=dtype) for s in wanted if len(s.shape) == 1}
     quantized_embedding = False
+    total, done = sum(s.nbytes for s in wanted), 0
     for i, s in enumerate(wanted):
-        if len(s.shape) == 1:
-            continue
-        if i % 8 == 0:  # about once a layer: freed temporaries go back to the system (heap.py)
-            heap.trim()
-        spec = specs[s.name]
-        if spec == KEEP:  # rounded as a saved checkpoint would hold it, then to the compute dtype
-            floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)
-            continue
-        quantized_embedding |= s.name == EMBEDDING
-        install(model, {s.name: quantize_source(s, spec, search, portable=False)}, floats, device, dtype,
-                args.tie_word_embeddings and s.name == EMBEDDING)
+        done += s.nbytes
+        if len(s.shape) > 1:
+            if i % 8 == 0:  # about once a layer: freed temporaries go back to the system (heap.py)
+                heap.trim()
+            quantized_embedding |= _take(model, s, specs[s.name], floats, keep_dtype, args, device, dtype, search)
+        if progress:
+            progress(done, total, s.name)
     return _finish(model, args, floats, quantized_embedding, device)
+
+
+def _take(model, s: Source, spec, floats: dict, keep_dtype, args, device, dtype, search) -> bool:
+    """Source tensor `s` (a matrix) into `model` as `spec` says; whether it quantized the embedding."""
+    if spec == KEEP:  # rounded as a saved checkpoint would hold it, then to the compute dtype
+        floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)
+        return False
+    held = held_spec(spec, device, s.gguf_type)
+    if held.kind == s.gguf_type:  # the file's own blocks are the held format: taken as they are
+        spec = held
+    install(model, {s.name: quantize_source(s, spec, search, portable=False)}, floats, device, dtype,
+            args.tie_word_embeddings and s.name == EMBEDDING)
+    return s.name == EMBEDDING
 
 
 def _finish(model: nn.Module, args, floats: dict, quantized_embedding: bool, device: torch.device) -> nn.Module:

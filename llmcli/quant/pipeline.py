@@ -146,9 +146,10 @@ def _cache_current(target: Path, source: Path, preset: Preset) -> bool:
         and block.get("format_version") == checkpoint.FORMAT_VERSION
 
 
-def model_from_sources(sources: list[Source], args, preset: Preset, placement, search: bool = True):
+def model_from_sources(sources: list[Source], args, preset: Preset, placement, search: bool | str = True,
+                       progress: Progress | None = None):
     """A model quantized at load (`--quant`, or a GGUF's own blocks), one tensor at a time."""
-    return build_from_sources(args, sources, preset, placement.device, placement.dtype, search)
+    return build_from_sources(args, sources, preset, placement.device, placement.dtype, search, progress)
 
 
 def model_from_checkpoint(files: list[Path], config: dict, args, placement):

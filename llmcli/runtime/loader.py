@@ -12,8 +12,9 @@ from .. import models
 from ..formats.open import ModelFile, open_model_file
 from ..formats.tokenizer import Tokenizer
 from ..models.llama import ModelArgs  # the base of every family's ModelArgs
-from ..quant import float_rows, pipeline
+from ..quant import QUANTIZING, float_rows, pipeline
 from ..quant.gguf_import import as_stored_preset
+from ..quant.held import describe, model_formats
 from .device import Placement
 from .native_step import NativeStep
 
@@ -37,27 +38,29 @@ class LoadedModel:
         return self.metadata.get("name") or self.path.name
 
 
-def load_model(source: ModelFile | str | Path, placement: Placement, preset=None) -> LoadedModel:
+def load_model(source: ModelFile | str | Path, placement: Placement, preset=None, progress=None) -> LoadedModel:
     """Load weights in `placement.dtype` onto `placement.device`; `preset` (quant.presets.Preset)
     quantizes them at load. An llmcli quantized checkpoint folder loads as it was saved. `source`:
-    an opened ModelFile, or a path to open."""
+    an opened ModelFile, or a path to open. `progress(label, done, total)` hears about quantizing
+    at load, in bytes of the file's weights (label: "quantizing (PRESET)")."""
     t0 = time.perf_counter()
     mf = source if isinstance(source, ModelFile) else open_model_file(source)
-    model, weights_type = _build(mf, placement, preset)
+    model, weights_type = _build(mf, placement, preset, progress)
     metadata = {"name": mf.metadata.get("general.name"), "license": mf.license,
                 "architecture": mf.architecture} if mf.is_gguf else {"architecture": mf.architecture}
     return LoadedModel(model, mf.tokenizer, mf.args, mf.chat_template, mf.path, mf.format, mf.nbytes, weights_type,
                        placement, time.perf_counter() - t0, metadata)
 
 
-def _build(mf: ModelFile, placement: Placement, preset) -> tuple[torch.nn.Module, str]:
-    """The model, and how its weights are held ("Q4_1", "q4 (from bfloat16)", ...)."""
+def _build(mf: ModelFile, placement: Placement, preset, progress=None) -> tuple[torch.nn.Module, str]:
+    """The model, and how its weights are held ("Q4_1", "q4 (from bfloat16) as Q4_1, Q8_0", ...)."""
     args, stored = mf.args, mf.weights_type
     if mf.quantization is not None:  # structural: the config says how it is packed
         if preset is not None:
             raise pipeline.AlreadyQuantizedError(
                 f"{mf.path} is already quantized (preset {mf.quantization.get('preset')!r}); drop --quant")
-        return pipeline.model_from_checkpoint(mf.files, mf.metadata, args, placement), stored
+        held = describe(model_formats(mf, None, placement.device).values())
+        return pipeline.model_from_checkpoint(mf.files, mf.metadata, args, placement), f"{stored} as {held}"
     if preset is None and mf.is_gguf:
         # keep the file's quantized blocks packed (exact: quant/gguf_import.py); --quant f32 (or bf16) dequantizes
         sources = mf.sources()
@@ -70,8 +73,14 @@ def _build(mf: ModelFile, placement: Placement, preset) -> tuple[torch.nn.Module
         return model, f"{stored} as {_rows_held(model)} rows"
     if preset is None:
         return models.build(args, mf.state_dict(placement.dtype, placement.device), placement.device), stored
-    # GGUF blocks the preset can use are taken as they are; the rest quantized or kept
-    return pipeline.model_from_sources(mf.sources(), args, preset, placement), f"{preset.name} (from {stored})"
+    # GGUF blocks the preset can use are taken as they are; the rest quantized or kept. Scales from
+    # min/max at load, as llama.cpp's Q4_0/Q4_1/Q8_0 take them: the search takes ten times as long
+    # (docs/performance.md), too long for every start of a large model; `llmcli quantize` searches, once
+    held = describe(model_formats(mf, preset, placement.device).values())
+    label = f"{QUANTIZING} ({preset.name})"
+    report = None if progress is None else (lambda done, total, name: progress(label, done, total))
+    model = pipeline.model_from_sources(mf.sources(), args, preset, placement, search=False, progress=report)
+    return model, f"{preset.name} (from {stored}) as {held}"
 
 
 def _rows_held(model: torch.nn.Module) -> str:

@@ -32,12 +32,10 @@ from ..cache.static import StaticKVCache
 from ..models import gemma3, llama
 from ..native.step import KV_DTYPES
 from ..quant import float_rows
-from ..quant.gguf_blocks import INT8_DOT_BLOCKS, TYPE_IDS, GGUFBlockWeight
+from ..quant.gguf_blocks import STEP_TYPES, TYPE_IDS, GGUFBlockWeight
+from ..quant.held import model_formats, step_multiplies
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF general.architecture the step runs
-# Hugging Face model_type -> the step's family (ARCHITECTURES' name)
-HF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                    "gemma3_text": "gemma3", "gemma3": "gemma3"}
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # the families it runs (GGUF's gemma3 is gemma3_text)
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
 # Each model's copies of its weights for the step (interleaved for the row-group kernels), held as
@@ -68,28 +66,23 @@ class NativeStep:
         self.last_top = None
 
     @staticmethod
-    def decodes(model_file) -> bool:
-        """Whether a model file, loaded as stored on the CPU, will decode through this step (read
-        from its header): a Llama-family or Gemma 3 GGUF whose matrices are all blocks the step
-        multiplies, or such an unquantized safetensors folder (its matrices held as F16/BF16 rows)."""
-        if native.module() is None:
+    def decodes(model_file, preset=None) -> bool:
+        """Whether a model file (a GGUF, an HF folder, an llmcli checkpoint) loaded on the CPU with
+        `preset` (None: as stored) will decode through this step, read from its headers: a
+        Llama-family or Gemma 3 model whose matrices will all be blocks the step multiplies
+        (quant/held.py says how each is held)."""
+        if native.module() is None or model_file.args.model_type not in MODEL_TYPES:
             return False
-        if not model_file.is_gguf:
-            return model_file.quantization is None and model_file.architecture in HF_ARCHITECTURES \
-                and float_rows.rows_preset(model_file.headers) is not None
-        if model_file.architecture not in ARCHITECTURES:
-            return False
-        matrices = [t for t in model_file.reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight"]
-        # without integer dot products (the portable kernels) Q4_0/Q4_1/Q8_0/Q4_K load as int4/int8 (gguf_import)
-        kept = [t for t in TYPE_IDS if native.int8_dot() or t not in INT8_DOT_BLOCKS]
-        return bool(matrices) and all(t.tensor_type.name in kept for t in matrices)
+        formats = model_formats(model_file, preset, torch.device("cpu"))
+        return step_multiplies(formats, model_file.args.tie_word_embeddings, STEP_TYPES)
 
     @staticmethod
     def holds_rows(model_file, device: torch.device, dtype: torch.dtype, dtype_asked: bool = False) -> bool:
         """Whether an unquantized folder loads as F16/BF16 rows (quant/float_rows.py) for this step:
         on the CPU in float32 (native_placement's choice), where the step decodes it; a float32
         folder only where float32 was not asked for (`--dtype float32` keeps its weights exact)."""
-        if model_file.is_gguf or device.type != "cpu" or dtype != torch.float32 or not NativeStep.decodes(model_file):
+        if model_file.is_gguf or model_file.quantization is not None or device.type != "cpu" \
+                or dtype != torch.float32 or not NativeStep.decodes(model_file):
             return False
         return not dtype_asked or float_rows.exact(model_file.headers)
 

@@ -6,10 +6,11 @@
                                  LLMCLI_MEMORY_LIMIT (e.g. 2G, 500M, 1.5GiB) replaces the device figure.
     weights_from_files(model, preset, dtype, device)
                                  ModelArgs and the bytes the weights will take once loaded, read from
-                                 the ModelFile's headers only: per tensor, the format the preset gives it (GGUF
-                                 Q4_0/Q4_1/Q8_0/Q4_K/Q5_x/Q6_K blocks are kept packed, at about the same size, unless
-                                 the dtype is float32; an unquantized folder the native step decodes keeps its
-                                 matrices as F16/BF16 rows), or the compute dtype when nothing quantizes it.
+                                 the ModelFile's headers only: per tensor, the format the preset gives it as the
+                                 device holds it (quant/held.py: GGUF blocks where the kernels multiply them; a
+                                 GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_x/Q6_K blocks stay packed, at about the same size;
+                                 an unquantized folder the native step decodes keeps its matrices as F16/BF16
+                                 rows), or the compute dtype when nothing quantizes it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..models import ARCHITECTURES
 from ..quant import float_rows, kernels
 from ..quant.gguf_blocks import row_bytes
 from ..quant.gguf_import import as_stored_preset
+from ..quant.held import describe, held_spec, model_formats
 from .native_step import NativeStep
 
 MEMORY_LIMIT_ENV = "LLMCLI_MEMORY_LIMIT"
@@ -147,8 +149,10 @@ def model_shapes(args) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch.dtype, device: torch.device) -> int:
-    """Bytes the weights take once loaded: quantized as `preset` says, the rest in `dtype`."""
+def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch.dtype, device: torch.device,
+                  source_types: dict[str, str] | None = None) -> int:
+    """Bytes the weights take once loaded: quantized as `preset` says and held as the device holds that
+    format (quant/held.py; `source_types`: GGUF types of the file's tensors), the rest in `dtype`."""
     # the RoPE tables (inv_freq, and gemma3's local or phi3's long one), float32
     total = sum(t.numel() * 4 for t in ARCHITECTURES[args.model_type].Transformer.rope_buffers(args).values())
     n_layers = args.num_hidden_layers
@@ -157,6 +161,7 @@ def weights_bytes(shapes: dict[str, tuple[int, ...]], args, preset, dtype: torch
             continue
         spec = preset.spec_for(name, shape, n_layers) if preset is not None else None
         if spec is not None and spec.quantized:
+            spec = held_spec(spec, device, (source_types or {}).get(name))
             total += quantized_bytes(spec, shape, device, rows_needed=name == "model.embed_tokens.weight")
         else:
             total += math.prod(shape) * dtype.itemsize
@@ -174,9 +179,11 @@ def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, devi
     if mf.quantization is not None:  # an llmcli checkpoint: loaded as stored
         sizes = {"I8": 1, "U8": 1, "I32": 4}
         nbytes = sum(math.prod(t["shape"]) * sizes.get(t["dtype"], dtype.itemsize) for t in mf.headers.values())
-        return WeightsInfo(args, nbytes, f"{mf.quantization.get('preset')} (llmcli checkpoint)")
+        held = describe(model_formats(mf, None, device).values())
+        return WeightsInfo(args, nbytes, f"{mf.quantization.get('preset')} (llmcli checkpoint) as {held}")
     shapes = mf.shapes()
     source = "/".join(sorted(mf.block_types())) if mf.is_gguf else mf.weights_type
+    types = {s.name: s.gguf_type for s in mf.sources()} if mf.is_gguf else None
     if preset is None and NativeStep.holds_rows(mf, device, dtype, dtype_asked):  # the loader keeps 16-bit matrices as rows
         rows = float_rows.rows_preset(mf.headers)
         nbytes = weights_bytes(shapes, args, rows, dtype, device)
@@ -184,6 +191,8 @@ def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, devi
     if preset is None and mf.is_gguf:  # the loader keeps the quantized blocks packed
         stored = as_stored_preset(mf.sources(), device)
         if stored is not None:
-            return WeightsInfo(args, weights_bytes(shapes, args, stored, dtype, device), f"{source} as stored")
+            return WeightsInfo(args, weights_bytes(shapes, args, stored, dtype, device, types), f"{source} as stored")
     label = f"{preset.name if preset is not None else name} from {source}"
-    return WeightsInfo(args, weights_bytes(shapes, args, preset, dtype, device), label)
+    if preset is not None and preset.quantizes:  # the format each weight is held in
+        label += f" as {describe(model_formats(mf, preset, device).values())}"
+    return WeightsInfo(args, weights_bytes(shapes, args, preset, dtype, device, types), label)

@@ -306,12 +306,14 @@ def locate(model: str, *, registry: Path | None = None, offline: bool = False, p
 
 
 def native_placement(model_file: ModelFile, placement: Placement, preset) -> tuple[Placement, str | None]:
-    """Where the native CPU step will decode this file as stored: float32 compute, and a float16 KV
-    cache for `--kv-type auto` (the step reads half the bytes; llama.cpp's and ollama's default too).
-    Elsewhere the placement as it is and None (auto: the compute dtype)."""
-    if preset is None and placement.device.type == "cpu" and NativeStep.decodes(model_file):
+    """Where the native CPU step will decode this file with `preset` (None: as stored; the choice is
+    NativeStep.decodes'): float32 compute, and a float16 KV cache for `--kv-type auto` (the step reads
+    half the bytes; llama.cpp's and ollama's default too). Elsewhere (CUDA, MPS, formats the step does
+    not multiply) the placement as it is and None (auto: the compute dtype)."""
+    if placement.device.type == "cpu" and NativeStep.decodes(model_file, preset):
         placement = placement.with_fastest_dtype(torch.float32, "the native one-call step runs in float32")
-        if placement.dtype == torch.float32 and (model_file.is_gguf or NativeStep.holds_rows(
+        as_stored_folder = preset is None and not model_file.is_gguf and model_file.quantization is None
+        if placement.dtype == torch.float32 and (not as_stored_folder or NativeStep.holds_rows(
                 model_file, placement.device, placement.dtype, placement.dtype_asked)):
             return placement, "f16"
     return placement, None
@@ -342,7 +344,8 @@ def plan_memory(model: ModelFile | Path, placement: Placement, preset=None, ctx_
 def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     """The model `flags` name, located (pulled on first use), opened once, planned against free
     memory and loaded. A string is ModelFlags(model=it, **changes). `progress(label, done, total)`
-    hears about downloads."""
+    hears about downloads (in bytes), and about quantizing at load (label "quantizing (PRESET)", in
+    bytes of the weights read)."""
     flags = ModelFlags(flags, **changes) if isinstance(flags, str) else flags.with_(**changes)
     found = fetch.locate(flags.model, registry_file=flags.registry, offline=flags.offline, progress=progress)
     model_file = open_model_file(found.path)
@@ -352,7 +355,7 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     placement, float_kv = native_placement(model_file, placement, flags.preset)
     memory = plan_memory(model_file, placement, flags.preset, flags.ctx_size, found.entry, flags.kv_type,
                          flags.kv_offload, flags.rows, flags.ctx_cap, float_kv)
-    loaded = load_model(model_file, placement, flags.preset)
+    loaded = load_model(model_file, placement, flags.preset, progress)
     entry = found.entry
     if entry is not None:  # the registry's overrides
         loaded.chat_template = entry.chat_template or loaded.chat_template

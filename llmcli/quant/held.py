@@ -1,0 +1,137 @@
+"""How each weight is held once loaded: the one place that turns a format (a preset's, a checkpoint's,
+a GGUF file's as stored) into what the device multiplies.
+
+On a CPU where the native kernels multiply blocks with SIMD integer dot products (native.int8_dot()),
+llmcli's group-wise formats of 32 are held as the GGUF blocks they are exactly, which the kernels and
+the native decode step (runtime/native_step.py) multiply as llama.cpp does, with int8 activations:
+
+    int4 g32, zero point   w = (q - 8) * s + z   ->  Q4_1  d = s, m = z - 8s (f16)
+    int4 g32, symmetric    w = (q - 8) * s       ->  Q4_0  d = s (f16)
+    int8 g32               w = q * s             ->  Q8_0  d = s (f16)
+
+The codes stay as they are; only the scales (and Q4_1's m) are rounded, from bfloat16 to float16
+(a bfloat16 scale in float16's normal range is exact). A GGUF tensor whose own blocks import into
+the format exactly (gguf_import.direct_spec: Q4_0, Q4_1, Q4_K, Q8_0) keeps those blocks, unrounded.
+Other group sizes (q4_g128: 128, 64) keep llmcli's own layout for torch's int4 kernel: as Q4_1 they
+would take 5 bits a weight where the preset asks for 4.25. On other CPUs (the portable kernels, no
+compiler), CUDA and MPS, every format keeps its torch kernels.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import torch
+
+from .. import native
+from . import float_rows
+from .convert import EMBEDDING, HEAD, KEEP, QuantizedTensor, plan
+from .gguf_blocks import BITS, BLOCKS, FROM_LLMCLI, INT8_DOT_BLOCKS
+from .gguf_import import as_stored_preset, direct_spec
+from .presets import QuantSpec
+from .primitives import TASK_VALUES, in_tasks, unpack_int4
+
+F16_MAX = 65504.0
+
+
+def held_spec(spec: QuantSpec, device: torch.device, source_type: str | None = None) -> QuantSpec:
+    """The format a weight that `spec` describes is held in on `device`: a GGUF block type where the
+    kernels multiply blocks with integer dot products (the table at the top), else `spec` itself.
+    `source_type`: the weight's GGUF type in the file it comes from (its blocks are kept where they
+    are the format exactly)."""
+    if spec.kind != "int" or device.type != "cpu" or not native.int8_dot():
+        return spec
+    if source_type in INT8_DOT_BLOCKS and direct_spec(source_type, spec):
+        return QuantSpec(BITS[source_type], BLOCKS[source_type][0], False, source_type)
+    block = FROM_LLMCLI.get((spec.bits, spec.group_size, spec.symmetric))
+    return spec if block is None else QuantSpec(spec.bits, spec.group_size, spec.symmetric, block)
+
+
+def as_held(q: QuantizedTensor, device: torch.device) -> QuantizedTensor:
+    """`q` in the format held_spec picks for `device` (converted to blocks, vectorised), or `q`."""
+    held = held_spec(q.spec, device)
+    if held is q.spec or "blocks" in q.state:
+        return q
+    state = q.state
+    scales, zeros = state["scales"], state.get("zeros")
+    offset = None if zeros is None else zeros.float() - 8 * scales.float()  # Q4_1's m, the value at q = 0
+    if scales.float().abs().max() > F16_MAX or (offset is not None and offset.abs().max() > F16_MAX):
+        return q  # beyond float16: kept in llmcli's layout (no real weight comes near)
+    if "codes" in state:
+        codes, packed = state["codes"], False
+    else:
+        codes, packed = state["qweight"], held.bits == 4
+    return QuantizedTensor(held, {"blocks": to_blocks(codes, scales, offset, held.kind, packed)}, q.direct)
+
+
+_LAYOUTS = {"Q4_0": [("d", "<f2"), ("qs", "u1", 16)], "Q4_1": [("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)],
+            "Q8_0": [("d", "<f2"), ("qs", "i1", 32)]}  # a block of 32, as ggml lays it out
+
+
+def to_blocks(codes: torch.Tensor, scales: torch.Tensor, offset: torch.Tensor | None, type_name: str,
+              packed: bool = False) -> torch.Tensor:
+    """codes (N, K) (int4: 0..15 as uint8, or packed two a byte as pack_int4 packs them; int8),
+    scales (N, K/32), Q4_1's offsets m (N, K/32) -> (N, K/32 * block bytes) uint8 GGUF blocks:
+    [d f16][m f16, Q4_1][codes: 4-bit, byte j holding element j low and element j + 16 high;
+    8-bit as int8]. In tasks of rows over torch's threads, as quantize() runs."""
+    N = codes.shape[0]
+    K = codes.shape[1] * (2 if packed else 1)
+    n = K // 32
+    out = np.empty((N, n), np.dtype(_LAYOUTS[type_name]))
+    rows = max(1, TASK_VALUES // K)
+
+    def task(start: int) -> None:
+        stop = min(N, start + rows)
+        block = out[start:stop]
+        block["d"] = scales[start:stop].reshape(-1, n).to(torch.float16).numpy()
+        if type_name == "Q4_1":
+            block["m"] = offset[start:stop].reshape(-1, n).to(torch.float16).numpy()
+        c = unpack_int4(codes[start:stop]) if packed else codes[start:stop]
+        c = c.reshape(-1, n, 32).numpy()
+        block["qs"] = c if type_name == "Q8_0" else c[..., :16] | (c[..., 16:] << 4)
+
+    in_tasks(task, range(0, N, rows))
+    return torch.from_numpy(out.view(np.uint8).reshape(N, -1))
+
+
+# ----------------------------------------------------------------------------------- a model file
+
+
+def model_formats(model_file, preset, device: torch.device) -> dict[str, QuantSpec]:
+    """Every matrix of `model_file` (HF names; a tied output head is the embedding's entry) in the
+    format it is held in once loaded on `device` with `preset` (None: as stored), read from headers."""
+    if model_file.quantization is not None:  # an llmcli checkpoint: its block lists each quantized weight
+        tensors = model_file.quantization.get("tensors", {})
+        specs = {name: QuantSpec.from_json(d) for name, d in tensors.items()}
+        modules = {name.removesuffix(".weight") for name in specs}
+        floats = {name: KEEP for name, h in model_file.headers.items()
+                  if len(h["shape"]) == 2 and name.rpartition(".")[0] not in modules}
+        return {name: held_spec(spec, device) for name, spec in {**floats, **specs}.items()}
+    sources = model_file.sources()
+    args = model_file.args
+    if preset is None and model_file.is_gguf:
+        preset = as_stored_preset(sources, device)
+    elif preset is None and device.type == "cpu" and native.available():  # an unquantized folder: rows
+        preset = float_rows.rows_preset(model_file.headers)
+    matrices = [s for s in sources if len(s.shape) == 2]
+    if preset is None:
+        specs = {s.name: KEEP for s in matrices}
+        if args.tie_word_embeddings:
+            specs.pop(HEAD, None)
+    else:
+        specs = plan(matrices, preset, args.num_hidden_layers, args.tie_word_embeddings)
+    types = {s.name: s.gguf_type for s in matrices}
+    return {name: held_spec(spec, device, types.get(name)) for name, spec in specs.items()}
+
+
+def describe(specs) -> str:
+    """'Q4_1, Q8_0' or 'int4_g128, Q8_0, float': the formats of some weights, the most common first."""
+    return ", ".join(name for name, _ in Counter(s.name() for s in specs).most_common())
+
+
+def step_multiplies(formats: dict[str, QuantSpec], tied: bool, step_types) -> bool:
+    """Whether every matrix the native step multiplies (all but an untied embedding, which it only
+    looks rows up in) is held as one of `step_types`."""
+    return bool(formats) and all(spec.kind in step_types for name, spec in formats.items()
+                                 if name != EMBEDDING or tied)
