@@ -258,7 +258,7 @@ def model_args(meta: dict, tensor_names: set[str], reader=None) -> ModelArgs:
     kind = get("rope.scaling.type", "none")
     if kind == "linear":
         scaling = {"rope_type": "linear", "factor": get("rope.scaling.factor", 1.0)}
-    elif kind not in ("none", None):
+    elif kind not in ("none", None) and not (arch == "phi3" and kind == "longrope"):  # phi3: its factor tensors
         raise UnsupportedModelError(f"rope scaling {kind!r} in this GGUF is not supported; supported: none, linear")
     vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())) or None
     if reader is not None:  # the embedding's rows are the real vocabulary (gemma3's converter trims it)

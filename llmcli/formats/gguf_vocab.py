@@ -66,6 +66,8 @@ def add_vocab(writer, folder: Path, arch: str, n_vocab: int) -> list[str]:
         except (ValueError, OSError, KeyError, TypeError) as e:
             raise CorruptModelError(f"{folder}'s tokenizer files cannot be read ({e}); download the model again") from None
         special.add_to_gguf(writer, quiet=True)
+        if arch == "llama" and n_vocab == 49152:  # LlamaModel.set_vocab: granite's (and SmolLM2's) size adds no BOS
+            writer.add_add_bos_token(False)
     return notes
 
 

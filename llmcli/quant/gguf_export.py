@@ -123,7 +123,7 @@ def quantize_to_gguf(source: Path, preset: Preset | str, out: Path, *, force: bo
         if mf.is_gguf:
             _copy_metadata(writer, mf)
         else:
-            _folder_metadata(writer, mf, args, arch, n_vocab, notes)
+            _folder_metadata(writer, mf, args, arch, n_vocab, sum(t.numel for t in tensors), notes)
         writer.add_file_type(file_type(types, shapes, preset))
         for t in tensors:
             # shapes in elements (a uint8 dtype would make gguf-py read them as bytes)
@@ -229,20 +229,30 @@ def _copy_metadata(writer, mf: ModelFile) -> None:
         writer.add_key_value(key, value, GGUFValueType(kind), None if item is None else GGUFValueType(item))
 
 
-def _folder_metadata(writer, mf: ModelFile, args, arch: str, n_vocab: int, notes: list[str]) -> None:
-    """What convert_hf_to_gguf.py writes: general keys, the architecture's, the tokenizer's."""
+def _folder_metadata(writer, mf: ModelFile, args, arch: str, n_vocab: int, params: int, notes: list[str]) -> None:
+    """What convert_hf_to_gguf.py writes: general keys (gguf-py's Metadata, from the folder's name,
+    model card and generation_config), the architecture's, the tokenizer's."""
     import gguf
 
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(_model_name(mf.path))
+    repo = _snapshot_repo(mf.path)
+    try:
+        meta = gguf.Metadata.load(None, mf.path, repo, params)
+    except Exception:  # a model card's front matter that is not YAML: the name alone, as the converter falls back
+        meta = gguf.Metadata(name=repo)
+    meta.name = meta.name or mf.path.name
+    if meta.size_label is None and params > 0:
+        meta.size_label = gguf.size_label(params, params, 0, 0)
+    meta.set_gguf_meta_model(writer)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_hparams(writer, args, mf.metadata)
     notes += add_vocab(writer, mf.path, arch, n_vocab)
 
 
-def _model_name(path: Path) -> str:
-    """A Hugging Face cache snapshot (models--org--name/snapshots/<commit>) by its repo's name."""
+def _snapshot_repo(path: Path) -> str | None:
+    """A Hugging Face cache snapshot (models--org--name/snapshots/<commit>) by its repo's name: the
+    folder's own name is a commit hash."""
     for p in (path, *path.parents):
         if p.parent.name == "snapshots" and p.parent.parent.name.startswith("models--"):
             return p.parent.parent.name.split("--")[-1]
-    return path.name
+    return None
