@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .. import models
+from ..formats.info import runs_as
 from ..formats.open import ModelFile, open_model_file
 from ..formats.tokenizer import Tokenizer
 from ..models.llama import ModelArgs  # the base of every family's ModelArgs
@@ -26,7 +27,7 @@ class LoadedModel:
     path: Path
     format: str  # "gguf" | "safetensors"
     weights_bytes: int  # size of the weights on disk
-    weights_type: str  # e.g. "Q4_1", "bfloat16"
+    weights_type: str  # e.g. "Q4_1", "bfloat16", "q4 (llmcli)", "bfloat16 safetensors quantized to q4 at load"
     placement: Placement
     load_seconds: float
     metadata: dict = field(default_factory=dict)  # e.g. general.name, license
@@ -34,6 +35,11 @@ class LoadedModel:
     @property
     def name(self) -> str:
         return self.metadata.get("name") or self.path.name
+
+    @property
+    def runs_as(self) -> str:
+        """The weights in words: "GGUF Q4_1", "bfloat16 safetensors quantized to q4 at load"."""
+        return self.weights_type if self.weights_type.endswith(" at load") else runs_as(self.format, self.weights_type)
 
 
 def load_model(source: ModelFile | str | Path, placement: Placement, preset=None) -> LoadedModel:
@@ -66,4 +72,4 @@ def _build(mf: ModelFile, placement: Placement, preset) -> tuple[torch.nn.Module
     if preset is None:
         return models.build(args, mf.state_dict(placement.dtype, placement.device), placement.device), stored
     # GGUF blocks the preset can use are taken as they are; the rest quantized or kept
-    return pipeline.model_from_sources(mf.sources(), args, preset, placement), f"{preset.name} (from {stored})"
+    return pipeline.model_from_sources(mf.sources(), args, preset, placement), runs_as(mf.format, stored, preset.name)
