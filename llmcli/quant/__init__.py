@@ -7,6 +7,8 @@
     modules.py      Int4Linear, Int8Linear, NF4Linear, LLMInt8Linear, QuantEmbedding (with from_linear)
     presets.py      TOML rules from tensor names to formats (shipped in the top-level quant/ folder)
     gguf_import.py  GGUF Q4_0 / Q4_1 / Q8_0 blocks taken as they are
+    gguf_encode.py  the other way: llmcli's codes and scales as Q4_0 / Q4_1 / Q8_0 block bytes
+    gguf_export.py  `quantize --format gguf`: a model as a GGUF file llama.cpp and ollama load
     convert.py      a model's tensors -> formats, one tensor at a time
     model.py        the walker: swap modules by Hugging Face name; build a quantized model
     checkpoint.py   the checkpoint folder: config.json `quantization` block, safetensors, tokenizer
