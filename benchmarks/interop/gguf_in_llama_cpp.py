@@ -39,7 +39,7 @@ def llama_simple(binary: Path, path: Path, tokens: int) -> str:
                          timeout=600)
     if out.returncode:
         return f"failed: {out.stderr.strip().splitlines()[-1]}"
-    return out.stdout.removeprefix(PROMPT)
+    return out.stdout.split(PROMPT, 1)[-1]  # it echoes the prompt (after a BOS it shows, such as Gemma's <bos>)
 
 
 def llmcli_run(path: Path, tokens: int) -> str:
