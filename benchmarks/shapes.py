@@ -15,7 +15,8 @@ qwen2      Qwen2.5-0.5B's shapes (q/k/v bias, tied embeddings, 151936 entries), 
 
 The K-quant encoders write the exact byte layout llama.cpp writes (ggml-common.h), with simple min/max
 scales, not llama.cpp's search: tests need valid blocks, not the best ones. Checked by round-tripping
-through `gguf.quants.dequantize` (tests/test_gguf_kquants.py).
+through `gguf.quants.dequantize` (tests/test_gguf_kquants.py). Their float16 bytes and nibble packing
+are the package's (llmcli/quant/gguf_encode.py, which writes `quantize --format gguf`'s blocks).
 
     Q4_K  144 bytes / 256: d f16, dmin f16, scales[12] (6-bit scale and min per 32), qs[128]
     Q5_K  176 bytes / 256: d, dmin, scales[12], qh[32] (5th bits), qs[128]
@@ -34,15 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
+from llmcli.quant.gguf_encode import f16_bytes as _f16
+from llmcli.quant.gguf_encode import pack_nibbles
+
 # ------------------------------------------------------------------------------ K-quant blocks
 
 QK = 256
-
-
-def _f16(v: np.ndarray) -> np.ndarray:
-    """(n,) float -> (n, 2) little-endian float16 bytes."""
-    return np.ascontiguousarray(v.astype(np.float16)).view(np.uint8).reshape(-1, 2)
-
 
 def _pack_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
     """(n, 8) 6-bit scales and mins -> (n, 12) bytes, the inverse of ggml's get_scale_min_k4."""
@@ -69,8 +67,7 @@ def _asymmetric(x: np.ndarray, levels: int):
 
 def _low_nibbles(q: np.ndarray) -> np.ndarray:
     """(n, 256) codes -> (n, 128) bytes: per 64 elements, element l low, element l + 32 high."""
-    q = (q & 15).reshape(-1, 4, 2, 32)
-    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+    return pack_nibbles(q.reshape(-1, 256), 32)
 
 
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:

@@ -12,7 +12,8 @@ from conftest import run_cli
 
 from llmcli import native
 from llmcli.quant.gguf_blocks import dequantize_blocks
-from llmcli.quant.held import describe, model_formats, to_blocks
+from llmcli.quant.gguf_encode import to_blocks
+from llmcli.quant.held import describe, model_formats
 from llmcli.quant.presets import load_preset
 from llmcli.quant.primitives import dequantize, pack_int4, quantize
 
@@ -205,7 +206,7 @@ def test_run_says_the_folder_decodes_natively_as_q4_1_blocks(int8_dot, tiny_fold
     r = run_cli("run", str(tiny_folder), "--quant", "q4", "Hi", "-n", "3", "--temp", "0", "-v")
     assert r.returncode == 0, r.stderr
     assert "weights q4 from float32 as Q4_1, Q8_0" in r.stderr  # the memory plan
-    assert "(llama, 3 layers, q4 (from float32) as Q4_1, Q8_0)" in r.stderr
+    assert "(llama, 3 layers, float32 safetensors quantized to q4 at load, held as Q4_1, Q8_0)" in r.stderr
     assert f"decode step: native (one C++ call a step, {native.variant()} kernels, f16 KV cache)\n" in r.stderr
 
 

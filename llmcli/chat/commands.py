@@ -189,7 +189,7 @@ def _show(session, rest):
     loaded, conv = session.rt.loaded, session.conv
     a = loaded.args
     parts = {
-        "info": [f"model       {loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, {loaded.weights_type}) "
+        "info": [f"model       {loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, {loaded.runs_as}) "
                  f"from {loaded.path}",
                  f"device      {session.rt.placement.reason.removeprefix('device ')}",
                  f"decode      {session.decode_mode()}",

@@ -59,6 +59,8 @@ def list_models(
 
 def _form(entry, path) -> str:
     if entry is not None and entry.format:
+        if entry.quant:
+            return f"{entry.format} -> {entry.quant} at load"
         return entry.format + (f" {entry.quantization}" if entry.quantization and entry.format == "gguf" else "")
     if path is not None:
         return "gguf" if str(path).endswith(".gguf") else "safetensors"
@@ -87,12 +89,13 @@ def show(
         _show_memory(found, json_out, ctx_size, kv_type, kv_offload, quant, device, dtype)
         return
     entry = found.entry if found else _entry(model, registry)
-    info = inspect(open_model_file(found.path)).as_dict() if found else {"path": None, "files": [], "size": None}
-    out = {"name": entry.name if entry else model, **info}
+    model_file = open_model_file(found.path) if found else None
+    info = inspect(model_file).as_dict() if found else {"path": None, "files": [], "size": None}
+    out = {"name": entry.name if entry else model, **info, "runs_as": _runs_as(model_file, info, entry)}
     if entry is not None:  # the registry fills gaps and adds what files do not say
         out["license"] = out.get("license") or entry.license
         out["registry"] = {"description": entry.description, "parameters": entry.parameters,
-                           "format": entry.format, "quantization": entry.quantization,
+                           "format": entry.format, "quantization": entry.quantization, "quant": entry.quant,
                            "default_context": entry.context_length, "sources": [str(s) for s in entry.sources],
                            "chat_template_override": entry.chat_template is not None,
                            "extra_stop_tokens": list(entry.stop_tokens)}
@@ -108,6 +111,7 @@ def show(
              ("parameters", human_count(out.get("parameters")) if out.get("parameters") else reg.get("parameters")),
              ("context length", _context(out, reg)),
              ("quantization", out.get("quantization") or reg.get("quantization")),
+             ("runs as", out["runs_as"]),
              ("license", out.get("license")), ("sources", ", ".join(reg.get("sources", [])) or None),
              ("stop tokens", ", ".join(reg.get("extra_stop_tokens", [])) or None)]
     for key, value in lines:
@@ -131,6 +135,8 @@ def _show_memory(found, json_out: bool, ctx_size, kv_type, kv_offload, quant, de
     from ..formats.open import open_model_file
     from ..runtime.runtime import native_placement, plan_memory
 
+    if quant is None and found.entry is not None:  # what `run NAME` would load
+        quant = found.entry.quant
     preset = check_preset_name(quant)
     model_file = open_model_file(found.path)
     placement, float_kv = native_placement(model_file, place(device, dtype), preset)
@@ -139,6 +145,20 @@ def _show_memory(found, json_out: bool, ctx_size, kv_type, kv_offload, quant, de
         sys.stdout.write(json.dumps(plan.as_dict(), indent=1) + "\n")
     else:
         sys.stdout.write(plan.table() + "\n")
+
+
+def _runs_as(model_file, info: dict, entry) -> str | None:
+    """What the name runs as: the file's types, or the registry's format and its quantization at load."""
+    from ..formats.info import runs_as
+
+    quant = entry.quant if entry is not None else None
+    if model_file is not None:
+        stored = info["quantization"] if model_file.is_gguf else model_file.weights_type
+        return runs_as(model_file.format, stored, None if model_file.is_gguf else quant)
+    if entry is None or not entry.format:
+        return None
+    stored = (entry.quantization or "?").removeprefix("none (").removesuffix(")")
+    return runs_as(entry.format, stored, quant)
 
 
 def _entry(model: str, registry):

@@ -45,26 +45,36 @@ def _size(n: int) -> str:
     return f"{n:.1f} GB"
 
 
+FORMATS = ("llmcli", "gguf")
+
+
 def quantize(
     model: ModelArg,
     preset: Annotated[str, typer.Option("--preset", "-p", help="A preset (q8, q4, q4_g128, q4_mixed, bf16, f16, f32) or a preset .toml file.")] = "q4",
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder to write (default: ./<model>-<preset>).", show_default=False)] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace the output folder if it exists.")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder (or .gguf file) to write (default: ./<model>-<preset>, with .gguf for --format gguf).", show_default=False)] = None,
+    out_format: Annotated[str, typer.Option("--format", help="llmcli: a checkpoint folder; gguf: one GGUF file llama.cpp and ollama load (presets in groups of 32: q4 as Q4_1, q8 as Q8_0).")] = "llmcli",
+    force: Annotated[bool, typer.Option("--force", help="Replace the output if it exists.")] = False,
     search: Annotated[bool, typer.Option("--search/--no-search", help="Search each group's scale for the least error (--no-search: min/max only, faster).")] = True,
     json_out: JsonOut = False,
 ):
-    """Quantize MODEL with a preset into an llmcli checkpoint folder (run it with `llmcli run DIR`)."""
+    """Quantize MODEL with a preset into an llmcli checkpoint folder (run it with `llmcli run DIR`), or a GGUF file."""
+    from ..quant.gguf_export import quantize_to_gguf
     from ..quant.pipeline import quantize_to_folder
     from ..quant.presets import load_preset
     from ..runtime.runtime import locate
     from .startup import resume
 
+    if out_format not in FORMATS:
+        raise InvalidParameterError(f"--format must be one of {', '.join(FORMATS)}, got {out_format!r}")
     source = locate(model)
     chosen = load_preset(preset)
     resume()  # (it opens no model: its long work collects as usual)
-    out = output if output is not None else Path.cwd() / f"{source.stem if source.is_file() else source.name}-{chosen.name}"
+    gguf = out_format == "gguf"
+    name = f"{source.stem if source.is_file() else source.name}-{chosen.name}" + (".gguf" if gguf else "")
+    out = output if output is not None else Path.cwd() / name
+    write = quantize_to_gguf if gguf else quantize_to_folder
     with _progress_bar(f"quantizing ({chosen.name})", sys.stderr.isatty()) as update:
-        summary = quantize_to_folder(source, chosen, out, force=force, search=search, progress=update)
+        summary = write(source, chosen, out, force=force, search=search, progress=update)
     err = stderr_console()
     for note in summary.notes:
         err.print(f"[yellow]note:[/yellow] {note}")
@@ -72,8 +82,11 @@ def quantize(
         sys.stdout.write(json.dumps(summary.as_dict()) + "\n")
         return
     imported = f", {summary.imported_tensors} taken from GGUF blocks as they are" if summary.imported_tensors else ""
+    what = summary.preset
+    if summary.tensor_types:
+        what += " as GGUF: " + ", ".join(f"{n} {t}" for t, n in summary.tensor_types.items())
     sys.stdout.write(
-        f"wrote {summary.output} ({summary.preset})\n"
+        f"wrote {summary.output} ({what})\n"
         f"  size {_size(summary.source_bytes)} -> {_size(summary.output_bytes)}; "
         f"{summary.bits_per_weight:.2f} bits per weight over {summary.parameters / 1e6:.1f} M parameters\n"
         f"  {summary.quantized_tensors} tensors quantized{imported}; {summary.seconds:.1f} s\n")

@@ -105,7 +105,9 @@ def _report_model(err, rt) -> None:
     err.print(f"[dim]{rt.placement.reason}[/dim]")
     a = rt.loaded.args
     err.print(f"[dim]loaded {rt.loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, "
-              f"{rt.loaded.weights_type}) in {rt.loaded.load_seconds:.2f} s; context {rt.ctx_size}[/dim]")
+              f"{rt.loaded.runs_as}) in {rt.loaded.load_seconds:.2f} s; context {rt.ctx_size}[/dim]")
+    if rt.registry_quant:
+        err.print(f"[dim]the registry's {rt.registry_quant} is quantized at load; --quant picks another preset[/dim]")
 
 
 class _Answer:

@@ -101,9 +101,12 @@ class GGUFFile:
             raise _Version(version)
         self.pos = 24
         self.metadata = {}
+        self.value_types = {}  # key -> (GGUF value type, item type of an array or None): for copying keys
         for _ in range(n_kv):
             key = self._string()
             (kind,) = self._unpack("<I")
+            item = struct.unpack_from("<I", buf, self.pos)[0] if kind == 9 else None
+            self.value_types[key] = (kind, item)
             self.metadata[key] = self._value(kind)
         infos = []
         for _ in range(n_tensors):
@@ -255,7 +258,7 @@ def model_args(meta: dict, tensor_names: set[str], reader=None) -> ModelArgs:
     kind = get("rope.scaling.type", "none")
     if kind == "linear":
         scaling = {"rope_type": "linear", "factor": get("rope.scaling.factor", 1.0)}
-    elif kind not in ("none", None):
+    elif kind not in ("none", None) and not (arch == "phi3" and kind == "longrope"):  # phi3: its factor tensors
         raise UnsupportedModelError(f"rope scaling {kind!r} in this GGUF is not supported; supported: none, linear")
     vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())) or None
     if reader is not None:  # the embedding's rows are the real vocabulary (gemma3's converter trims it)
@@ -341,6 +344,30 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     base, _, kind = gguf_name.rpartition(".")
     return f"{_GLOBAL_NAMES[base]}.{kind}" if base in _GLOBAL_NAMES else None
+
+
+def gguf_name(hf: str, arch: str = "llama") -> str | None:
+    """The inverse of hf_name: `model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`;
+    None for a name llama.cpp has no tensor for."""
+    base, _, kind = hf.rpartition(".")
+    for short, long in _GLOBAL_NAMES.items():
+        if base == long:
+            return f"{short}.{kind}"
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", base)
+    if m is None:
+        return None
+    names = _LAYER_NAMES
+    if arch == "gemma3":
+        names = {**_LAYER_NAMES, **_GEMMA3_NAMES}
+    elif arch == "phi3":
+        names = {**_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"}
+    part = next((short for short, long in names.items() if long == m.group(2)), None)
+    return None if part is None else f"blk.{m.group(1)}.{part}.{kind}"
+
+
+def permuted(arch: str) -> bool:
+    """Whether llama.cpp stores this architecture's Q and K rows interleaved (llama.cpp's permute)."""
+    return arch in _PERMUTED_ARCHITECTURES
 
 
 def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -27,6 +27,18 @@ class ModelInfo:
         return {**asdict(self), "size": self.size}
 
 
+def runs_as(fmt: str | None, stored: str | None, quant: str | None = None) -> str:
+    """What a model's weights run as, in words: "GGUF Q4_K_M", "bfloat16 safetensors", "bfloat16
+    safetensors quantized to q4 at load", "llmcli q4 checkpoint"."""
+    stored = stored or "?"
+    if stored.endswith(" (llmcli)"):
+        return f"llmcli {stored.removesuffix(' (llmcli)')} checkpoint"
+    kind = "GGUF" if fmt == "gguf" else fmt or "?"
+    if quant:
+        return f"{stored} {kind} quantized to {quant} at load"
+    return f"GGUF {stored}" if fmt == "gguf" else f"{stored} {kind}"
+
+
 def inspect(model: ModelFile) -> ModelInfo:
     if model.is_gguf:
         types = model.tensor_types()

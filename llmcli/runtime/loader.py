@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .. import models
+from ..formats.info import runs_as
 from ..formats.open import ModelFile, open_model_file
 from ..formats.tokenizer import Tokenizer
 from ..models.llama import ModelArgs  # the base of every family's ModelArgs
@@ -28,10 +29,11 @@ class LoadedModel:
     path: Path
     format: str  # "gguf" | "safetensors"
     weights_bytes: int  # size of the weights on disk
-    weights_type: str  # e.g. "Q4_1", "bfloat16"
+    weights_type: str  # e.g. "Q4_1", "bfloat16 as BF16 rows", "q4 (llmcli) as Q4_1, Q8_0", "q4 (from bfloat16) as Q4_1"
     placement: Placement
     load_seconds: float
     metadata: dict = field(default_factory=dict)  # e.g. general.name, license
+    runs_as: str = ""  # in words: "GGUF Q4_1", "bfloat16 safetensors quantized to q4 at load, held as Q4_1, Q8_0"
 
     @property
     def name(self) -> str:
@@ -45,34 +47,40 @@ def load_model(source: ModelFile | str | Path, placement: Placement, preset=None
     at load, in bytes of the file's weights (label: "quantizing (PRESET)")."""
     t0 = time.perf_counter()
     mf = source if isinstance(source, ModelFile) else open_model_file(source)
-    model, weights_type = _build(mf, placement, preset, progress)
+    model, held = _build(mf, placement, preset, progress)
+    stored = mf.weights_type
+    weights_type = stored if preset is None else f"{preset.name} (from {stored})"
+    words = runs_as(mf.format, stored, None if preset is None else preset.name)
+    if held:
+        weights_type, words = f"{weights_type} as {held}", f"{words}, held as {held}"
     metadata = {"name": mf.metadata.get("general.name"), "license": mf.license,
                 "architecture": mf.architecture} if mf.is_gguf else {"architecture": mf.architecture}
     return LoadedModel(model, mf.tokenizer, mf.args, mf.chat_template, mf.path, mf.format, mf.nbytes, weights_type,
-                       placement, time.perf_counter() - t0, metadata)
+                       placement, time.perf_counter() - t0, metadata, words)
 
 
-def _build(mf: ModelFile, placement: Placement, preset, progress=None) -> tuple[torch.nn.Module, str]:
-    """The model, and how its weights are held ("Q4_1", "q4 (from bfloat16) as Q4_1, Q8_0", ...)."""
-    args, stored = mf.args, mf.weights_type
+def _build(mf: ModelFile, placement: Placement, preset, progress=None) -> tuple[torch.nn.Module, str | None]:
+    """The model, and what its weights are held as where that is not the file's own type ("Q4_1,
+    Q8_0", "BF16 rows"; None: as stored, or in the compute dtype)."""
+    args = mf.args
     if mf.quantization is not None:  # structural: the config says how it is packed
         if preset is not None:
             raise pipeline.AlreadyQuantizedError(
                 f"{mf.path} is already quantized (preset {mf.quantization.get('preset')!r}); drop --quant")
         held = describe(model_formats(mf, None, placement.device).values())
-        return pipeline.model_from_checkpoint(mf.files, mf.metadata, args, placement), f"{stored} as {held}"
+        return pipeline.model_from_checkpoint(mf.files, mf.metadata, args, placement), held
     if preset is None and mf.is_gguf:
         # keep the file's quantized blocks packed (exact: quant/gguf_import.py); --quant f32 (or bf16) dequantizes
         sources = mf.sources()
         as_stored = as_stored_preset(sources, placement.device)
         if as_stored is not None:
-            return pipeline.model_from_sources(sources, args, as_stored, placement), stored
+            return pipeline.model_from_sources(sources, args, as_stored, placement), None
     if preset is None and NativeStep.holds_rows(mf, placement.device, placement.dtype, placement.dtype_asked):
         # the folder's matrices as F16/BF16 rows, its bf16/f16 bits as they are: no float32 copy of them
         model = pipeline.model_from_sources(mf.sources(), args, float_rows.rows_preset(mf.headers), placement)
-        return model, f"{stored} as {_rows_held(model)} rows"
+        return model, f"{_rows_held(model)} rows"
     if preset is None:
-        return models.build(args, mf.state_dict(placement.dtype, placement.device), placement.device), stored
+        return models.build(args, mf.state_dict(placement.dtype, placement.device), placement.device), None
     # GGUF blocks the preset can use are taken as they are; the rest quantized or kept. Scales from
     # min/max at load, as llama.cpp's Q4_0/Q4_1/Q8_0 take them: the search takes ten times as long
     # (docs/performance.md), too long for every start of a large model; `llmcli quantize` searches, once
@@ -80,7 +88,7 @@ def _build(mf: ModelFile, placement: Placement, preset, progress=None) -> tuple[
     label = f"{QUANTIZING} ({preset.name})"
     report = None if progress is None else (lambda done, total, name: progress(label, done, total))
     model = pipeline.model_from_sources(mf.sources(), args, preset, placement, search=False, progress=report)
-    return model, f"{preset.name} (from {stored}) as {held}"
+    return model, held
 
 
 def _rows_held(model: torch.nn.Module) -> str:

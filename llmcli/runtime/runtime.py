@@ -98,6 +98,7 @@ class Runtime:
     plan: Plan | None = None  # which cache new_cache() makes (None: static, compute dtype)
     pooling: Pooling | None = None  # how the model's files say to embed a text (None: they do not)
     max_text_tokens: int | None = None  # the longest text it embeds (None: ctx_size)
+    registry_quant: str | None = None  # the registry name whose `quant` was applied at load (no --quant given)
     _compiler: GrammarCompiler | None = field(default=None, init=False, repr=False)
     _tool_grammars: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -352,11 +353,14 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     placement = place(flags.device, flags.dtype, flags.threads)
     if model_file.is_encoder:
         return _open_encoder(flags, model_file, placement)
+    entry = found.entry
+    registry_quant = None
+    if flags.quant is None and entry is not None and entry.quant:  # the name means this build; --quant overrides it
+        flags, registry_quant = flags.with_(quant=entry.quant), entry.name
     placement, float_kv = native_placement(model_file, placement, flags.preset)
     memory = plan_memory(model_file, placement, flags.preset, flags.ctx_size, found.entry, flags.kv_type,
                          flags.kv_offload, flags.rows, flags.ctx_cap, float_kv)
     loaded = load_model(model_file, placement, flags.preset, progress)
-    entry = found.entry
     if entry is not None:  # the registry's overrides
         loaded.chat_template = entry.chat_template or loaded.chat_template
         if entry.stop_tokens:
@@ -365,7 +369,7 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
     heap.trim()  # what loading freed goes back to the system before the cache fills
     limit = min(model_file.max_text_tokens or memory.ctx, memory.ctx)
-    return Runtime(loaded, memory.ctx, memory, model_file.pooling, limit)
+    return Runtime(loaded, memory.ctx, memory, model_file.pooling, limit, registry_quant=registry_quant)
 
 
 def _open_encoder(flags: ModelFlags, model_file: ModelFile, placement) -> Runtime:
