@@ -147,6 +147,19 @@ def table(name: str, ways: list[Way], figs: dict[str, Figures], base: dict[str, 
     return lines
 
 
+def cpu_name() -> str:
+    """/proc/cpuinfo's model name (Linux), else the platform's word for it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-cpp", type=Path, required=True, help="the folder with llama-bench (LLAMA_CPP/build/bin)")
@@ -169,6 +182,7 @@ def main() -> None:
         missing = [str(p) for p in needed if not p.exists()]
         if missing:
             sys.exit(f"missing {', '.join(missing)}: make them with python -m benchmarks.hf_folders (see its --help)")
+    load_before = os.getloadavg()[0]
     figs = {name: {w.key: Figures() for w in ways} for name in names}
     base = {name: {t: {"pp": [], "tg": []} for t in types} for name in names}
     for r in range(a.rounds):
@@ -187,6 +201,8 @@ def main() -> None:
                       f"pp{a.p} {fmt(f.pp[-1] if f.pp else None)}; llama.cpp tg{a.n} "
                       f"{fmt(base[name][w.gguf_type]['tg'][-1])}, pp{a.p} {fmt(base[name][w.gguf_type]['pp'][-1])}"
                       + (f" [{f.failed}]" if f.failed else ""), file=sys.stderr, flush=True)
+    print(f"\n{cpu_name()}, {a.t} threads, {a.rounds} rounds (medians); load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after")
     for name in names:
         sizes = {t: gguf_file(name, t, a.dir).stat().st_size for t in types}
         print()
