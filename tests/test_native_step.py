@@ -2,8 +2,9 @@
 tiny GGUF files of the types and layouts real ones have: Q4_1/Q8_0 llama (SmolLM2's), a qwen2
 Q4_K_M and Q5_K_M mix (q/k/v biases, unfused q/k/v of different types, 32-block fallbacks, Q5_K
 on the float route), qwen3 (q/k norm), gemma3 (four norms of 1 + w, GELU, local layers with their
-own RoPE table and window), F16 llama and BF16 gemma3 (float32 activations: float tolerances); and
-a sliding window, a context shift's positions, hidden states."""
+own RoPE table and window), phi3 (fused q/k/v and gate/up, LongRoPE, half the head turned), F16
+llama and BF16 gemma3 (float32 activations: float tolerances); and a sliding window, a context
+shift's positions, hidden states."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def _tiny(model_type: str):
     from tiny import hf_model
 
     # rows of 256 take K-quants; the MLP's down projection (rows of 320) falls back to 32-blocks
+    extra = {"rope_parameters": PHI3_LONGROPE, "original_max_position_embeddings": 32} if model_type == "phi3" else {}
     return hf_model(model_type, hidden_size=256, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4,
-                    num_key_value_heads=2, tie_word_embeddings=True, seed=3)
+                    num_key_value_heads=2, tie_word_embeddings=True, seed=3, **extra)
 
 
 CASES = {  # name: (architecture, GGUF type of every 2-D weight, or a llama.cpp mix)
@@ -34,7 +36,11 @@ CASES = {  # name: (architecture, GGUF type of every 2-D weight, or a llama.cpp 
     "gemma3-q4_k_m": ("gemma3_text", "Q4_K"),
     "llama-f16": ("llama", "F16"),  # (a tied F16 embedding: the step looks its rows up too)
     "gemma3-bf16": ("gemma3_text", "BF16"),
+    "phi3-longrope-q8_0": ("phi3", "Q8_0"),  # fused qkv and gate_up, half the head turned, LongRoPE's long set
 }
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                 "original_max_position_embeddings": 32, "short_factor": [1.0 + 0.25 * i for i in range(16)],
+                 "long_factor": [2.0 + i for i in range(16)]}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -222,6 +228,31 @@ def test_several_tokens_a_call_give_what_one_at_a_time_gives(loaded):
     assert all(torch.equal(a[..., :len(ids), :], b[..., :len(ids), :]) for a, b in zip(one.k + one.v, many.k + many.v))
 
 
+def test_phi3_s_step_turns_by_the_factors_its_cache_size_picks(loaded):
+    """LongRoPE's short factors while a cache fits the original context (32 here), the long ones past
+    it: one step, used on a short cache, then a long one, then a short one again, gives the model's
+    logits on each (its RoPE tables are made again when the factors change)."""
+    import copy
+
+    from llmcli.cache import new_cache
+    from llmcli.runtime.native_step import NativeStep
+
+    model = loaded.loaded.model
+    if loaded.loaded.args.model_type != "phi3":
+        pytest.skip("LongRoPE is phi3's")
+    step = NativeStep(model)
+    prompt = torch.tensor([[5, 17, 80, 3, 200, 41]])
+    for size in (32, 64, 32):
+        cache = new_cache(loaded.loaded.args, size, torch.device("cpu"), torch.float32)
+        with torch.inference_mode():
+            model(prompt, cache)
+            theirs = copy.deepcopy(cache)
+            got, want = step(torch.tensor([[7]]), cache), model(torch.tensor([[7]]), theirs)
+        assert _relative(got, want) < 0.1, size
+    short, long = model.inv_freq_for(32), model.inv_freq_for(64)
+    assert not torch.equal(short, long) and step._tables_of is short
+
+
 def test_a_step_for_a_new_cache_finds_the_weights_copies_the_last_one_made(loaded):
     """The interleaved copies of the weights outlive the step that made them (the model holds them):
     a batch engine made after the last one is gone (a benchmark's pass, a second `batch`) reads the
@@ -285,7 +316,8 @@ def test_pieces_give_each_rows_last_token_what_it_gets_alone(loaded, variant):
     g = torch.Generator().manual_seed(5)
     pieces = [(row, 0, torch.randint(3, 250, (n,), generator=g).tolist()) for row, n in enumerate([6, 3, 5, 2, 4])]
     args = loaded.loaded.args
-    batch = new_cache(args, 16, torch.device("cpu"), torch.float32, "f16", batch=len(pieces))
+    # as long as the single rows' caches: phi3's RoPE factors follow the cache size
+    batch = new_cache(args, loaded.ctx_size, torch.device("cpu"), torch.float32, "f16", batch=len(pieces))
     batch.length = 6
 
     def check_top(logits, k):

@@ -36,11 +36,11 @@ def tiny_folder(tmp_path_factory):
     return _folder(tmp_path_factory, "llama", tied=True)
 
 
-@pytest.fixture(scope="module", params=[("llama", True), ("qwen2", False), ("gemma3_text", True)],
-                ids=["llama-tied", "qwen2-biases", "gemma3"])
+@pytest.fixture(scope="module", params=[("llama", True), ("qwen2", False), ("gemma3_text", True), ("phi3", False)],
+                ids=["llama-tied", "qwen2-biases", "gemma3", "phi3"])
 def any_folder(request, tmp_path_factory, tiny_folder):
-    """The tied llama, a qwen2 with its own output head and q/k/v biases, and a gemma3 (its scaled
-    embedding, four norms a layer, local layers)."""
+    """The tied llama, a qwen2 with its own output head and q/k/v biases, a gemma3 (its scaled
+    embedding, four norms a layer, local layers) and a phi3 (q/k/v and gate/up fused in the file)."""
     return tiny_folder if request.param[0] == "llama" else _folder(tmp_path_factory, *request.param)
 
 

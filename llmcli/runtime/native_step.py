@@ -29,13 +29,14 @@ import torch.nn.functional as F
 
 from .. import native
 from ..cache.static import StaticKVCache
-from ..models import gemma3, llama
+from ..models import gemma3, llama, phi3
 from ..native.step import KV_DTYPES
 from ..quant import float_rows
 from ..quant.gguf_blocks import STEP_TYPES, TYPE_IDS, GGUFBlockWeight
 from ..quant.held import model_formats, step_multiplies
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # the families it runs (GGUF's gemma3 is gemma3_text)
+# the families it runs (GGUF's gemma3 is gemma3_text)
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
 # Each model's copies of its weights for the step (interleaved for the row-group kernels), held as
@@ -43,6 +44,7 @@ MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its 
 # pass re-made them, a twelfth of the pass, while the last engine's step was gone)
 _HELD_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
+             phi3.Transformer: (llama.DecoderLayer, F.silu, "silu"),  # fused projections, LongRoPE's tables
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh")}
 
 
@@ -61,6 +63,7 @@ class NativeStep:
         self._native = None  # native.step.Step: the C++ side, built on that cache
         self._gemma = type(model) is gemma3.Transformer
         self._tables = None  # _rope's cos, sin (and local cos, sin) for positions [0, L)
+        self._tables_of = None  # the inverse frequencies they were made from (phi3's depend on the cache size)
         # the last call's (values, indices) (rows, k) of each returned logit row's k largest, where it
         # asked for them (top=k) and the C++ step ran (not the model; no soft-capped logits); else None
         self.last_top = None
@@ -160,6 +163,9 @@ class NativeStep:
         right after a step; else (an embedding it cannot read, positions past the tables) the
         model's embed and _rope's rows go in."""
         if target is not self._cache:
+            inv_freq = self.model.inv_freq_for(target.max_len)
+            if inv_freq is not self._tables_of:  # LongRoPE's long factors past the original context
+                self._tables, self._tables_of = None, inv_freq
             self._native, self._cache = self._build(target), target
         cap = getattr(self.model.args, "final_logit_softcapping", None)
         top = min(top, self._native.vocab) if not cap else 0
