@@ -11,6 +11,7 @@ import sys
 import pytest
 from conftest import run_cli
 
+from llmcli import native
 from llmcli.bench.measure import Result, format_results, parse_sizes, stddev
 from llmcli.errors import InvalidParameterError
 
@@ -193,12 +194,17 @@ def test_missing_llama_bench_says_how_to_build_it(tiny_gguf, tmp_path):
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "no llama-bench executable" in r.stderr
 
 
-def test_bench_times_the_step_run_takes(tiny_gguf):
-    """`bench` with default flags decodes through the step `run` takes with default flags, and says which."""
-    r = run_cli("bench", str(tiny_gguf), "-p", "0", "-n", "8", "-r", "1", "-o", "json", "-t", "1")
+@pytest.mark.parametrize("how", ["gguf", "folder -q q4"])
+def test_bench_times_the_step_run_takes(tiny_gguf, tiny_folder, how):
+    """`bench` decodes through the step `run` takes with the same flags (default flags on a GGUF,
+    `-q q4` on an HF folder: quantized at load into the native step's blocks), and says which."""
+    model, quant = (tiny_gguf, ()) if how == "gguf" else (tiny_folder, ("--quant", "q4"))
+    r = run_cli("bench", str(model), "-p", "0", "-n", "8", "-r", "1", "-o", "json", "-t", "1", *quant)
     assert r.returncode == 0, r.stderr
     (result,) = json.loads(r.stdout)
-    ran = run_cli("run", str(tiny_gguf), "Hello", "-n", "4", "-t", "1", "-v")
+    ran = run_cli("run", str(model), "Hello", "-n", "4", "-t", "1", "-v", *quant)
     assert ran.returncode == 0, ran.stderr
     step = next(line.split("decode step: ", 1)[1] for line in ran.stderr.splitlines() if "decode step: " in line)
     assert result["step"] == step and result["test"] == "tg8" and result["tokens_per_s"] > 0
+    if native.int8_dot():  # the blocks' kernels run here: the one-call step, not the eager path
+        assert step.startswith("native")
