@@ -263,19 +263,15 @@ hf = "org/tiny"
 
 
 @pytest.fixture(scope="module")
-def tags(tmp_path_factory):
+def tags(tmp_path_factory, tiny_folder, tiny_gguf):
     """A registry of one tiny llama three ways, its repos on a stand-in Hub, and the folder itself."""
     from hub_server import StandInHub
-    from tiny import hf_model, save_hf, write_gguf
 
-    root = tmp_path_factory.mktemp("tags")
-    model = hf_model("llama")
-    folder = save_hf(model, root / "folder")
-    write_gguf(model, root / "tiny-Q8_0.gguf", "Q8_0")
+    root, folder = tmp_path_factory.mktemp("tags"), tiny_folder
     (root / "models.toml").write_text(TAGS)
     with StandInHub() as hub:
         hub.commit("org/tiny", {p.name: p.read_bytes() for p in folder.iterdir()})
-        hub.commit("org/tiny-GGUF", {"tiny-Q8_0.gguf": (root / "tiny-Q8_0.gguf").read_bytes()})
+        hub.commit("org/tiny-GGUF", {"tiny-Q8_0.gguf": tiny_gguf.read_bytes()})
         env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(root / "hf"), "LLMCLI_HOME": str(root / "home"), "HF_TOKEN": "",
                "HF_HUB_OFFLINE": "0", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
         yield {"env": env, "registry": str(root / "models.toml"), "folder": folder}

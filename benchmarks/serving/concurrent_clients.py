@@ -19,7 +19,6 @@ import ipaddress
 import json
 import math
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -31,6 +30,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import openai
+
+from benchmarks.machine import cpu_name
 
 TOPICS = ["the sea", "a city at night", "an old library", "a mountain village", "a lighthouse", "a desert",
           "a train journey", "a forest in autumn", "a market", "a winter morning"]
@@ -138,15 +139,6 @@ def start_server(a, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]
     killer.cancel()
     sys.exit(f"error: the server did not start ({proc.wait()})")
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ import time
 
 import openai
 
-from benchmarks.serving.concurrent_clients import cpu_name, start_server
+from benchmarks.machine import cpu_name
+from benchmarks.serving.concurrent_clients import start_server
 
 SYSTEM = ("Session {n}. You are a patient assistant for a small bookshop. You help customers find books, explain "
           "the shop's policies and suggest reading for every age. The shop opens at nine and closes at six, Monday to "

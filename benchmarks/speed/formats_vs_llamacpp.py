@@ -29,6 +29,7 @@ from pathlib import Path
 from llmcli.bench.baseline_llamabench import parse_json
 
 from ..hf_folders import QWEN2_1_5B, SMOLLM2, folder, gguf_file
+from ..machine import cpu_name
 from ..shapes import OUT
 
 MODELS = {"smollm2": SMOLLM2, "qwen2-1.5b": QWEN2_1_5B}
@@ -146,18 +147,6 @@ def table(name: str, ways: list[Way], figs: dict[str, Figures], base: dict[str, 
                      f"{ratio(llm_pp, pp)} | {fmt(median(f.prefill))}, {fmt(median(f.ttft_ms))} | {rss} |")
     return lines
 
-
-def cpu_name() -> str:
-    """/proc/cpuinfo's model name (Linux), else the platform's word for it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

@@ -56,18 +56,24 @@ def tensors_to_save(converted: Converted) -> dict[str, torch.Tensor]:
     return out
 
 
+def _partial_folder(target: Path, force: bool):
+    """(a new `.NAME.partial-*` folder beside `target`, held; its hold): `target` must not exist
+    unless `force`, and a killed run's leftovers (partial folders no process holds) go first."""
+    if target.exists() and not force:
+        raise OutputExistsError(f"{target} already exists; pass --force to replace it or choose another -o")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target.parent, f".{glob.escape(target.name)}.partial-*")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    return tmp, held_folder(tmp)
+
+
 @contextlib.contextmanager
 def atomic_folder(target: Path, force: bool = False):
     """Yield a temporary folder beside `target`; on success it replaces `target` in one rename.
     The folder is held while it is written: a `.NAME.partial-*` that no process holds is what a
     killed run left, and is removed before a new one starts."""
     target = target.expanduser()
-    if target.exists() and not force:
-        raise OutputExistsError(f"{target} already exists; pass --force to replace it or choose another -o")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(target.parent, f".{glob.escape(target.name)}.partial-*")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    hold = held_folder(tmp)
+    tmp, hold = _partial_folder(target, force)
     try:
         try:
             yield tmp
@@ -93,12 +99,7 @@ def atomic_file(target: Path, force: bool = False):
     target = target.expanduser()
     if target.is_dir():
         raise OutputExistsError(f"{target} is a folder; -o takes the .gguf file to write")
-    if target.exists() and not force:
-        raise OutputExistsError(f"{target} already exists; pass --force to replace it or choose another -o")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(target.parent, f".{glob.escape(target.name)}.partial-*")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    hold = held_folder(tmp)
+    tmp, hold = _partial_folder(target, force)
     try:
         yield tmp / target.name
         _usual_permissions(tmp)
