@@ -79,6 +79,36 @@ def test_blocks_dequantize_to_the_packed_weights_up_to_float16_scales(bits, symm
     assert ((back - ref).abs().view(48, 16, 32) <= bound[..., None]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bits,symmetric,type_name", [(4, False, "Q4_1"), (4, True, "Q4_0"), (8, True, "Q8_0")])
+def test_the_native_quantizer_writes_the_blocks_min_max_quantizing_and_to_blocks_make(dtype, bits, symmetric,
+                                                                                      type_name):
+    """Quantizing at load in the native library (llmcli_quantize_weights, from the file's own floats):
+    byte for byte quantize(search=False) then to_blocks, with the groups that test the rules: all
+    zeros, all equal, a tie of +peak and -peak, a lone outlier, values a half-level apart. Scales past
+    float16 are refused (the loader keeps llmcli's own layout then)."""
+    from llmcli.quant.gguf_blocks import TYPE_IDS
+
+    if native.module() is None:
+        pytest.skip("no C++ compiler for the kernels")
+    runnable = [native.load(v) for v in native.variants() if native.why_not(v) is None]  # each variant's vectors
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(40, 256, generator=g) * 0.05
+    w[0] = 0
+    w[1, :32] = 0.01
+    w[2, :32] = torch.tensor([0.5, -0.5] * 16)
+    w[3, 7] = -3.0
+    w[4, :32] = torch.arange(32) * 0.5 - 8
+    w = w.to(dtype)
+    q = quantize(w, bits, 32, symmetric, search=False)
+    offset = None if symmetric else q.zeros.float() - 8 * q.scales.float()
+    want = to_blocks(q.codes, q.scales, offset, type_name)
+    for kernels in runnable:
+        assert torch.equal(kernels.quantize_weights(w, TYPE_IDS[type_name]), want), kernels.variant
+        if dtype is torch.float32:
+            assert kernels.quantize_weights(w * 1e8, TYPE_IDS[type_name]) is None
+
+
 def test_quantizing_at_load_reports_progress_in_bytes_of_the_weights(tiny_folder):
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model

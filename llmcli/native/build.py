@@ -57,7 +57,8 @@ COMMON = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fvis
 # The C++: generic code in src/, per instruction set in arch/ (x86/, arm/, portable/), as ggml-cpu lays it
 # out; headers include one another by relative paths, so no include flags are needed
 SOURCE_FOLDERS = ("src", "arch")
-UNITS = tuple(f"src/{u}" for u in ("matmul.cpp", "attention.cpp", "step.cpp", "select.cpp", "variant.cpp"))
+UNITS = tuple(f"src/{u}" for u in ("matmul.cpp", "attention.cpp", "step.cpp", "select.cpp", "variant.cpp",
+                                    "quantize_weights.cpp"))
 INCLUDE = FOLDER / "src"  # where a program built beside the library (tests/*.cpp) finds api.h and the rest
 
 

@@ -80,6 +80,10 @@ def _fn(lib, name: str, restype, *argtypes):
     return f
 
 
+_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # llmcli_quantize_weights' dtype codes
+_QUANTIZED_TO = {6: 34, 5: 20, 4: 18}  # Q8_0, Q4_1, Q4_0 (gguf_blocks.TYPE_IDS) -> bytes a block of 32
+
+
 class Kernels:
     """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on tensors, and the decode
     step (step())."""
@@ -95,6 +99,7 @@ class Kernels:
         self.group_rows = _fn(lib, "llmcli_group_rows", _I32)()
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
         self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
+        self._quantize_weights = _fn(lib, "llmcli_quantize_weights", _I32, _P, _I32, _I64, _I64, _I32, _P, _I32)
         self._top_k = _fn(lib, "llmcli_top_k", _I32, _P, _I64, _I64, _P, _P)
         self._dot_rows = _fn(lib, "llmcli_dot_rows", _I32, _P, _I64, _I64, _I32, _P, _I64, _P, _P)
         self._attend = _fn(lib, "llmcli_attend_one", _I32, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P,
@@ -157,6 +162,20 @@ class Kernels:
         q, d, s = torch.empty(M, K, dtype=torch.int8), torch.empty(M, K // 32), torch.empty(M, K // 32)
         self._quantize(x.data_ptr(), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr())
         return q, d, s
+
+    def quantize_weights(self, w: torch.Tensor, type_id: int) -> torch.Tensor | None:
+        """w (N, K) float32, bfloat16 or float16 on the CPU -> (N, row bytes) uint8 blocks of Q8_0,
+        Q4_1 or Q4_0 with min/max scales (quant/primitives.py's, byte for byte), on torch's threads;
+        None where a scale is beyond float16's range."""
+        dtype = _WEIGHT_DTYPES.get(w.dtype)
+        N, K = w.shape
+        if dtype is None or not w.is_cpu or K % 32 or type_id not in _QUANTIZED_TO:
+            raise ValueError("quantize_weights takes float32/bfloat16/float16 CPU rows of a multiple of 32 "
+                             "into Q8_0, Q4_1 or Q4_0")
+        w = w.contiguous()
+        out = torch.empty(N, K // 32 * _QUANTIZED_TO[type_id], dtype=torch.uint8)
+        rc = self._quantize_weights(w.data_ptr(), dtype, N, K, type_id, out.data_ptr(), torch.get_num_threads())
+        return out if rc == 0 else None
 
     def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x (n,) float32 on the CPU -> (values, indices) of its k largest, largest first (torch.topk's)."""

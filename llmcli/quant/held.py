@@ -26,12 +26,13 @@ import torch
 from .. import native
 from . import float_rows
 from .convert import EMBEDDING, HEAD, KEEP, QuantizedTensor, plan
-from .gguf_blocks import BITS, BLOCKS, FROM_LLMCLI, INT8_DOT_BLOCKS
+from .gguf_blocks import BITS, BLOCKS, FROM_LLMCLI, INT8_DOT_BLOCKS, TYPE_IDS
 from .gguf_encode import to_blocks
 from .gguf_import import as_stored_preset, direct_spec
 from .presets import QuantSpec
 
 F16_MAX = 65504.0
+TO_BLOCKS = frozenset(FROM_LLMCLI.values())  # the blocks quantized_as_held writes: Q4_1, Q4_0, Q8_0
 
 
 def held_spec(spec: QuantSpec, device: torch.device, source_type: str | None = None) -> QuantSpec:
@@ -62,6 +63,18 @@ def as_held(q: QuantizedTensor, device: torch.device) -> QuantizedTensor:
     else:
         codes, packed = state["qweight"], held.bits == 4
     return QuantizedTensor(held, {"blocks": to_blocks(codes, scales, offset, held.kind, packed)}, q.direct)
+
+
+def quantized_as_held(source, held: QuantSpec) -> QuantizedTensor | None:
+    """A source tensor (formats/tensors.Source, a matrix) quantized with min/max scales straight into
+    the blocks `held` names (Q8_0, Q4_1, Q4_0), by the native library from the file's own floats
+    (bfloat16 rows stay bfloat16: no float32 copy), the same bytes as quantize(search=False) then
+    as_held. None where the library cannot (no library, another format, a scale past float16)."""
+    kernels = native.module()
+    if kernels is None or held.kind not in TO_BLOCKS or len(source.shape) != 2 or source.shape[1] % 32:
+        return None
+    blocks = kernels.quantize_weights((source.stored or source.values)(), TYPE_IDS[held.kind])
+    return None if blocks is None else QuantizedTensor(held, {"blocks": blocks})
 
 
 # ----------------------------------------------------------------------------------- a model file

@@ -17,7 +17,7 @@ from ..errors import CorruptModelError
 from .bnb_formats import LLMInt8Weight, NF4Weight
 from .convert import EMBEDDING, HEAD, KEEP, Converted, Progress, QuantizedTensor, Source, convert, plan, quantize_source
 from .gguf_blocks import BLOCKS, GGUFBlockWeight
-from .held import as_held, held_spec
+from .held import as_held, held_spec, quantized_as_held
 from .modules import QuantEmbedding, QuantLinear, linear_class
 from .packed import Int4Weight, Int8Weight
 from .presets import Preset
@@ -99,9 +99,12 @@ def _take(model, s: Source, spec, floats: dict, keep_dtype, args, device, dtype,
         floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)
         return False
     held = held_spec(spec, device, s.gguf_type)
+    q = None
     if held.kind == s.gguf_type:  # the file's own blocks are the held format: taken as they are
         spec = held
-    install(model, {s.name: quantize_source(s, spec, search, portable=False)}, floats, device, dtype,
+    elif search in (False, "minmax"):  # min/max scales: the native library writes the blocks directly
+        q = quantized_as_held(s, held)
+    install(model, {s.name: q or quantize_source(s, spec, search, portable=False)}, floats, device, dtype,
             args.tie_word_embeddings and s.name == EMBEDDING)
     return s.name == EMBEDDING
 

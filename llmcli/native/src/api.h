@@ -32,6 +32,11 @@ LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int typ
 LLMCLI_API int llmcli_dot_rows(const uint8_t* w, int64_t N, int64_t K, int type, const int64_t* ids, int64_t n,
                                const float* x, float* out);
 LLMCLI_API int llmcli_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s);
+// x (N, K) weights (dtype 0 float32, 1 bfloat16, 2 float16) -> out (N, K/32 blocks of `type`: Q8_0,
+// Q4_1 or Q4_0) with min/max scales, as quant/primitives.py's quantize(search=False) and
+// gguf_encode.to_blocks make them; 2 where a scale is beyond float16's range (out is then unusable)
+LLMCLI_API int llmcli_quantize_weights(const void* x, int dtype, int64_t N, int64_t K, int type, uint8_t* out,
+                                       int threads);
 
 // One query per row: q (B, H, D), k and v (B, KV, S, D) with strides {batch, head, slot} and rows of
 // D contiguous, mask (mask_rows of 1 or B, S) uint8 or null -> out (B, H, D)
