@@ -211,9 +211,9 @@ def _handler(hub: StandInHub):
                 return
             self.wfile.write(body)
 
-        def _json(self, body, headers: dict | None = None):
+        def _json(self, body, headers: dict | None = None, status: int = 200):
             data = json.dumps(body).encode()
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
@@ -223,18 +223,8 @@ def _handler(hub: StandInHub):
                 self.wfile.write(data)
 
         def _error(self, status: int, code: str | None, message: str, headers: dict | None = None):
-            data = json.dumps({"error": message}).encode()
-            self.send_response(status)
-            if code:
-                self.send_header("X-Error-Code", code)
-            self.send_header("X-Error-Message", message)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
+            said = {**({"X-Error-Code": code} if code else {}), "X-Error-Message": message}
+            self._json({"error": message}, {**said, **(headers or {})}, status)
 
     return Handler
 
