@@ -15,7 +15,7 @@ from ..formats.tokenizer import Tokenizer
 from ..models.llama import ModelArgs  # the base of every family's ModelArgs
 from ..quant import QUANTIZING, float_rows, pipeline
 from ..quant.gguf_import import as_stored_preset
-from ..quant.held import describe, model_formats
+from ..quant.held import activations_of, describe, hold_activations, model_formats
 from .device import Placement
 from .native_step import NativeStep
 
@@ -48,6 +48,7 @@ def load_model(source: ModelFile | str | Path, placement: Placement, preset=None
     t0 = time.perf_counter()
     mf = source if isinstance(source, ModelFile) else open_model_file(source)
     model, held = _build(mf, placement, preset, progress)
+    hold_activations(model, activations_of(mf, preset))
     stored = mf.weights_type
     weights_type = stored if preset is None else f"{preset.name} (from {stored})"
     words = runs_as(mf.format, stored, None if preset is None else preset.name)
