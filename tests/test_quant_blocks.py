@@ -214,8 +214,8 @@ def test_run_says_the_folder_decodes_natively_as_q4_1_blocks(int8_dot, tiny_fold
 def test_smollm2_requantized_to_q8_decodes_natively_near_its_own_weights(int8_dot, smollm2_gguf):
     """The real model's Q4_1 GGUF with --quant q8: every matrix requantized to Q8_0 blocks (the
     embedding's Q8_0 taken as it is), the native step, and next-token distributions near the file's
-    own weights dequantized (int8 activations and 8-bit weights: the step on the file itself measured
-    3.7e-3 mean KL divergence against them, docs/quantize.md)."""
+    own weights dequantized: q8's int8x2 activations leave the 8-bit weights' error (1.3e-3 mean KL
+    divergence measured here), where int8 ones added as much again (3.6e-3, docs/quantize.md)."""
     from llmcli.runtime.device import place
     from llmcli.runtime.loader import load_model
     from llmcli.runtime.native_step import NativeStep
@@ -231,7 +231,7 @@ def test_smollm2_requantized_to_q8_decodes_natively_near_its_own_weights(int8_do
     ref = _logits(load_model(smollm2_gguf, place("cpu", "float32"), load_preset("f32")).model, rt.loaded.args, ids)
     ref = ref.log_softmax(-1)
     kld = (ref.exp() * (ref - ours)).sum(-1)
-    assert float(kld.mean()) < 0.01
+    assert float(kld.mean()) < 0.0025
     assert float((ref.argmax(-1) == ours.argmax(-1)).float().mean()) > 0.9
 
 
