@@ -47,8 +47,9 @@ def load_model(source: ModelFile | str | Path, placement: Placement, preset=None
     at load, in bytes of the file's weights (label: "quantizing (PRESET)")."""
     t0 = time.perf_counter()
     mf = source if isinstance(source, ModelFile) else open_model_file(source)
+    activations = activations_of(mf, preset)  # (a checkpoint's unknown value is refused before loading)
     model, held = _build(mf, placement, preset, progress)
-    hold_activations(model, activations_of(mf, preset))
+    hold_activations(model, activations)
     stored = mf.weights_type
     weights_type = stored if preset is None else f"{preset.name} (from {stored})"
     words = runs_as(mf.format, stored, None if preset is None else preset.name)
