@@ -4,8 +4,9 @@
 // Per block type: mm against float64 on the same int8 activations (the dequantized weights are
 // compared with gguf-py elsewhere), quantize_rows against the portable bytes; F16 and BF16 rows
 // against float64 on the float activations, each row's numbers those it gets alone (streamed and
-// tiled); attention against float64. Prints "ok <variant>" and exits 0, or names what differs and
-// exits 1.
+// tiled); int8x2 activations (refined) against float64 on their two rows of codes, and nearer the
+// float activations than int8; attention against float64. Prints "ok <variant>" and exits 0, or
+// names what differs and exits 1.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -60,7 +61,7 @@ static bool check_type(int type) {
     for (auto& v : x) v = uniform(-1.f, 1.f);
     x[5] = 0.f;
     if (llmcli_dequantize(w.data(), N, K, type, wf.data(), 2) || llmcli_quantize_rows(x.data(), M, K, q.data(), d.data(), s.data()) ||
-        llmcli_mm(x.data(), M, w.data(), N, K, type, y.data(), 2)) {
+        llmcli_mm(x.data(), M, w.data(), N, K, type, y.data(), 2, 0)) {
         std::printf("type %d: refused\n", type);
         return false;
     }
@@ -91,15 +92,62 @@ static bool check_type(int type) {
     return true;
 }
 
+// int8x2 activations: mm equals float64 on each row's codes plus its residual's (x - d q quantized
+// again, in float32), and its error against the float activations is a tenth of int8's at most;
+// the float routes (Q5_K here, F16, BF16) read x as it is, refined or not
+static bool check_refined(int type) {
+    const int64_t N = 37, M = 3, K = block_size(type) == 256 ? 768 : 544;
+    const std::vector<uint8_t> w = random_blocks(type, N, K);
+    std::vector<float> wf(N * K), x(M * K), r(M * K), y1(M * N), y2(M * N), d(M * K / 32), s(M * K / 32),
+        d2(M * K / 32), s2(M * K / 32);
+    std::vector<int8_t> q(M * K), q2(M * K);
+    for (auto& v : x) v = uniform(-1.f, 1.f);
+    x[40] = 30.f;  // a block with one large value
+    for (int k = 64; k < 96; ++k) x[k] = 0.f;  // and one of zeros
+    if (llmcli_dequantize(w.data(), N, K, type, wf.data(), 2) || llmcli_mm(x.data(), M, w.data(), N, K, type, y1.data(), 2, 0) ||
+        llmcli_mm(x.data(), M, w.data(), N, K, type, y2.data(), 2, 1) ||
+        llmcli_quantize_rows(x.data(), M, K, q.data(), d.data(), s.data()))
+        return false;
+    if (type == kQ5_K || type == kF16 || type == kBF16) {
+        if (std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) {
+            std::printf("type %d: refined activations changed a float route\n", type);
+            return false;
+        }
+        return true;
+    }
+    for (int64_t i = 0; i < M * K; ++i) r[i] = x[i] - d[i / 32] * (float)q[i];
+    if (llmcli_quantize_rows(r.data(), M, K, q2.data(), d2.data(), s2.data())) return false;
+    double worst = 0, top = 0, err1 = 0, err2 = 0;
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+            double want = 0, exact = 0;
+            for (int64_t k = 0; k < K; ++k) {
+                const int64_t i = m * K + k;
+                want += ((double)q[i] * d[i / 32] + (double)q2[i] * d2[i / 32]) * wf[n * K + k];
+                exact += (double)x[i] * wf[n * K + k];
+            }
+            worst = std::max(worst, std::fabs(want - y2[m * N + n]));
+            top = std::max(top, std::fabs(want));
+            err1 = std::max(err1, std::fabs(exact - y1[m * N + n]));
+            err2 = std::max(err2, std::fabs(exact - y2[m * N + n]));
+        }
+    if (worst > 1e-4 * top || !(10 * err2 < err1)) {
+        std::printf("type %d: refined mm differs from float64 by %g of %g; from the float activations by %g (int8: %g)\n",
+                    type, worst, top, err2, err1);
+        return false;
+    }
+    return true;
+}
+
 // F16/BF16: 20 activation rows in one call (tiled) give what each gives alone (streamed)
 static bool check_alone(int type) {
     const int64_t N = 21, M = 20, K = 576;
     const std::vector<uint8_t> w = random_blocks(type, N, K);
     std::vector<float> x(M * K), y(M * N), one(N);
     for (auto& v : x) v = uniform(-1.f, 1.f);
-    if (llmcli_mm(x.data(), M, w.data(), N, K, type, y.data(), 2)) return false;
+    if (llmcli_mm(x.data(), M, w.data(), N, K, type, y.data(), 2, 0)) return false;
     for (int64_t m = 0; m < M; ++m) {
-        if (llmcli_mm(x.data() + m * K, 1, w.data(), N, K, type, one.data(), 1)) return false;
+        if (llmcli_mm(x.data() + m * K, 1, w.data(), N, K, type, one.data(), 1, 0)) return false;
         if (std::memcmp(one.data(), y.data() + m * N, N * sizeof(float))) {
             std::printf("type %d: row %lld differs from its numbers alone\n", type, (long long)m);
             return false;
@@ -141,7 +189,7 @@ static bool check_attention() {
 
 int main() {
     bool ok = check_attention();
-    for (int type = 0; type < kTypes; ++type) ok = check_type(type) && ok;
+    for (int type = 0; type < kTypes; ++type) ok = check_type(type) && check_refined(type) && ok;
     ok = check_alone(kF16) && check_alone(kBF16) && ok;
     std::printf("%s %s\n", ok ? "ok" : "FAILED", llmcli_variant());
     return ok ? 0 : 1;

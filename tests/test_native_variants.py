@@ -119,6 +119,57 @@ def test_row_group_kernels_equal_float64_and_give_each_row_what_it_gets_alone(ke
                 assert torch.equal(kernels.mm_grouped(x[:M], b, type_id, K), alone[:M]), (raw, K, M)
 
 
+def _refined_activations(x: np.ndarray) -> np.ndarray:
+    """int8x2 activations as float64: each row's int8 codes plus its residual's (x - d q in float32,
+    quantized again), the values the kernels multiply for a refined row."""
+    q, d = _reference_activations(x)
+    first = (q.reshape(x.shape[0], -1, 32).astype(np.float32) * d[..., None]).reshape(x.shape)
+    rest = (x - first).astype(np.float32)
+    q2, d2 = _reference_activations(rest)
+    second = q2.reshape(x.shape[0], -1, 32).astype(np.float64) * d2[..., None].astype(np.float64)
+    return first.astype(np.float64) + second.reshape(x.shape)
+
+
+@pytest.mark.parametrize("type_name", INT8_TYPES)
+def test_refined_activations_multiply_as_float64_on_their_two_rows_much_nearer_the_floats(kernels, type_name):
+    """int8x2 (a preset's `activations`): every integer route (the blocks as stored, one row or
+    several, and the row-group kernels a decode step takes) equals float64 on each row's codes plus
+    its residual's, and lands at least 10 times nearer the float activations' products than int8
+    does; each row's values as alone, whatever rows come with it."""
+    from gguf.quants import dequantize
+
+    type_id = TYPE_IDS[type_name]
+    for K in (256, 768) if type_name.endswith("_K") else (544, 96):
+        blocks = _blocks(type_name, 48, K, seed=K, raw=False)
+        w = dequantize(blocks, _ggml(type_name)).reshape(48, K).astype(np.float64)
+        b = torch.from_numpy(blocks.copy())
+        x = torch.randn(9, K, generator=torch.Generator().manual_seed(K))
+        x[2, 5] = 40.0  # an outlier: its block's int8 codes coarse, the residual's fine
+        want = _refined_activations(x.numpy()) @ w.T
+        exact = x.double().numpy() @ w.T
+        int8 = kernels.mm(x, b, type_id, K).double().numpy()
+        routes = {"stored": kernels.mm(x, b, type_id, K, refined=True),
+                  "stored, alone": torch.cat([kernels.mm(x[i:i + 1], b, type_id, K, refined=True) for i in range(9)])}
+        if kernels.group_rows:
+            routes["grouped"] = kernels.mm_grouped(x, b, type_id, K, refined=True)
+            alone = torch.cat([kernels.mm_grouped(x[i:i + 1], b, type_id, K, refined=True) for i in range(9)])
+            assert torch.equal(routes["grouped"], alone), (type_name, K)
+        for route, got in routes.items():
+            got = got.double().numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max(), err_msg=route)
+            assert 10 * np.abs(got - exact).max() < np.abs(int8 - exact).max(), (route, K)
+
+
+def test_refined_activations_leave_the_float_routes_as_they_are(kernels):
+    """F16/BF16 rows and Q5_K as stored take the activations as floats: refined or not, the same."""
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(1))
+    q5k = torch.from_numpy(_blocks("Q5_K", 36, 512, seed=3, raw=False).copy())
+    rows, _ = _half_rows("F16", 36, 512, seed=4)
+    for b, type_name in ((q5k, "Q5_K"), (rows, "F16")):
+        assert torch.equal(kernels.mm(x, b, TYPE_IDS[type_name], 512, refined=True),
+                           kernels.mm(x, b, TYPE_IDS[type_name], 512))
+
+
 def _half_rows(type_name: str, N: int, K: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
     """(N, 2K) uint8 rows of F16 or BF16 (every exponent F16 has that a weight may take, subnormals and
     zeros among them), and their values in float64."""

@@ -58,8 +58,10 @@ def _packed_modules(model):
 
 
 def _in_memory(path, preset: str, placement):
-    """What `quantize_to_folder` converts, built in memory: nothing between it and the model but disk."""
+    """What `quantize_to_folder` converts, built in memory: nothing between it and the model but disk
+    (and the preset's activations, which the checkpoint records and the loader marks it with)."""
     from llmcli.quant.convert import convert
+    from llmcli.quant.held import hold_activations
     from llmcli.quant.model import build
     from llmcli.quant.pipeline import open_source
 
@@ -68,6 +70,7 @@ def _in_memory(path, preset: str, placement):
     converted = convert(src.sources, load_preset(preset), args.num_hidden_layers, args.tie_word_embeddings)
     loaded = load_model(path, placement)  # its tokenizer and template
     loaded.model = build(args, converted, placement.device, placement.dtype)
+    hold_activations(loaded.model, load_preset(preset).activations)
     return loaded
 
 

@@ -24,6 +24,14 @@ def test_shipped_presets_load():
         assert preset.quantizes == (name not in ("bf16", "f16", "f32"))
 
 
+def test_q8_and_q4_mixed_refine_their_activations_and_the_rest_keep_int8():
+    """int8x2 (int8 codes plus their residual's) where int8 activations were most of the error: q8
+    and q4_mixed; q4 keeps llama.cpp's int8 and its speed, as does a preset that does not say."""
+    assert {name: load_preset(name).activations for name in SHIPPED} == {
+        name: "int8x2" if name in ("q8", "q4_mixed") else "int8" for name in SHIPPED}
+    assert parse_preset('activations = "int8x2"\n[[rules]]\nmatch = "*"\nbits = 8\n', "t").activations == "int8x2"
+
+
 def test_q4_mixed_follows_llama_cpp_layer_choice():
     preset = load_preset("q4_mixed")
     n = 30
@@ -72,6 +80,7 @@ def test_tied_embedding_takes_the_more_precise_rule():
     ('[[rules]]\nmatch = "*"\nbits = 4\ngroup_size = 32\ngroup = 3\n', 1, "unknown key 'group'"),
     ('x = 1\n[[rules]]\nmatch = "*"\nbits = 16\n', 1, "unknown key 'x'"),
     ('\n\non_indivisible = "maybe"\n[[rules]]\nmatch = "*"\nbits = 16\n', 3, "on_indivisible"),
+    ('\nactivations = "int4"\n[[rules]]\nmatch = "*"\nbits = 8\n', 2, 'activations must be "int8" or "int8x2"'),
     ('description = "no rules"\n', 0, "at least one [[rules]]"),
     ('[[rules]]\nmatch = "*"\nbits = \n', 3, "not valid TOML"),
 ])

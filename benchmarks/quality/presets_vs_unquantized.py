@@ -11,7 +11,8 @@ min/max scales or one kind of scale search, `name:requant` re-quantizes GGUF blo
 --variants adds symmetric, per-row and re-quantized variants under each search, to judge the search.
 
 --path step scores each preset the way `run` decodes it: through the native step (int8 activations
-per 32, as llama.cpp; a float16 KV cache) where the step takes the model (on a CPU whose kernels have
+per 32, as llama.cpp, or the preset's int8x2; `name:int8` / `name:int8x2` forces one; a float16 KV
+cache) where the step takes the model (on a CPU whose kernels have
 integer dot products: q4, q8, q4_mixed as GGUF blocks), else as --path eager does: the model's own
 forward over the window (for blocks and packed weights, their dequantized tiles in a dense GEMM).
 Today's path before blocks: LLMCLI_KERNEL=portable (llmcli's own int4/int8 layouts) with --path eager.
@@ -37,6 +38,7 @@ from llmcli.cache import new_cache
 from llmcli.cache.static import StaticKVCache
 from llmcli.decode.prefill import prefill
 from llmcli.quant.convert import convert
+from llmcli.quant.held import hold_activations
 from llmcli.quant.model import build
 from llmcli.quant.pipeline import open_source
 from llmcli.quant.presets import load_preset, parse_preset
@@ -63,8 +65,8 @@ def _preset(name: str):
 def quantized_model(source, spec: str, placement) -> tuple[LoadedModel, int]:
     """(model quantized as `spec` says, bytes of the checkpoint tensors it would write).
 
-    spec: preset[:minmax|:plain|:weighted][:requant] (requant: quantize GGUF blocks again instead
-    of importing them)."""
+    spec: preset[:minmax|:plain|:weighted][:requant][:int8|:int8x2] (requant: quantize GGUF blocks
+    again instead of importing them; int8, int8x2: the kernels' activations, else the preset's)."""
     name, *how = spec.split(":")
     src = open_source(source)
     args = src.args
@@ -75,6 +77,7 @@ def quantized_model(source, spec: str, placement) -> tuple[LoadedModel, int]:
     converted = convert(src.sources, _preset(name), args.num_hidden_layers, args.tie_word_embeddings,
                         search=search)
     model = build(args, converted, placement.device, placement.dtype)
+    hold_activations(model, next((h for h in how if h in ("int8", "int8x2")), _preset(name).activations))
     loaded = LoadedModel(model, None, args, None, Path(source), "quantized", converted.nbytes, spec, placement, 0.0)
     return loaded, converted.nbytes
 

@@ -1,10 +1,11 @@
 """Every way a user runs an HF model with llmcli, against llama.cpp on the same weights (issue 35's
 table): the bf16 folder as it is against llama.cpp's F16, `--quant q8` against Q8_0, `--quant q4`
-against Q4_0, and the Q4_0 GGUF itself run by both. The files are made by `benchmarks.hf_folders`
+against Q4_0, and the Q4_0 GGUF itself run by both (and `q8_int8`: q8 with llama.cpp's int8
+activations instead of its int8x2, what they cost). The files are made by `benchmarks.hf_folders`
 (llama.cpp's own convert_hf_to_gguf.py and llama-quantize).
 
     python -m benchmarks.speed.formats_vs_llamacpp --llama-cpp LLAMA_CPP/build/bin [--models smollm2,qwen2-1.5b]
-        [--ways bf16,q8,q4,gguf] [--rounds 3] [-n 64] [-p 512] [-t 2]
+        [--ways bf16,q8,q4,gguf,q8_int8] [--rounds 3] [-n 64] [-p 512] [-t 2]
 
 Each round, for each model and way in turn: `llmcli run MODEL PROMPT -n 64 -t 2 -v --ignore-eos`
 (a subprocess with default flags otherwise: its -v line gives decode, prefill and the first-token time,
@@ -52,7 +53,22 @@ WAYS = {w.key: w for w in (
     Way("q8", "folder `--quant q8` / Q8_0", "q8", "Q8_0"),
     Way("q4", "folder `--quant q4` / Q4_0", "q4", "Q4_0"),
     Way("gguf", "the Q4_0 GGUF, both", None, "Q4_0", runs_folder=False),
+    Way("q8_int8", "folder `--quant q8` with int8 activations / Q8_0", "q8_int8", "Q8_0"),
 )}
+DEFAULT_WAYS = "bf16,q8,q4,gguf"
+
+
+def preset_file(quant: str | None) -> str | None:
+    """--quant's argument: a shipped preset's name, or for q8_int8 a copy of q8.toml with int8
+    activations (written to the temporary folder)."""
+    if quant != "q8_int8":
+        return quant
+    from llmcli.quant.presets import shipped_dir
+
+    text = (shipped_dir() / "q8.toml").read_text(encoding="utf-8")
+    path = Path(tempfile.gettempdir()) / "q8_int8.toml"
+    path.write_text(text.replace('activations = "int8x2"', 'activations = "int8"'), encoding="utf-8")
+    return str(path)
 
 
 @dataclass
@@ -83,7 +99,7 @@ def last_line(text: str) -> str:
 
 def llmcli_run(target: Path, way: Way, n: int, threads: int, fig: Figures) -> None:
     cmd = [sys.executable, "-m", "llmcli", "run", str(target), PROMPT, "-n", str(n), "-t", str(threads), "-v",
-           "--ignore-eos", "--seed", "7"] + (["--quant", way.quant] if way.quant else [])
+           "--ignore-eos", "--seed", "7"] + (["--quant", preset_file(way.quant)] if way.quant else [])
     rc, _, err, rss = measured(cmd)
     flat = re.sub(r"\s+", " ", err)
     stats = re.search(RUN_STATS, flat)
@@ -100,7 +116,7 @@ def llmcli_run(target: Path, way: Way, n: int, threads: int, fig: Figures) -> No
 
 def llmcli_pp(target: Path, way: Way, p: int, threads: int, fig: Figures) -> None:
     cmd = [sys.executable, "-m", "llmcli", "bench", str(target), "-p", str(p), "-n", "0", "-r", "1", "-t",
-           str(threads), "-o", "json", "-q", way.quant or "none"]
+           str(threads), "-o", "json", "-q", preset_file(way.quant) or "none"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         fig.failed = fig.failed or f"bench exit {done.returncode}: {last_line(done.stderr)}"
@@ -153,7 +169,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-cpp", type=Path, required=True, help="the folder with llama-bench (LLAMA_CPP/build/bin)")
     ap.add_argument("--models", default="smollm2,qwen2-1.5b", help=f"of {', '.join(MODELS)} (default: both)")
-    ap.add_argument("--ways", default=",".join(WAYS), help=f"of {', '.join(WAYS)} (default: all)")
+    ap.add_argument("--ways", default=DEFAULT_WAYS, help=f"of {', '.join(WAYS)} (default: {DEFAULT_WAYS})")
     ap.add_argument("--dir", type=Path, default=OUT, help="where benchmarks.hf_folders wrote them (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-n", type=int, default=64, help="tokens generated (default 64)")

@@ -113,11 +113,12 @@ def _select():
     return False
 
 
-def mm(x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
-    """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32."""
+def mm(x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int, refined: bool = False) -> torch.Tensor:
+    """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32; `refined`: int8x2
+    activations into the integer dot products (each row's int8 codes and its residual's), else int8."""
     if torch.compiler.is_compiling():
-        return torch.ops.llmcli_native.mm(x, blocks, type_id, K)
-    return _module.mm(x, blocks, type_id, K)
+        return torch.ops.llmcli_native.mm(x, blocks, type_id, K, refined)
+    return _module.mm(x, blocks, type_id, K, refined)
 
 
 def dequantize(blocks: torch.Tensor, type_id: int, K: int, dtype: torch.dtype) -> torch.Tensor:

@@ -93,8 +93,8 @@ class Kernels:
         self.lib = lib = ctypes.CDLL(str(path))
         self.variant = _fn(lib, "llmcli_variant", ctypes.c_char_p)().decode()
         self.source_hash = _fn(lib, "llmcli_source_hash", ctypes.c_char_p)().decode()
-        self._mm = _fn(lib, "llmcli_mm", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
-        self._mm_grouped = _fn(lib, "llmcli_mm_grouped", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32)
+        self._mm = _fn(lib, "llmcli_mm", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32, _I32)
+        self._mm_grouped = _fn(lib, "llmcli_mm_grouped", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32, _I32)
         self._grouped_takes = _fn(lib, "llmcli_grouped_takes", _I32, _I32, _I64)
         self.group_rows = _fn(lib, "llmcli_group_rows", _I32)()
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
@@ -109,9 +109,10 @@ class Kernels:
     def __repr__(self) -> str:
         return f"Kernels({self.variant}, {self.path})"
 
-    def mm(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
-        """x (M, K) any float dtype, blocks (N, row bytes) uint8 -> (M, N) float32. A decode step calls
-        this ~120 times a token: the checks are the cheapest that keep the kernel inside the tensors."""
+    def mm(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int, refined: bool = False) -> torch.Tensor:
+        """x (M, K) any float dtype, blocks (N, row bytes) uint8 -> (M, N) float32, with int8 activations
+        (int8x2 where `refined`). A decode step calls this ~120 times a token: the checks are the
+        cheapest that keep the kernel inside the tensors."""
         if x.dtype is not torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         if not blocks.is_contiguous():
@@ -123,7 +124,7 @@ class Kernels:
             check_blocks(blocks, type_id, K)
             raise ValueError(f"x has {k} columns, the weight {K}")
         y = torch.empty(M, N)
-        self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads())
+        self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads(), int(refined))
         return y
 
     def grouped_takes(self, type_id: int, N: int) -> bool:
@@ -132,7 +133,8 @@ class Kernels:
         activations, as the decode step does)."""
         return bool(self._grouped_takes(type_id, N))
 
-    def mm_grouped(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor | None:
+    def mm_grouped(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int,
+                   refined: bool = False) -> torch.Tensor | None:
         """mm through the row-group kernels a decode step takes (on a copy of the blocks interleaved for
         them), or None where this variant has none for this type or row count."""
         x = x.to(torch.float32).contiguous()
@@ -142,7 +144,7 @@ class Kernels:
             raise ValueError(f"x has {x.shape[1]} columns, the weight {K}")
         y = torch.empty(x.shape[0], blocks.shape[0])
         rc = self._mm_grouped(x.data_ptr(), x.shape[0], blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(),
-                             torch.get_num_threads())
+                             torch.get_num_threads(), int(refined))
         return None if rc == 2 else y
 
     def dequantize(self, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
@@ -223,6 +225,6 @@ class Kernels:
         return out
 
     def step(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float, act: str,
-             threads: int) -> Step:
+             threads: int, refined: bool = False) -> Step:
         """A new decode step of this library (step.py's Step): add_layer, set_head, then run."""
-        return Step(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)
+        return Step(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads, refined)

@@ -34,7 +34,8 @@ KV_DTYPES = (torch.float32, torch.float16)  # a cache the step reads and writes
 def declare(lib) -> None:
     """The step's C signatures on a freshly loaded library (library.Kernels does this)."""
     lib.llmcli_step_new.restype = _P
-    lib.llmcli_step_new.argtypes = [_I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_float, _I64, ctypes.c_int]
+    lib.llmcli_step_new.argtypes = [_I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_float, _I64, ctypes.c_int,
+                                    ctypes.c_int]
     lib.llmcli_step_add_layer.argtypes = [_P, ctypes.POINTER(Layer)]
     lib.llmcli_step_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
     lib.llmcli_step_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
@@ -65,16 +66,19 @@ class HeldCopies:
 
 
 class Step:
-    """`Step(n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads)`, then `add_layer` per
-    layer and `set_head`; `run(x, rows, slots, cos, sin, ...) -> (logits, hidden, top)` per step of n tokens."""
+    """`Step(n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads, refined)`, then `add_layer`
+    per layer and `set_head`; `run(x, rows, slots, cos, sin, ...) -> (logits, hidden, top)` per step of
+    n tokens. `refined`: int8x2 activations into the integer dot products (native.mm's), else int8."""
 
     def __init__(self, lib, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
-                 act: str, threads: int):
+                 act: str, threads: int, refined: bool = False):
         if n_heads % n_kv or rotary_dim % 2 or rotary_dim > head_dim or act not in ACTIVATIONS:
             raise ValueError("inconsistent shapes")
         self._lib = lib
         self.H, self.KV, self.D, self.R = n_heads, n_kv, head_dim, rotary_dim
-        self._h = lib.llmcli_step_new(n_heads, n_kv, head_dim, rotary_dim, eps, scale, ACTIVATIONS[act], threads)
+        self._h = lib.llmcli_step_new(n_heads, n_kv, head_dim, rotary_dim, eps, scale, ACTIVATIONS[act], threads,
+                                      int(refined))
+        self.refined = refined
         self._keep = []  # every tensor and ctypes array the C side points into
         self.hidden = self.inter = self.vocab = None
         self.max_len = self.rows = None

@@ -1,8 +1,9 @@
 """The llmcli quantized checkpoint: a Hugging Face-style folder whose config says how it is packed.
 
     config.json              the model's config plus a `quantization` block: method "llmcli",
-                             format_version, preset, and every quantized tensor's {bits, group_size,
-                             symmetric}. Loading is decided by this block, never by a file name.
+                             format_version, preset, the preset's activations (int8 where absent),
+                             and every quantized tensor's {bits, group_size, symmetric}. Loading is
+                             decided by this block, never by a file name.
     model.safetensors        quantized weights as <module>.qweight / .scales / .zeros in the portable
                              layout (packed.py), everything else under its usual name
     tokenizer files          tokenizer.json, tokenizer_config.json (chat template, BOS/EOS),
@@ -42,7 +43,8 @@ class OutputExistsError(LlmcliError):
 
 def quantization_block(preset, converted: Converted, extra: dict | None = None) -> dict:
     return {"quant_method": METHOD, "format_version": FORMAT_VERSION, "preset": preset.name,
-            "description": preset.description, "tensors": converted.formats(), **(extra or {})}
+            "description": preset.description, "activations": preset.activations, "tensors": converted.formats(),
+            **(extra or {})}
 
 
 def tensors_to_save(converted: Converted) -> dict[str, torch.Tensor]:

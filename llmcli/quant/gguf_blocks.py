@@ -123,9 +123,12 @@ def dequantize_blocks(blocks: torch.Tensor, type_name: str, K: int) -> torch.Ten
 
 
 class GGUFBlockWeight:
-    """A (N, K) weight held as its GGUF blocks, rows of `row_bytes` bytes (packed.py's interface)."""
+    """A (N, K) weight held as its GGUF blocks, rows of `row_bytes` bytes (packed.py's interface).
+    `refined`: the kernels multiply it with int8x2 activations (a preset's, quant/held.py's
+    hold_activations), else int8 ones."""
     symmetric = False
     rows_readable = True
+    refined = False
 
     def __init__(self, blocks: torch.Tensor, type_name: str, K: int, device: torch.device):
         self.blocks = blocks.contiguous().to(device)  # (N, row bytes) uint8
@@ -149,7 +152,9 @@ class GGUFBlockWeight:
             blocks = torch.from_numpy(np.concatenate([w.blocks.numpy() for w in weights]))
         else:
             blocks = torch.cat([w.blocks for w in weights])
-        return cls(blocks, first.type_name, first.shape[1], first.device)
+        stacked = cls(blocks, first.type_name, first.shape[1], first.device)
+        stacked.refined = first.refined  # (QuantLinear.concat stacks only weights that agree)
+        return stacked
 
     def state(self) -> dict[str, torch.Tensor]:
         return {"blocks": self.blocks.cpu()}
@@ -169,7 +174,7 @@ class GGUFBlockWeight:
         # F16/BF16 rows: the kernels' float32 products for any number of rows (half_rows.h tiles a prompt's)
         wide = self.type_name in FLOAT_ROWS
         if self.device.type == "cpu" and (wide or kernels.use_kernel(self.device, rows)) and native.available():
-            y = native.mm(x.reshape(rows, K), self.blocks, TYPE_IDS[self.type_name], K)
+            y = native.mm(x.reshape(rows, K), self.blocks, TYPE_IDS[self.type_name], K, self.refined)
             return y.to(x.dtype).view(*x.shape[:-1], N)
 
         return _dense_tiles(x, N, K, self._tile_t)

@@ -9,6 +9,11 @@ the native decode step (runtime/native_step.py) multiply as llama.cpp does, with
     int4 g32, symmetric    w = (q - 8) * s       ->  Q4_0  d = s (f16)
     int8 g32               w = q * s             ->  Q8_0  d = s (f16)
 
+A preset's `activations` says what the kernels multiply its blocks with: "int8" (llama.cpp's), or
+"int8x2" (q8, q4_mixed): each activation row as int8 codes plus its residual's, about 14 bits, for
+twice the integer work (memory-bound decoding barely notices it). The loader marks the model and its
+blocks (hold_activations); a checkpoint records it. GGUF files as stored keep llama.cpp's int8.
+
 The codes stay as they are; only the scales (and Q4_1's m) are rounded, from bfloat16 to float16
 (a bfloat16 scale in float16's normal range is exact). A GGUF tensor whose own blocks import into
 the format exactly (gguf_import.direct_spec: Q4_0, Q4_1, Q4_K, Q8_0) keeps those blocks, unrounded.
@@ -24,12 +29,13 @@ from collections import Counter
 import torch
 
 from .. import native
+from ..errors import CorruptModelError
 from . import float_rows
 from .convert import EMBEDDING, HEAD, KEEP, QuantizedTensor, plan
-from .gguf_blocks import BITS, BLOCKS, FROM_LLMCLI, INT8_DOT_BLOCKS, TYPE_IDS
+from .gguf_blocks import BITS, BLOCKS, FROM_LLMCLI, INT8_DOT_BLOCKS, TYPE_IDS, GGUFBlockWeight
 from .gguf_encode import to_blocks
 from .gguf_import import as_stored_preset, direct_spec
-from .presets import QuantSpec
+from .presets import ACTIVATIONS, QuantSpec
 
 F16_MAX = 65504.0
 TO_BLOCKS = frozenset(FROM_LLMCLI.values())  # the blocks quantized_as_held writes: Q4_1, Q4_0, Q8_0
@@ -75,6 +81,30 @@ def quantized_as_held(source, held: QuantSpec) -> QuantizedTensor | None:
         return None
     blocks = kernels.quantize_weights((source.stored or source.values)(), TYPE_IDS[held.kind])
     return None if blocks is None else QuantizedTensor(held, {"blocks": blocks})
+
+
+def activations_of(model_file, preset) -> str:
+    """The activations (presets.ACTIVATIONS) the kernels take for `model_file` loaded with `preset`:
+    the preset's, an llmcli checkpoint's own (int8 where it predates the key), else int8."""
+    if preset is not None:
+        return preset.activations
+    if model_file.quantization is None:
+        return "int8"
+    chosen = model_file.quantization.get("activations", "int8")
+    if chosen not in ACTIVATIONS:
+        raise CorruptModelError(f"{model_file.path}: its quantization block asks for {chosen!r} activations, "
+                                f"which this llmcli does not know ({', '.join(ACTIVATIONS)}); update llmcli")
+    return chosen
+
+
+def hold_activations(model: torch.nn.Module, activations: str) -> None:
+    """Mark `model` (model.activations: the native step reads it) and its GGUF blocks (the eager
+    path's native.mm) with the activations the kernels multiply them with."""
+    model.activations = activations
+    for m in model.modules():
+        packed = getattr(m, "packed", None)
+        if isinstance(packed, GGUFBlockWeight):
+            packed.refined = activations == "int8x2"
 
 
 # ----------------------------------------------------------------------------------- a model file

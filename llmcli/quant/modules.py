@@ -53,7 +53,7 @@ class QuantLinear(nn.Module):
         weight is in a GPU kernel's layout, which cannot be read back."""
         def key(p):
             return (type(p), p.group_size, p.symmetric, p.shape[1], p.device, getattr(p, "backend", None),
-                    getattr(p, "type_name", None))
+                    getattr(p, "type_name", None), getattr(p, "refined", None))
 
         first = modules[0].packed
         if type(first) not in (Int4Weight, Int8Weight, GGUFBlockWeight) or getattr(first, "backend", None) == "tinygemm" \

@@ -151,7 +151,8 @@ def _cache_current(target: Path, source: Path, preset: Preset) -> bool:
     except (OSError, KeyError, ValueError):
         return False
     return block.get("preset") == preset.name and block.get("source") == _source_stamp(source) \
-        and block.get("format_version") == checkpoint.FORMAT_VERSION
+        and block.get("format_version") == checkpoint.FORMAT_VERSION \
+        and block.get("activations", "int8") == preset.activations
 
 
 def model_from_sources(sources: list[Source], args, preset: Preset, placement, search: bool | str = True,

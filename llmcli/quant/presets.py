@@ -5,6 +5,8 @@ A preset (the shipped ones live in the top-level `quant/` folder; `--preset FILE
     description = "4-bit, groups of 32, with a zero point"
     on_indivisible = "fallback"     # a group size that does not divide a row: "fallback" | "refuse"
     dtype = "bfloat16"              # for tensors kept unquantized: "bfloat16" | "float16" | "float32"
+    activations = "int8"            # what the CPU kernels multiply GGUF blocks with: "int8" (llama.cpp's)
+                                    # | "int8x2" (int8 codes plus their residual's: ~14 bits, ~2x prefill work)
 
     [[rules]]                       # the first rule that matches a tensor decides its format
     match = ["model.embed_tokens.weight", "lm_head.weight"]    # globs over Hugging Face names
@@ -37,7 +39,8 @@ GROUP_SIZES = (32, 64, 128, 256)
 LAYER_SELECTORS = ("first_eighth", "last_eighth", "every_third")
 _RULE_KEYS = {"match", "layers", "bits", "group_size", "symmetric", "format"}
 FORMATS = ("int", "nf4", "llm_int8")
-_TOP_KEYS = {"description", "on_indivisible", "dtype", "rules"}
+_TOP_KEYS = {"description", "on_indivisible", "dtype", "activations", "rules"}
+ACTIVATIONS = ("int8", "int8x2")  # the native kernels' activations (kernels.h's Q8Rows::refined: int8x2)
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 ROW_KINDS = ("F16", "BF16")  # 16-bit floats kept as GGUF rows (gguf_blocks.py's FLOAT_ROWS): packed, not quantized
 
@@ -127,6 +130,7 @@ class Preset:
     on_indivisible: str = "fallback"
     dtype: str = "bfloat16"
     source: str = ""  # the file it came from, for messages
+    activations: str = "int8"  # ACTIVATIONS: how the native kernels quantize activations for its blocks
     notes: list[str] = field(default_factory=list)  # filled by `spec_for` (group size fallbacks)
 
     @property
@@ -234,11 +238,14 @@ def parse_preset(text: str, name: str, source: str = "<preset>") -> Preset:
     dtype = data.get("dtype", "bfloat16")
     if dtype not in ("bfloat16", "float16", "float32"):
         fail(f"dtype must be \"bfloat16\", \"float16\" or \"float32\", got {dtype!r}", key="dtype")
+    activations = data.get("activations", "int8")
+    if activations not in ACTIVATIONS:
+        fail(f"activations must be \"int8\" or \"int8x2\", got {activations!r}", key="activations")
     raw_rules = data.get("rules")
     if not isinstance(raw_rules, list) or not raw_rules:
         fail("a preset needs at least one [[rules]] table", key="rules")
     rules = [_parse_rule(r, rule_lines[i] if i < len(rule_lines) else None, i + 1, fail) for i, r in enumerate(raw_rules)]
-    return Preset(name, rules, str(data.get("description", "")), on_indivisible, dtype, source)
+    return Preset(name, rules, str(data.get("description", "")), on_indivisible, dtype, source, activations=activations)
 
 
 def _parse_rule(raw: dict, line: int | None, index: int, fail) -> Rule:

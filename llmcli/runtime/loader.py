@@ -15,7 +15,7 @@ from ..formats.tokenizer import Tokenizer
 from ..models.llama import ModelArgs  # the base of every family's ModelArgs
 from ..quant import QUANTIZING, float_rows, pipeline
 from ..quant.gguf_import import as_stored_preset
-from ..quant.held import describe, model_formats
+from ..quant.held import activations_of, describe, hold_activations, model_formats
 from .device import Placement
 from .native_step import NativeStep
 
@@ -47,7 +47,9 @@ def load_model(source: ModelFile | str | Path, placement: Placement, preset=None
     at load, in bytes of the file's weights (label: "quantizing (PRESET)")."""
     t0 = time.perf_counter()
     mf = source if isinstance(source, ModelFile) else open_model_file(source)
+    activations = activations_of(mf, preset)  # (a checkpoint's unknown value is refused before loading)
     model, held = _build(mf, placement, preset, progress)
+    hold_activations(model, activations)
     stored = mf.weights_type
     weights_type = stored if preset is None else f"{preset.name} (from {stored})"
     words = runs_as(mf.format, stored, None if preset is None else preset.name)

@@ -67,6 +67,8 @@ class NativeStep:
         # the last call's (values, indices) (rows, k) of each returned logit row's k largest, where it
         # asked for them (top=k) and the C++ step ran (not the model; no soft-capped logits); else None
         self.last_top = None
+        # int8x2 activations into the integer dot products, as the loader marked the model (quant/held.py)
+        self.refined = getattr(model, "activations", "int8") == "int8x2"
 
     @staticmethod
     def decodes(model_file, preset=None) -> bool:
@@ -232,7 +234,7 @@ class NativeStep:
         scale = attn.scale if attn.scale is not None else args.head_dim ** -0.5
         act = _FAMILIES[type(self.model)][2]
         step = native.module().step(args.num_attention_heads, args.num_key_value_heads, args.head_dim,
-                                    args.rotary_dim, args.rms_norm_eps, scale, act, self.threads)
+                                    args.rotary_dim, args.rms_norm_eps, scale, act, self.threads, self.refined)
         norm = _norm_weight(self._gemma)
         for i, layer in enumerate(self.model.model.layers):
             qkv, o, gate_up, down = (list(map(_spec, group)) for group in _projections(layer))

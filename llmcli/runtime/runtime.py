@@ -146,7 +146,8 @@ class Runtime:
         if step is None or step is self.loaded.model:
             return "eager" if self.compiles_well else "eager (compiling does not pay with this KV cache)"
         if getattr(step, "native", False):
-            return f"native (one C++ call a step, {native.describe()} kernels, {self.kv_type or 'float32'} KV cache)"
+            kernels = f"{native.describe()} kernels" + (", int8x2 activations" if getattr(step, "refined", False) else "")
+            return f"native (one C++ call a step, {kernels}, {self.kv_type or 'float32'} KV cache)"
         if not isinstance(step, CompiledStep):
             return getattr(step, "__name__", type(step).__name__)  # a caller's own step
         if step.fallback_reason:

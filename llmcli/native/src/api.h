@@ -13,8 +13,10 @@ LLMCLI_API const char* llmcli_source_hash();  // build.py's hash of the sources 
 
 // y (M, N) = x (M, K) @ W.T, W (N, row bytes) uint8: GGUF blocks of `type` (quant/gguf_blocks.py's TYPE_IDS);
 // Q5_K through the row-group kernels where this variant has them (int8 activations, as the decode step
-// takes it), else the float route
-LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
+// takes it), else the float route. refined: 1 for int8x2 activations (each row as int8 codes plus its
+// residual's, kernels.h's Q8Rows::refined), 0 for llama.cpp's int8; the float routes read x as it is
+LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads,
+                         int refined);
 // The weight rows a group of this variant's row-group kernels takes (16, 8, or 0: none), and
 // whether they take N rows of `type` (1) or not (0)
 LLMCLI_API int llmcli_group_rows(void);
@@ -22,7 +24,7 @@ LLMCLI_API int llmcli_grouped_takes(int type, int64_t N);
 // The same through the row-group kernels a decode step takes (where this variant has them for this
 // type and N: else 2, nothing written), each row's numbers as with that row alone
 LLMCLI_API int llmcli_mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
-                                 int threads);
+                                 int threads, int refined);
 // y (N, K) = W's rows dequantized
 LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads);
 // x (M, K) -> q (M, K) int8, d and s (M, K/32): the activations as mm's integer dot products take them
@@ -67,9 +69,10 @@ struct LlmcliLayer {
     int64_t kv_half;  // 1: the cache holds float16 (keys and values rounded to nearest even as they are written)
 };
 
-// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU)
+// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU); refined: 1 for int8x2
+// activations into the integer dot products (llmcli_mm's), 0 for int8
 LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
-                                 float scale, int64_t act, int threads);
+                                 float scale, int64_t act, int threads, int refined);
 LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer);
 LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliProjection* head, int64_t n_head);
 // n tokens at once, x (n, hidden) their embeddings: token i's keys and values go to cache row

@@ -21,7 +21,11 @@ static inline unsigned layout_of(int type) {
     }
 }
 
-// Activation rows quantized as the dot products take them (blocks.h's Q8), owning their buffers
+// Activation rows quantized as the dot products take them (blocks.h's Q8), owning their buffers.
+// `refined` (int8x2 activations): each row of x is two stored rows, 2m its codes and 2m + 1 its
+// residual's (x - d q quantized again), which project() multiplies as two rows (the weights read once
+// for both) and adds up: ~14 bits where one int8 row's error was most of a q8 model's. The functions
+// below take rows m of x; row() and cols() take stored rows (kernels read those).
 struct Q8Rows {
     std::vector<int8_t> q, qi, qq, qk, q6;
     std::vector<float> d, s, ds, d16, dq, d2, d6;
@@ -30,8 +34,11 @@ struct Q8Rows {
     std::vector<float> gd, gs;
     std::vector<int32_t> gn32, gn16;
     int64_t K = 0, G = 0, Q = 0;  // groups of 8 blocks a row (qi, ni, ds, d16), of 4 (qq, zq, dq): the last padded with zero blocks
+    bool refined = false;  // (set before resize)
 
-    void resize(int64_t rows, int64_t k) {
+    int64_t per_row() const { return refined ? 2 : 1; }  // stored rows a row of x
+    void resize(int64_t x_rows, int64_t k) {
+        const int64_t rows = x_rows * per_row();
         K = k;
         G = (k / 32 + 7) / 8;
         Q = (k / 32 + 3) / 4;
@@ -67,7 +74,8 @@ struct Q8Rows {
     }
     // rows [m0, m1) of x (rows of K floats), with the `layouts` the next weights read (the others are left stale)
     void quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts);
-    // blocks [b0, b1) of row m alone (q, d, s, n4): whole rows come to the same bytes block by block.
+    // blocks [b0, b1) of row m alone (q, d, s, n4; refined: its residual's too, from the same block's
+    // codes alone): whole rows come to the same bytes block by block.
     // Enough for the `layouts` where by_blocks(layouts) (then to_cols for the columns), whose other
     // copies (LLMCLI_ORDERS: AVX-512's, for the blocks as stored) take whole rows.
     void quantize_blocks(const float* x, int64_t m, int64_t b0, int64_t b1);
@@ -79,7 +87,7 @@ struct Q8Rows {
         return true;
 #endif
     }
-    // rows [m0, m1), quantized already, to their columns (kColsLayout's part of quantize), m0 a
+    // rows [m0, m1) of x, quantized already, to their columns (kColsLayout's part of quantize), m0 a
     // multiple of kColGroup; the codes of the last group's columns from m1 on become zeros (rows
     // no one reads). Rows that share a group share the cache lines of its columns, so two threads
     // quantizing rows of one group leave this to one of them.
@@ -91,6 +99,7 @@ struct Q8Rows {
 // `alone`: each value exactly as with its activation row alone (M = 1), for any M and any [n0, n1)
 // of whole groups of 4 rows (the decode step's promise that a batch does not change a row's numbers).
 // `grouped`: W is interleave_groups' copy ([n0, n1) whole groups); each value is then as alone.
+// Where xq is refined, the integer routes take each row's two stored rows and add their values.
 void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
              float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool grouped = false);
 

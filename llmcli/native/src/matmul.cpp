@@ -4,7 +4,9 @@
 // (blocks.h's Q8), and each block's dot product is integer multiply-adds of the variant (dot.h),
 // scaled once per block. Q5_K takes the float route: each weight block dequantized once into a
 // register-sized buffer and dotted with every activation row. Either way the weights are read once.
-// F16 and BF16 rows take float32 activations as they are (half_rows.h), never int8 ones.
+// F16 and BF16 rows take float32 activations as they are (half_rows.h), never int8 ones. Refined
+// activations (int8x2, kernels.h's Q8Rows::refined) are two int8 rows a row of x through the same
+// kernels, whose values Out adds up.
 // Where the variant has row-group kernels (AVX-512: 16 rows, arch/x86/avx512_rows16.h; AVX2 and AVX-VNNI:
 // 8 rows, arch/x86/avx2_rows8.h), a decode step reads a copy of the weights interleaved for them
 // (row_groups.h), Q5_K included, and llmcli_mm takes Q5_K so too.
@@ -15,8 +17,22 @@
 #include "vec.h"
 
 void Q8Rows::quantize_blocks(const float* x, int64_t m, int64_t b0, int64_t b1) {
-    for (int64_t i = m * (K / 32) + b0; i < m * (K / 32) + b1; ++i)
-        quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i], n4.data() + 8 * i);
+    const int64_t nb = K / 32;
+    if (!refined) {
+        for (int64_t i = m * nb + b0; i < m * nb + b1; ++i)
+            quantize_block(x + 32 * i, q.data() + 32 * i, d[i], s[i], n4.data() + 8 * i);
+        return;
+    }
+    const float* xm = x + m * K;
+    const int64_t c = 2 * m * nb, r = c + nb;  // the codes' first block, the residual's
+    for (int64_t b = b0; b < b1; ++b) {
+        quantize_block(xm + 32 * b, q.data() + 32 * (c + b), d[c + b], s[c + b], n4.data() + 8 * (c + b));
+        // x - d q, in float (no fused multiply-add: -ffp-contract=off), the same bytes on every variant
+        alignas(64) float rest[32];
+        const int8_t* qc = q.data() + 32 * (c + b);
+        for (int j = 0; j < 32; ++j) rest[j] = xm[32 * b + j] - d[c + b] * (float)qc[j];
+        quantize_block(rest, q.data() + 32 * (r + b), d[r + b], s[r + b], n4.data() + 8 * (r + b));
+    }
 }
 
 void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) {
@@ -24,7 +40,7 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
     for (int64_t m = m0; m < m1; ++m) quantize_blocks(x, m, 0, nb);
     if (layouts & kColsLayout) to_cols(m0, m1);
 #ifdef LLMCLI_ORDERS
-    for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t m = m0 * per_row(); m < m1 * per_row(); ++m) {
         const Q8 x = row(m);
         if (layouts & kNibbleLayout)
             nibble_order(x, nb, const_cast<int8_t*>(x.qi), const_cast<int32_t*>(x.ni), const_cast<float*>(x.ds),
@@ -40,6 +56,7 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
 void Q8Rows::to_cols(int64_t m0, int64_t m1) {
 #ifdef LLMCLI_GROUPED
     const int64_t nb = K / 32;
+    m0 *= per_row(), m1 *= per_row();  // (stored rows from here)
     for (int64_t g0 = m0; g0 < m1; g0 += kColGroup) {
         const int n = (int)std::min<int64_t>(kColGroup, m1 - g0);
         const Q8Cols g = cols(g0);
@@ -48,7 +65,9 @@ void Q8Rows::to_cols(int64_t m0, int64_t m1) {
         for (int64_t b = 0; b < nb; ++b) {
             int8_t* to = const_cast<int8_t*>(g.q) + 32 * kColGroup * b;
             int32_t *n32 = const_cast<int32_t*>(g.n32) + kColGroup * b, *n16 = const_cast<int32_t*>(g.n16) + 2 * kColGroup * b;
-            if (n == 1) block_to_col(codes + 32 * b, sums + 8 * b, to, n32, n16);
+            if (n <= 2)  // (one token: one row, or two refined)
+                for (int c = 0; c < n; ++c)
+                    block_to_col(codes + c * K + 32 * b, sums + c * K / 4 + 8 * b, to + 4 * c, n32 + c, n16 + c);
             else block_to_cols(codes + 32 * b, K, n, to, n32, n16);
         }
         // each row's d and s to its column (through locals: stores through the columns' pointers
@@ -77,14 +96,28 @@ constexpr int64_t kAhead = 4;
 
 constexpr int64_t kRowsAtOnce = 64;  // activation rows whose views (Q8) a call keeps at hand
 
+// Where the value of stored activation row m (counted from the call's first) and weight row n goes:
+// y[m * ldy + n], or for refined rows (Q8Rows::refined) the sum of a pair's, into its row of x: the
+// even row's value put, then the odd one's added (every loop below meets a pair's rows in that order)
+struct Out {
+    float* y;
+    int64_t ldy;
+    bool pairs;
+    void put(int64_t m, int64_t n, float v) const {
+        if (!pairs) y[m * ldy + n] = v;
+        else if (m & 1) y[(m >> 1) * ldy + n] += v;
+        else y[(m >> 1) * ldy + n] = v;
+    }
+};
+
 #ifdef LLMCLI_TILES
-// Four weight rows against activation rows xs[0..Mb), Mb > 1, into y (Mb rows, ldy apart), a tile at a
+// Four weight rows n.. against activation rows xs[0..Mb), Mb > 1, into y's rows m_at.., a tile at a
 // time: each weight block unpacked once for the tile, or, for several tiles, once for all of them into
 // a buffer (unpack_4rows); the first tile, or the unpacking, fetches the next rows (`ahead`) as it
 // goes. Not inlined into dot_rows: there its buffer and lambdas slowed the one-row loop (Q4_K, Q6_K).
 template <int T>
 __attribute__((noinline)) static void tile_rows(const uint8_t* row, int64_t rb, int64_t nb, const Q8* xs, int64_t Mb,
-                                                float* y, int64_t ldy, const uint8_t* ahead) {
+                                                const Out& y, int64_t m_at, int64_t n, const uint8_t* ahead) {
     int64_t m = 0;
     const auto tiles = [&](auto&& tile) {
         for (; m < Mb;) {
@@ -92,7 +125,7 @@ __attribute__((noinline)) static void tile_rows(const uint8_t* row, int64_t rb, 
             float o[4 * 8];
             tile(c, o);
             for (int i = 0; i < c; ++i)
-                for (int t = 0; t < 4; ++t) y[(m + i) * ldy + t] = o[4 * i + t];
+                for (int t = 0; t < 4; ++t) y.put(m_at + m + i, n + t, o[4 * i + t]);
             m += c;
         }
     };
@@ -108,15 +141,15 @@ __attribute__((noinline)) static void tile_rows(const uint8_t* row, int64_t rb, 
 }
 #endif
 
+// W's rows [n0, n1) against stored activation rows [m0, m0 + M)
 template <int T>
-static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
+static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, const Out& y,
                      int64_t n0, int64_t n1, bool alone) {
     const int64_t nb = K / 32, rb = K / Block<T>::size * Block<T>::bytes;
     for (int64_t mb = 0; mb < M; mb += kRowsAtOnce) {  // (more only from llmcli_mm: the weights are read again)
         const int64_t Mb = std::min(kRowsAtOnce, M - mb);
         Q8 xs[kRowsAtOnce];
         for (int64_t m = 0; m < Mb; ++m) xs[m] = xq.row(m0 + mb + m);
-        float* yb = y + mb * ldy;
         int64_t n = n0;
 #ifdef LLMCLI_DOT_4ROWS
         for (; n + 4 <= n1; n += 4) {  // four weight rows at a time, for each activation row
@@ -124,7 +157,7 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
             int64_t m = 0;
 #ifdef LLMCLI_TILES
             if (Mb > 1) {
-                tile_rows<T>(row, rb, nb, xs, Mb, yb + n, ldy, n + 4 < n1 ? row + 4 * rb : nullptr);
+                tile_rows<T>(row, rb, nb, xs, Mb, y, mb, n, n + 4 < n1 ? row + 4 * rb : nullptr);
                 m = Mb;
             }
 #endif
@@ -132,7 +165,7 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
             for (; m < Mb; ++m) {
                 float o[4];
                 dot_4rows<T>(row, rb, xs[m], nb, o);
-                for (int t = 0; t < 4; ++t) yb[m * ldy + n + t] = o[t];
+                for (int t = 0; t < 4; ++t) y.put(mb + m, n + t, o[t]);
             }
         }
 #endif
@@ -144,10 +177,10 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
             for (; !alone && m + 4 <= Mb; m += 4) {  // sums in another order than dot_row's
                 float o[4];
                 dot_rows4<T>(row, xs + m, nb, o);
-                for (int t = 0; t < 4; ++t) yb[(m + t) * ldy + n] = o[t];
+                for (int t = 0; t < 4; ++t) y.put(mb + m + t, n, o[t]);
             }
 #endif
-            for (; m < Mb; ++m) yb[m * ldy + n] = dot_row<T>(row, xs[m], nb);
+            for (; m < Mb; ++m) y.put(mb + m, n, dot_row<T>(row, xs[m], nb));
         }
     }
 }
@@ -159,7 +192,7 @@ static void dot_rows(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, 
 // (all the rows against each group in turn streamed the activations again for every group, which
 // slowed a long prompt)
 template <int T>
-static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, float* y, int64_t ldy,
+static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m0, int64_t M, const Out& y,
                         int64_t n0, int64_t n1) {
     constexpr int R = kGroupRows;
     static_assert(kColGroup % kGroupCols == 0, "a tile's columns lie in one column group");
@@ -174,7 +207,7 @@ static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m
                     group_tile<T, decltype(c)::value>(W + n / R * group, nb, xq.cols(m0 + m), o, ahead);
                 });
                 for (int64_t c = 0; c < C; ++c)
-                    for (int r = 0; r < R; ++r) y[(m + c) * ldy + n + r] = o[R * c + r];
+                    for (int r = 0; r < R; ++r) y.put(m + c, n + r, o[R * c + r]);
             }
 }
 #endif
@@ -245,15 +278,17 @@ static void float_rows(const uint8_t* W, int64_t K, const float* X, int64_t M, f
 
 void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const float* xf, int64_t m0, int64_t M,
              float* y, int64_t ldy, int64_t n0, int64_t n1, bool alone, bool grouped) {
+    const int64_t per = xq.per_row();  // the integer routes read per stored rows a row of x
+    const Out out{y, ldy, per == 2};
     with_type(type, [&](auto t) {
         constexpr int T = decltype(t)::value;
 #ifdef LLMCLI_GROUPED
         if constexpr (grouped_type<T>)
-            if (grouped) return grouped_dot<T>(W, K, xq, m0, M, y, ldy, n0, n1);
+            if (grouped) return grouped_dot<T>(W, K, xq, per * m0, per * M, out, n0, n1);
 #endif
         if constexpr (float_type<T>) half_rows<T>(W, K, xf + m0 * K, K, M, y, ldy, n0, n1);
         else if constexpr (T == kQ5_K) float_rows<T>(W, K, xf + m0 * K, M, y, ldy, n0, n1);
-        else dot_rows<T>(W, K, xq, m0, M, y, ldy, n0, n1, alone);
+        else dot_rows<T>(W, K, xq, per * m0, per * M, out, n0, n1, alone);
     });
 }
 
@@ -266,10 +301,12 @@ std::shared_ptr<Team> shared_team(int threads) {
 }
 
 // y = x @ W.T through the row-group kernels, on a copy of W interleaved for this call (grouped_takes(type, N))
-static void mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads) {
+static void mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads,
+                       bool refined) {
     if (M == 0) return;
     std::vector<uint8_t> copy(grouped_bytes(type, N, K));
     Q8Rows xq;
+    xq.refined = refined;
     xq.resize(M, K);
     xq.quantize(x, 0, M, kColsLayout);
     std::vector<Stage> stages{
@@ -280,15 +317,17 @@ static void mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, i
 
 extern "C" {
 
-LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads) {
+LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads,
+                         int refined) {
     if (type < 0 || type >= kTypes || K % block_size(type) || M < 0 || N < 0) return 1;
     if (M == 0 || N == 0) return 0;
     if (type == kQ5_K && grouped_takes(type, N)) {  // as the decode step takes it (int8 activations), not the float route
-        mm_grouped(x, M, w, N, K, type, y, threads);
+        mm_grouped(x, M, w, N, K, type, y, threads, refined);
         return 0;
     }
     static thread_local Q8Rows mine;  // the calling thread's: no allocation per call
     Q8Rows& xq = mine;  // (a thread_local named in the lambdas would be each worker's own)
+    xq.refined = refined && layout_of(type);  // (the float routes read x as it is)
     std::vector<Stage> stages;
     if (layout_of(type)) {  // (not the float routes: Q5_K's, F16's and BF16's)
         xq.resize(M, K);
@@ -306,10 +345,10 @@ LLMCLI_API int llmcli_group_rows() { return group_rows(); }
 LLMCLI_API int llmcli_grouped_takes(int type, int64_t N) { return type >= 0 && type < kTypes && grouped_takes(type, N); }
 
 LLMCLI_API int llmcli_mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
-                                int threads) {
+                                int threads, int refined) {
     if (type < 0 || type >= kTypes || K % block_size(type) || M < 0 || N < 0) return 1;
     if (!grouped_takes(type, N)) return 2;
-    mm_grouped(x, M, w, N, K, type, y, threads);
+    mm_grouped(x, M, w, N, K, type, y, threads, refined);
     return 0;
 }
 

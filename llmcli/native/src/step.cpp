@@ -13,6 +13,9 @@
 // stage of its own over the tokens for more (per_token). The head finds each row's largest logits
 // as it makes them, where the caller asks (top).
 //
+// The int8 activations are refined where the step was made so (int8x2: kernels.h's Q8Rows::refined,
+// two stored rows a token, whose values project() adds up); the stages below see tokens either way.
+//
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
 // same operations whatever rows come with it, so a batch never changes what a row decodes. F16 and
@@ -127,7 +130,7 @@ static void project_rows(const Group& g, const Q8Rows& xq, const float* xf, int6
 // Activation rows: their floats, and quantized for the block kernels
 struct Activation {
     std::vector<float> x;
-    Q8Rows q;
+    Q8Rows q;  // (refined: int8x2, as the step was made)
     int64_t width = 0;
     void resize(int64_t rows, int64_t n) { width = n; x.resize(rows * n); q.resize(rows, n); }
     float* row(int64_t m) { return x.data() + m * width; }
@@ -142,9 +145,11 @@ struct Layer {
 class Step {
   public:
     Step(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale,
-                int64_t act, int threads)
+                int64_t act, int threads, bool refined)
         : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), QKV((heads + 2 * kv_heads) * head_dim), act(act),
-          eps(eps), scale(scale), team(threads), threads_used(threads) {}
+          eps(eps), scale(scale), team(threads), threads_used(threads) {
+        a.q.refined = a_attn.q.refined = a_mlp.q.refined = refined;
+    }
 
     bool add_layer(const LlmcliLayer& s) {
         Layer l{s, own(s.qkv, s.n_qkv), own(s.o, s.n_o), own(s.gate_up, s.n_gate_up), own(s.down, s.n_down), 0, 0, 0, 0};
@@ -471,10 +476,10 @@ class Step {
 extern "C" {
 
 LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
-                                 float scale, int64_t act, int threads) {
+                                 float scale, int64_t act, int threads, int refined) {
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || rotary_dim % 2 || rotary_dim > head_dim || act < 0 || act > 1)
         return nullptr;
-    return new Step(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads);
+    return new Step(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads, refined != 0);
 }
 
 LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer) {
