@@ -26,12 +26,15 @@ from ..hub.store import default_home
 
 
 def compile_cache(base: Path) -> Path:
-    """inductor's kernel cache for this CPU's features and torch's ISA choice, under `base`. Its own
-    keys leave ATEN_CPU_CAPABILITY out: kernels cached under one setting decoded garbage under another
-    (a home shared by machines of two CPU kinds would do the same)."""
-    from ..native import cpu
+    """inductor's kernel cache for this CPU's features, torch's ISA choice and llmcli's operators,
+    under `base`. Its own keys leave ATEN_CPU_CAPABILITY out: kernels cached under one setting decoded
+    garbage under another (a home shared by machines of two CPU kinds would do the same). They leave
+    the operators' schemas out too: a graph whose C++ wrapper calls llmcli_native::mm as an older
+    llmcli defined it (before its `refined` argument) is never loaded by a newer one."""
+    from ..native import cpu, ops
 
-    seen = " ".join([torch.__version__, os.environ.get("ATEN_CPU_CAPABILITY", ""), *sorted(cpu.flags())])
+    schemas = hashlib.sha256(Path(ops.__file__).read_bytes()).hexdigest()
+    seen = " ".join([torch.__version__, os.environ.get("ATEN_CPU_CAPABILITY", ""), schemas, *sorted(cpu.flags())])
     return base / hashlib.sha256(seen.encode()).hexdigest()[:12]
 
 
