@@ -187,9 +187,14 @@ class ModelFile:
 
     def sources(self) -> list[Source]:
         """The tensors under Hugging Face names, read lazily (GGUF Q/K rows un-permuted on read)."""
+        return list(self._sources)
+
+    @cached_property
+    def _sources(self) -> tuple[Source, ...]:
+        # listed once: choosing the step, planning memory and loading each ask (the folder's files opened each time)
         if self.is_gguf:
-            return gguf_sources(self.reader, self.args, self.architecture)
-        return folder_sources(self.files)
+            return tuple(gguf_sources(self.reader, self.args, self.architecture))
+        return tuple(folder_sources(self.files))
 
     def state_dict(self, dtype, device) -> dict:
         """All weights dequantized to `dtype` on `device`, under Hugging Face names."""
