@@ -215,3 +215,18 @@ def test_held_bytes_are_the_plan_and_about_the_file_size(mixed_gguf):
     assert plan.nbytes == held
     file_tensors = sum(t.n_bytes for t in open_gguf(path).tensors)
     assert held <= 1.15 * file_tensors
+
+
+def test_released_pages_of_the_map_read_back_the_same(mixed_gguf):
+    """GGUFFile.release_pages drops whole pages of the map inside a range (the file's, never written):
+    what is read there afterwards is the file's bytes again; a range outside the map is refused and
+    left alone (an array in the process's own memory would be zeroed)."""
+    from llmcli.formats.gguf import open_gguf
+
+    reader = open_gguf(mixed_gguf[0])
+    t = max(reader.tensors, key=lambda t: t.n_bytes)
+    data = t.data
+    before = np.array(data)  # a copy in anonymous memory
+    assert reader.release_pages(data.ctypes.data, data.nbytes)
+    assert np.array_equal(data, before)
+    assert not reader.release_pages(before.ctypes.data, before.nbytes) and before.any()

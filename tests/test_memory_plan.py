@@ -44,7 +44,7 @@ def test_the_first_choice_that_keeps_the_context(smollm2):
     for free, expected in ((static, None), (static - 1, "int8"), (int8, "int8"), (int8 - 1, "int4"), (int4, "int4")):
         p = make_plan(smollm2, Budget("cpu", free))
         assert (p.ctx, p.choice) == (8192, CacheChoice(expected))
-        assert p.device_bytes <= free
+        assert p.taken_bytes <= free
         assert bool(p.notes) == (expected is not None)  # a quantized cache is never chosen silently
 
 
@@ -70,7 +70,7 @@ def test_then_a_smaller_context_saying_so_or_an_error_when_it_was_asked_for(smol
     free = need(smollm2, CacheChoice(None, 0)) - 1
     p = make_plan(smollm2, Budget("cpu", free))
     assert 256 <= p.ctx < 8192 and p.ctx % 256 == 0
-    assert p.device_bytes <= free
+    assert p.taken_bytes <= free
     assert p.requested == 8192 and "using a context of" in p.notes[0]
     with pytest.raises(NotEnoughMemoryError, match=rf"a context of 8192 tokens needs at least .* --ctx-size {p.ctx} "
                                                    r"with --kv-type int4 fits"):

@@ -13,6 +13,7 @@ import torch
 
 from llmcli import native
 from llmcli.native.build import VARIANTS
+from llmcli.runtime import native_step
 
 # the portable kernels alone (no AVX2): Q4_0/Q4_1/Q8_0/Q4_K load for torch's kernels, and no step takes them
 pytestmark = pytest.mark.skipif(not native.int8_dot(), reason="no C++ compiler for the kernels, or only the portable ones")
@@ -253,31 +254,67 @@ def test_phi3_s_step_turns_by_the_factors_its_cache_size_picks(loaded):
     assert not torch.equal(short, long) and step._tables_of is short
 
 
-def test_a_step_for_a_new_cache_finds_the_weights_copies_the_last_one_made(loaded):
-    """The interleaved copies of the weights outlive the step that made them (the model holds them):
-    a batch engine made after the last one is gone (a benchmark's pass, a second `batch`) reads the
-    same copies instead of making them again, and decodes what the first one did."""
+def test_the_weights_copies_are_made_once_and_read_by_every_step(loaded):
+    """The interleaved copies of the weights are made before the first step (the runtime makes them
+    at load; a NativeStep for a model without them, at its construction) and held by the weights: a
+    batch engine made after the last one is gone (a benchmark's pass, a second `batch`) reads the
+    same copies, and decodes what the first one did."""
     import gc
 
-    lib = native.module().lib
-    before = lib.llmcli_copies_made()
-    made = []
-    outs = []
+    model = loaded.loaded.model
+    packed = [m.packed for group in native_step._groups(model) for m in group]
+    outs, copies = [], []
     for _ in range(2):
         engine = loaded.batch_engine(2, 32)
-        step = engine.step_fn
+        copies.append([None if p.interleaved is None else p.interleaved.data_ptr() for p in packed])
         with torch.inference_mode():
-            cache = engine.cache
-            logits = step(torch.tensor([[5], [17]]), cache, slots=torch.tensor([0, 0]), last_only=True)
+            logits = engine.step_fn(torch.tensor([[5], [17]]), engine.cache, slots=torch.tensor([0, 0]), last_only=True)
         outs.append(logits)
-        made.append(lib.llmcli_copies_made())
-        del engine, step, cache
+        del engine
         gc.collect()
-    assert made[1] == made[0] and torch.equal(outs[0], outs[1])
-    if _float_rows(loaded.loaded.model):  # F16/BF16 rows are read as stored: no copy at all
-        assert made[0] == before
-    elif native.module().group_rows:  # kernels with row groups (x86's) read copies: the first engine made them
-        assert made[0] > 0
+    assert copies[0] == copies[1] and torch.equal(outs[0], outs[1])
+    takes = [native.module().grouped_takes(native_step.TYPE_IDS[p.type_name], p.shape[0]) for p in packed]
+    if _float_rows(model):  # F16/BF16 rows are read as stored: no copy at all
+        assert not any(copies[0])
+    else:  # kernels with row groups (x86's) read copies of the weights they take, the others as stored
+        assert all(t for c, t in zip(copies[0], takes) if c is not None) and any(copies[0]) == any(takes)
+
+
+def _mapping(address: int) -> tuple[int, int, int]:
+    """(start, end, resident bytes) of this process's mapping holding `address` (/proc/self/smaps)."""
+    found = None
+    for line in open("/proc/self/smaps").read().splitlines():
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0]:
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            found = (start, end) if start <= address < end else None
+        elif found is not None and head[0] == "Rss:":
+            return (*found, int(head[1]) * 1024)
+    raise AssertionError("not mapped")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_a_gguf_s_weights_are_in_memory_once(loaded):
+    """Loaded for the native step, every weight copied for the row-group kernels was copied from the
+    file's blocks in the memory map (Q/K rows in llama.cpp's order included: the copy takes them in HF
+    order), and the file's pages under it are released; so are those of a weight read as stored whose
+    rows had to be un-permuted. The map holds at most what the other weights and the header need."""
+    from llmcli.runtime.runtime import open_model
+
+    rt = open_model(str(loaded.loaded.path), device="cpu", ctx_size=64)  # fresh: nothing run eagerly
+    model = rt.loaded.model
+    start, end, resident = _mapping(model.model.embed_tokens.packed.stored.data_ptr())
+    packed = {id(m.packed): m.packed for group in native_step._groups(model) for m in group}.values()
+    in_map = {id(p) for p in packed if start <= p.stored.data_ptr() < end}
+    copied = [p for p in packed if p.interleaved is not None]
+    assert all(id(p) in in_map for p in copied)
+    assert bool(copied) == (bool(native.module().group_rows) and not _float_rows(model))
+    released = sum(p.stored.numel() for p in copied) + sum(p.nbytes for p in packed if id(p) not in in_map)
+    # a tied head's released pages come back as the step looks token rows up in them
+    embedding = model.model.embed_tokens.packed
+    looked_up = embedding.nbytes if any(p is embedding for p in copied) else 0
+    page = 4096
+    assert resident <= (end - start) - released + looked_up + 2 * page * len(packed), (resident, end - start, released)
 
 
 def test_the_step_looks_up_embeddings_and_rope_rows_as_the_model_gives_them(loaded):

@@ -218,7 +218,7 @@ def test_batch_engine_alone_has_no_prompt_cache(tiny_folder, one_thread):
     rt = open_model(str(tiny_folder), device="cpu", dtype="float32")
     engine = BatchEngine(rt.loaded.model, rt.loaded.tokenizer, rt.placement.device, rt.placement.dtype, 2, 64)
     assert engine.prompt_cache is None
-    assert rt.prompt_cache_budget() == min(1 << 30, max(0, (rt.plan.budget.free - rt.plan.device_bytes) // 4))
+    assert rt.prompt_cache_budget() == min(1 << 30, max(0, (rt.plan.budget.free - rt.plan.taken_bytes) // 4))
 
 
 def test_batch_reuses_a_shared_system_prompt_and_flags_are_checked(tiny_folder, tmp_path):

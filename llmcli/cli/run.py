@@ -104,8 +104,10 @@ def _open(err, flags, draft: str | None, draft_quant: str | None, sample: str):
 def _report_model(err, rt) -> None:
     err.print(f"[dim]{rt.placement.reason}[/dim]")
     a = rt.loaded.args
+    copied, seconds = rt.loaded.interleaved
+    interleaved = f", {seconds:.2f} s of it copying {copied / 2**20:.0f} MiB interleaved for the kernels" if copied else ""
     err.print(f"[dim]loaded {rt.loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, "
-              f"{rt.loaded.runs_as}) in {rt.loaded.load_seconds:.2f} s; context {rt.ctx_size}[/dim]")
+              f"{rt.loaded.runs_as}) in {rt.loaded.load_seconds:.2f} s{interleaved}; context {rt.ctx_size}[/dim]")
     if rt.registry_quant:
         err.print(f"[dim]the registry's {rt.registry_quant} is quantized at load; --quant picks another preset[/dim]")
 

@@ -138,6 +138,20 @@ class GGUFFile:
             expected = offset + (self.tensors[-1].n_bytes + align - 1) // align * align
         self.data_end = start + expected  # the end of the last tensor's padding
 
+    def release_pages(self, address: int, nbytes: int) -> bool:
+        """Drop this process's pages of the map under [address, address + nbytes) (whole pages inside
+        it), where the range lies in the map: they are the file's, never written, so the kernel frees
+        them and reads them again if they are touched (the page cache keeps them for the next start).
+        What a weight copied for the kernels (native_step.prepare) leaves behind. False elsewhere."""
+        base = np.frombuffer(self._map, dtype=np.uint8, count=1).ctypes.data
+        start, end = address - base, address - base + nbytes
+        if start < 0 or end > len(self._map) or not hasattr(mmap, "MADV_DONTNEED"):
+            return False
+        start, end = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        return True
+
     def _unpack(self, fmt: str):
         values = struct.unpack_from(fmt, self._map, self.pos)
         self.pos += struct.calcsize(fmt)

@@ -75,6 +75,11 @@ class ModelFile:
 
     # ------------------------------------------------------------------ what the model is
 
+    def release_pages(self, address: int, nbytes: int) -> bool:
+        """Drop the memory-mapped file's pages under a range of it (GGUFFile.release_pages); False
+        where the range is not the file's (a folder's tensors are read into memory, not mapped)."""
+        return self.reader is not None and self.reader.release_pages(address, nbytes)
+
     @property
     def architecture(self) -> str | None:
         return self.metadata.get("general.architecture" if self.is_gguf else "model_type")

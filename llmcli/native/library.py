@@ -97,6 +97,8 @@ class Kernels:
         self._mm_grouped = _fn(lib, "llmcli_mm_grouped", _I32, _P, _I64, _P, _I64, _I64, _I32, _P, _I32, _I32)
         self._grouped_takes = _fn(lib, "llmcli_grouped_takes", _I32, _I32, _I64)
         self.group_rows = _fn(lib, "llmcli_group_rows", _I32)()
+        self._grouped_bytes = _fn(lib, "llmcli_grouped_bytes", _I64, _I32, _I64, _I64)
+        self._interleave = _fn(lib, "llmcli_interleave", _I32, _I32, _P, _I64, _I64, _P, _P, _I32)
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
         self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
         self._quantize_weights = _fn(lib, "llmcli_quantize_weights", _I32, _P, _I32, _I64, _I64, _I32, _P, _I32)
@@ -132,6 +134,35 @@ class Kernels:
         8 with AVX2 and AVX-VNNI) take N rows of the type (then mm takes Q5_K through them, with int8
         activations, as the decode step does)."""
         return bool(self._grouped_takes(type_id, N))
+
+    def interleaved_bytes(self, type_id: int, N: int, K: int) -> int:
+        """The bytes interleave makes of N rows (0: this variant's row-group kernels do not take them)."""
+        return self._grouped_bytes(type_id, N, K)
+
+    def interleave(self, blocks: torch.Tensor, type_id: int, K: int, order: torch.Tensor | None = None,
+                   threads: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """blocks (N, row bytes) uint8 -> their rows interleaved for the row-group kernels, a 1-d uint8
+        tensor the decode step reads (its projection's `grouped`), row n taken from blocks' row
+        order[n] (a permutation of N; None: row n); None where this variant's kernels do not take them.
+        `out`: where to write them (interleaved_bytes(type_id, N, K) bytes, e.g. a slice of a larger
+        copy: rows [n0, n1) of a weight, n0 a multiple of group_rows, go at n0 / N of its copy)."""
+        check_blocks(blocks, type_id, K)
+        N = blocks.shape[0]
+        size = self._grouped_bytes(type_id, N, K)
+        if not size:
+            return None
+        if order is not None:
+            order = order.to(torch.int64).contiguous()
+            if order.shape != (N,) or not torch.equal(torch.sort(order).values, torch.arange(N)):
+                raise ValueError("order is not a permutation of the rows")
+        if out is None:
+            out = torch.empty(size, dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or out.shape != (size,) or not out.is_contiguous():
+            raise ValueError(f"out must be {size} contiguous bytes")
+        blocks = blocks.contiguous()
+        self._interleave(type_id, blocks.data_ptr(), N, K, None if order is None else order.data_ptr(), out.data_ptr(),
+                         threads or torch.get_num_threads())
+        return out
 
     def mm_grouped(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int,
                    refined: bool = False) -> torch.Tensor | None:

@@ -14,7 +14,7 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
 class Projection(ctypes.Structure):  # api.h's LlmcliProjection
-    _fields_ = [("blocks", _P), ("bias", _P), ("type", _I64), ("N", _I64), ("K", _I64)]
+    _fields_ = [("blocks", _P), ("bias", _P), ("type", _I64), ("N", _I64), ("K", _I64), ("grouped", _I64)]
 
 
 class Layer(ctypes.Structure):  # api.h's LlmcliLayer
@@ -44,25 +44,6 @@ def declare(lib) -> None:
     lib.llmcli_step_run_ids.argtypes = [_P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
     lib.llmcli_step_free.argtypes = [_P]
     lib.llmcli_step_free.restype = None
-    lib.llmcli_step_copies.restype = _P
-    lib.llmcli_step_copies.argtypes = [_P]
-    lib.llmcli_copies_free.argtypes = [_P]
-    lib.llmcli_copies_free.restype = None
-    lib.llmcli_copies_made.restype = _I64
-    lib.llmcli_copies_made.argtypes = []
-
-
-class HeldCopies:
-    """The interleaved copies of the weights a Step reads, kept after it is gone (api.h's
-    llmcli_step_copies): a later step of the same model finds them instead of making them again."""
-
-    def __init__(self, lib, step_handle):
-        self._lib, self._h = lib, lib.llmcli_step_copies(step_handle)
-
-    def __del__(self):
-        if getattr(self, "_h", None):
-            self._lib.llmcli_copies_free(self._h)
-            self._h = None
 
 
 class Step:
@@ -98,19 +79,27 @@ class Step:
         return t.data_ptr()
 
     def _group(self, specs) -> tuple[ctypes.Array, int, int]:
-        """[(blocks, GGUF type id, K, bias or an empty tensor)] -> (array of projections, rows, K)"""
+        """[(blocks, GGUF type id, K, bias or an empty tensor, N)] -> (array of projections, rows, K).
+        blocks: (N, row bytes) as stored, or a 1-d uint8 tensor, their copy interleaved for the row-group
+        kernels (library.Kernels.interleave)."""
         if not specs:
             raise ValueError("a projection group is empty")
         arr = (Projection * len(specs))()
-        for p, (blocks, type_id, K, bias) in zip(arr, specs):
-            blocks = blocks.contiguous()
-            check_blocks(blocks, type_id, K)
-            if K % 32 or K != specs[0][2]:
+        for p, (blocks, type_id, K, bias, N) in zip(arr, specs):
+            grouped = blocks.dim() == 1
+            if grouped:
+                if blocks.dtype != torch.uint8 or blocks.numel() != self._lib.llmcli_grouped_bytes(type_id, N, K) \
+                        or not blocks.is_contiguous():
+                    raise ValueError("an interleaved copy does not match its projection")
+            else:
+                blocks = blocks.contiguous()
+                check_blocks(blocks, type_id, K)
+            if K % 32 or K != specs[0][2] or (not grouped and blocks.shape[0] != N):
                 raise ValueError("a group's projections read inputs of one size, a multiple of 32")
-            if bias.numel() and bias.numel() != blocks.shape[0]:
+            if bias.numel() and bias.numel() != N:
                 raise ValueError("bias does not match the rows")
             self._keep.append(blocks)
-            p.blocks, p.bias, p.type, p.N, p.K = blocks.data_ptr(), self._floats(bias), type_id, blocks.shape[0], K
+            p.blocks, p.bias, p.type, p.N, p.K, p.grouped = blocks.data_ptr(), self._floats(bias), type_id, N, K, grouped
         self._keep.append(arr)
         return ctypes.cast(arr, ctypes.POINTER(Projection)), sum(p.N for p in arr), specs[0][2]
 
@@ -150,18 +139,15 @@ class Step:
         self.rows = layer.rows if self.rows is None else min(self.rows, layer.rows)
         self.local |= bool(local_rope)
         if self._lib.llmcli_step_add_layer(self._h, ctypes.byref(layer)):
-            raise ValueError("layers differ in shape")
-
-    def copies(self) -> HeldCopies:
-        """The copies of the weights this step reads, held apart from it (after every add_layer and set_head)."""
-        return HeldCopies(self._lib, self._h)
+            raise ValueError("layers differ in shape, or an interleaved copy is not where a row group starts")
 
     def set_head(self, norm, head) -> None:
         arr, rows, K = self._group(head)
         if K != norm.numel():
             raise ValueError("the head does not read the hidden state")
+        if self._lib.llmcli_step_set_head(self._h, self._floats(norm), arr, len(head)):
+            raise ValueError("an interleaved copy of the head is not where a row group starts")
         self.vocab = rows
-        self._lib.llmcli_step_set_head(self._h, self._floats(norm), arr, len(head))
 
     def run(self, x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             cos_local: torch.Tensor | None = None, sin_local: torch.Tensor | None = None,

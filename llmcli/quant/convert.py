@@ -28,12 +28,22 @@ Progress = Callable[[int, int, str], None]  # (elements done, elements in all, t
 @dataclass
 class QuantizedTensor:
     spec: QuantSpec
-    state: dict[str, torch.Tensor]  # portable: qweight, scales (and zeros)
+    stored: dict[str, torch.Tensor]  # portable: qweight, scales (and zeros); or GGUF "blocks"
     direct: bool = False  # imported from GGUF blocks without re-quantizing
+    # GGUF blocks in llama.cpp's Q/K row order (its heads): `state` un-permutes them on first use, and
+    # the native step interleaves them from the file in HF order (no copy of them in between)
+    heads: int | None = None
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        if self.heads is not None:
+            self.stored = {"blocks": unpermute_rows(self.stored["blocks"], self.heads).contiguous()}
+            self.heads = None
+        return self.stored
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.state.values())
+        return sum(t.numel() * t.element_size() for t in self.stored.values())
 
 
 @dataclass
@@ -97,9 +107,8 @@ def quantize_source(s: Source, spec: QuantSpec, search: bool = True, portable: b
     N, K = s.shape
     if s.gguf_type and s.raw is not None and direct_spec(s.gguf_type, spec):
         imported = import_block_quants(s.raw(), s.gguf_type, N, K, spec)
-        if "blocks" in imported:  # kept as GGUF blocks: rows are independent, un-permuted as they are
-            blocks = imported["blocks"] if s.heads is None else unpermute_rows(imported["blocks"], s.heads).contiguous()
-            return QuantizedTensor(spec, {"blocks": blocks}, direct=True)
+        if "blocks" in imported:  # kept as GGUF blocks (the file's): rows are independent, un-permuted when used
+            return QuantizedTensor(spec, {"blocks": imported["blocks"]}, direct=True, heads=s.heads)
         codes, scales, zeros = imported["codes"], imported["scales"], imported["zeros"]
         if s.heads is not None:
             codes, scales = unpermute_rows(codes, s.heads), unpermute_rows(scales, s.heads)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .. import native
+from ..formats.gguf import unpermute_rows
 from . import kernels
 from .packed import _dense_tiles
 
@@ -122,6 +123,9 @@ def dequantize_blocks(blocks: torch.Tensor, type_name: str, K: int) -> torch.Ten
     return (d * sc[..., None] * q).reshape(n, K)
 
 
+INTERLEAVE_CHUNK = 16 << 20  # bytes of stored rows GGUFBlockWeight.interleave copies (and releases) at a time
+
+
 class GGUFBlockWeight:
     """A (N, K) weight held as its GGUF blocks, rows of `row_bytes` bytes (packed.py's interface).
     `refined`: the kernels multiply it with int8x2 activations (a preset's, quant/held.py's
@@ -130,16 +134,59 @@ class GGUFBlockWeight:
     rows_readable = True
     refined = False
 
-    def __init__(self, blocks: torch.Tensor, type_name: str, K: int, device: torch.device):
-        self.blocks = blocks.contiguous().to(device)  # (N, row bytes) uint8
+    def __init__(self, blocks: torch.Tensor, type_name: str, K: int, device: torch.device, heads: int | None = None):
+        if heads is not None and device.type != "cpu":  # copied to the device anyway: in HF order first
+            blocks, heads = unpermute_rows(blocks, heads), None
+        self._blocks = blocks.contiguous().to(device)  # (N, row bytes) uint8, in the file's row order
+        self._heads = heads  # rows in llama.cpp's Q/K order, un-permuted when `blocks` is first read
         self.type_name, self.device = type_name, device
         self.shape = (blocks.shape[0], K)
         self.group_size, self.bits = BLOCKS[type_name][0], BITS[type_name]
+        self.interleaved = None  # (bytes,) uint8: the rows interleaved for the decode step (interleave())
+        self.interleaved_by = None  # the kernel variant whose row groups they are
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """(N, row bytes) uint8, rows in HF order."""
+        if self._heads is not None:
+            self._blocks, self._heads = unpermute_rows(self._blocks, self._heads).contiguous(), None
+        return self._blocks
+
+    def interleave(self, kernels, threads: int | None = None, release=None) -> bool:
+        """Make `interleaved`, the rows as `kernels`' row-group kernels read them (HF order, read straight
+        from the file's blocks where they are still in llama.cpp's Q/K order), unless made for that
+        variant already; False where those kernels do not take this weight. `release(address, nbytes)`
+        hears of the stored rows copied, a few MiB at a time (a tied head of 250 MB is not in memory
+        twice while it is copied)."""
+        if self.device.type != "cpu":
+            return False
+        if self.interleaved_by != kernels.variant:
+            N, K, type_id = self.shape[0], self.shape[1], TYPE_IDS[self.type_name]
+            size = kernels.interleaved_bytes(type_id, N, K)
+            self.interleaved, self.interleaved_by = (torch.empty(size, dtype=torch.uint8) if size else None), kernels.variant
+            if size:
+                order = None if self._heads is None else unpermute_rows(torch.arange(N), self._heads)
+                R, row_bytes = kernels.group_rows, self._blocks.shape[1]
+                rows = N if order is not None else max(R, INTERLEAVE_CHUNK // row_bytes // R * R)
+                group = size // (N // R)  # bytes of a group of R rows
+                for n0 in range(0, N, rows):
+                    part = self._blocks[n0:n0 + rows]
+                    at = self.interleaved[group * (n0 // R):group * ((n0 + part.shape[0]) // R)]
+                    kernels.interleave(part, type_id, K, order, threads, at)
+                    if release is not None:
+                        release(part.data_ptr(), part.numel())
+        return self.interleaved is not None
+
+    @property
+    def stored(self) -> torch.Tensor:
+        """The blocks as they are held (the file's row order): what release_pages may drop from memory."""
+        return self._blocks
 
     @classmethod
-    def from_blocks(cls, blocks: torch.Tensor, type_name: str, device: torch.device) -> "GGUFBlockWeight":
+    def from_blocks(cls, blocks: torch.Tensor, type_name: str, device: torch.device,
+                    heads: int | None = None) -> "GGUFBlockWeight":
         size, nbytes = BLOCKS[type_name]
-        return cls(blocks, type_name, blocks.shape[1] // nbytes * size, device)
+        return cls(blocks, type_name, blocks.shape[1] // nbytes * size, device, heads)
 
     @classmethod
     def stacked(cls, weights: list["GGUFBlockWeight"]) -> "GGUFBlockWeight | None":

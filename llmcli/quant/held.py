@@ -57,7 +57,7 @@ def held_spec(spec: QuantSpec, device: torch.device, source_type: str | None = N
 def as_held(q: QuantizedTensor, device: torch.device) -> QuantizedTensor:
     """`q` in the format held_spec picks for `device` (converted to blocks, vectorised), or `q`."""
     held = held_spec(q.spec, device)
-    if held is q.spec or "blocks" in q.state:
+    if held is q.spec or "blocks" in q.stored:
         return q
     state = q.state
     scales, zeros = state["scales"], state.get("zeros")

@@ -25,7 +25,7 @@ from .presets import Preset
 
 def packed_weight(q: QuantizedTensor, device: torch.device, rows_needed: bool = False):
     if q.spec.kind in BLOCKS:
-        return GGUFBlockWeight.from_blocks(q.state["blocks"], q.spec.kind, device)
+        return GGUFBlockWeight.from_blocks(q.stored["blocks"], q.spec.kind, device, q.heads)
     if q.spec.kind != "int":
         cls = NF4Weight if q.spec.kind == "nf4" else LLMInt8Weight
     else:

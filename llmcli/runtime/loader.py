@@ -34,6 +34,7 @@ class LoadedModel:
     load_seconds: float
     metadata: dict = field(default_factory=dict)  # e.g. general.name, license
     runs_as: str = ""  # in words: "GGUF Q4_1", "bfloat16 safetensors quantized to q4 at load, held as Q4_1, Q8_0"
+    interleaved: tuple[int, float] = (0, 0.0)  # bytes of weights copied for the native step at load, seconds (NativeStep.prepare)
 
     @property
     def name(self) -> str:

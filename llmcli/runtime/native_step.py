@@ -22,7 +22,7 @@ kind of cache, several rows of several tokens) runs the model eagerly.
 
 from __future__ import annotations
 
-import weakref
+import time
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +39,6 @@ from ..quant.held import model_formats, step_multiplies
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
-# Each model's copies of its weights for the step (interleaved for the row-group kernels), held as
-# long as the model: a step built for a new cache finds them (a batch engine per `batch_throughput`
-# pass re-made them, a twelfth of the pass, while the last engine's step was gone)
-_HELD_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              phi3.Transformer: (llama.DecoderLayer, F.silu, "silu"),  # fused projections, LongRoPE's tables
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh")}
@@ -69,6 +65,32 @@ class NativeStep:
         self.last_top = None
         # int8x2 activations into the integer dot products, as the loader marked the model (quant/held.py)
         self.refined = getattr(model, "activations", "int8") == "int8x2"
+        self.prepare(model, self.threads)  # (done at load by the runtime; a model built by hand gets it here)
+
+    @staticmethod
+    def prepare(model, threads: int | None = None, release=None) -> tuple[int, float]:
+        """Copy the weights the variant's row-group kernels read interleaved (faster than the blocks as
+        stored for one activation row or eight), each held by its weight (GGUFBlockWeight.interleaved):
+        made once, before a user waits on a first token, and read by every step built for a new cache.
+        `release(address, nbytes)` then drops the memory-mapped file's pages under each copied weight
+        (ModelFile.release_pages), so the weights are in memory once; so does a weight read as stored
+        whose rows were in llama.cpp's Q/K order (un-permuted here). -> (bytes copied, seconds);
+        nothing to do the second time."""
+        kernels, t0, made = native.module(), time.perf_counter(), 0
+        if kernels is None or not kernels.group_rows or not NativeStep.supports(model):
+            return 0, 0.0
+        for group in _groups(model):
+            base = 0
+            for m in group:
+                p = m.packed
+                stored = p.stored
+                if base % kernels.group_rows == 0 and p.interleaved_by != kernels.variant \
+                        and p.interleave(kernels, threads, release):
+                    made += p.interleaved.numel()
+                elif release is not None and p.interleaved is None and p.blocks is not stored:
+                    release(stored.data_ptr(), stored.numel())  # read as stored, un-permuted here (llama's Q/K)
+                base += p.shape[0]
+        return made, time.perf_counter() - t0
 
     @staticmethod
     def decodes(model_file, preset=None) -> bool:
@@ -258,7 +280,6 @@ class NativeStep:
             step.set_embedding(emb.weight, None, scale)
         if self._tables is not None:
             step.set_rope(self._tables)
-        _HELD_COPIES[self.model] = step.copies()
         return step
 
 
@@ -278,6 +299,13 @@ def _projections(layer):
     return None if any(p is None for g in groups for p in g) else groups
 
 
+def _groups(model):
+    """The model's projections in the groups the step reads them in: each layer's four, then the head."""
+    for layer in model.model.layers:
+        yield from (_projections(layer) or ())
+    yield [model.lm_head]
+
+
 def _is_blocks(module) -> bool:
     packed = getattr(module, "packed", None)
     return isinstance(packed, GGUFBlockWeight) and packed.device.type == "cpu" and packed.shape[1] % 32 == 0
@@ -287,7 +315,9 @@ _EMPTY = torch.empty(0)
 
 
 def _spec(module):
-    """(blocks, type id, K, bias or empty) as native.step.Step.add_layer takes a projection."""
+    """(blocks or their interleaved copy, type id, K, bias or empty, N) as native.step.Step.add_layer
+    takes a projection."""
     p = module.packed
     bias = module.bias.detach() if module.bias is not None else _EMPTY
-    return p.blocks, TYPE_IDS[p.type_name], p.shape[1], bias
+    copy = p.interleaved if p.interleaved_by == native.module().variant else None
+    return (p.blocks if copy is None else copy), TYPE_IDS[p.type_name], p.shape[1], bias, p.shape[0]

@@ -3,7 +3,7 @@
     parts     the weights after the quantization that will be applied (probe.py), the KV
               cache for the context, by kind (its bytes are the tensors the cache allocates), the
               activations of one 512-token prefill chunk (an estimate of the largest intermediates),
-              and headroom for the allocator and kernels' workspaces
+              and the runtime itself (Python, torch and the kernels' libraries; a GPU's context)
     budget    what is free on the device (probe.detect_budget), and in host memory for an
               offloaded cache on CUDA/MPS
     decision  in order, the first that keeps the requested context: the KV cache on the device in the
@@ -38,6 +38,7 @@ class Part:
     name: str
     nbytes: int
     where: str  # "cuda" | "mps" | "cpu" | "host"
+    counted: bool = True  # False: already in memory as the plan is made (the runtime), not taken from what is free
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,19 @@ def activation_bytes(args, ctx: int, dtype: torch.dtype, rows: int = 1) -> int:
     return max(chunk, step)
 
 
-def headroom_bytes(budget: Budget) -> int:
-    """Left free for the allocator's fragmentation and kernels' workspaces."""
+# What the process holds before any model: Python, torch and the kernels' libraries (~230 MB resident
+# after `import llmcli.cli`, measured), or a GPU's context and its libraries' workspaces (an estimate)
+RUNTIME_BYTES = {"cpu": 256 * 2**20}
+GPU_RUNTIME_BYTES = 512 * 2**20
+
+
+def runtime_bytes(device: str) -> int:
+    return RUNTIME_BYTES.get(device, GPU_RUNTIME_BYTES)
+
+
+def margin_bytes(budget: Budget) -> int:
+    """What a plan leaves free of what it found free: the allocator's fragmentation, other programs'
+    growth. Not a part of the model (the table says it apart)."""
     return max(64 * 2**20, budget.free // 20)
 
 
@@ -127,7 +139,13 @@ class Plan:
 
     @property
     def device_bytes(self) -> int:
+        """Everything on the device once loaded, the runtime included: the process's resident size on the CPU."""
         return sum(p.nbytes for p in self.parts if p.where != "host")
+
+    @property
+    def taken_bytes(self) -> int:
+        """What loading takes of what was free on the device (device_bytes less the runtime, resident already)."""
+        return sum(p.nbytes for p in self.parts if p.where != "host" and p.counted)
 
     @property
     def host_bytes(self) -> int:
@@ -143,7 +161,7 @@ class Plan:
         plan holds; the error says how many rows fit, and the -n at which `rows` of them do. Without
         it, torch's allocator fails mid-search."""
         tokens = prompt + answer
-        left = self.budget.free - self.device_bytes - self.host_bytes * (self.budget.host_free is None)
+        left = self.budget.free - self.taken_bytes - self.host_bytes * (self.budget.host_free is None)
 
         def need(r: int, t: int) -> int:
             kv = sum(p.nbytes for p in kv_parts(self.args, t, self.dtype, CacheChoice(), self.budget.device, r))
@@ -191,6 +209,7 @@ class Plan:
         lines.append(f"  {'total on the device':{width}}  {b.device:5}  {human(self.device_bytes):>10}")
         if self.host_bytes:
             lines.append(f"  {'total in host memory':{width}}  {'host':5}  {human(self.host_bytes):>10}")
+        lines.append(f"  {'left free (5% of free, at least 64 MiB)':{width}}  {b.device:5}  {human(margin_bytes(b)):>10}")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
@@ -209,7 +228,8 @@ def _parts(args, weights: int, weights_label: str, ctx: int, dtype, choice: Cach
     return ([Part(f"weights {weights_label}", weights, d)] + kv_parts(args, ctx, dtype, choice, d, rows)
             + [Part(f"activations ({min(PREFILL_CHUNK, ctx)}-token prefill chunk or {rows}-row step, estimate)",
                     activation_bytes(args, ctx, dtype, rows), d),
-               Part("headroom (allocator, kernels)", headroom_bytes(budget), d)])
+               Part("runtime (Python, torch, kernels)" if d == "cpu" else f"runtime ({d} context, estimate)",
+                    runtime_bytes(d), d, counted=False)])
 
 
 def _from(budget: Budget) -> str:
@@ -217,11 +237,11 @@ def _from(budget: Budget) -> str:
 
 
 def _fits(parts: list[Part], budget: Budget) -> bool:
-    device = sum(p.nbytes for p in parts if p.where != "host")
+    device = sum(p.nbytes for p in parts if p.where != "host" and p.counted)
     host = sum(p.nbytes for p in parts if p.where == "host")
     if budget.host_free is None:  # one memory for both
-        return device + host <= budget.free
-    return device <= budget.free and host <= budget.host_free
+        return device + host + margin_bytes(budget) <= budget.free
+    return device + margin_bytes(budget) <= budget.free and host <= budget.host_free
 
 
 def _choices(args, budget: Budget, kv_type: str | None, kv_offload: str, rows: int = 1,
@@ -284,15 +304,15 @@ def plan(args, weights: int, weights_label: str, budget: Budget, dtype: torch.dt
                 first = _parts(args, weights, weights_label, ctx, dtype, choices[0], budget, rows)
                 kind = choices[0].describe(args, dtype, d).split(",")[0]
                 p.notes.append(f"with a {kind} KV cache the model would need "
-                               f"{human(sum(q.nbytes for q in first if q.where != 'host'))} on {d} but "
+                               f"{human(sum(q.nbytes for q in first if q.where != 'host' and q.counted))} on {d} but "
                                f"{human(budget.free)} is free; using {choice.describe(args, dtype, d)} "
                                f"to keep the context of {ctx}")
             return p
     no_kv = _parts(args, weights, weights_label, 1, dtype, CacheChoice(None), budget)
-    base = sum(q.nbytes for q in no_kv if not q.name.startswith("KV "))
-    if base > budget.free:
+    base = sum(q.nbytes for q in no_kv if not q.name.startswith("KV ") and q.counted)
+    if base + margin_bytes(budget) > budget.free:
         raise NotEnoughMemoryError(
-            f"the weights need {human(weights)} ({weights_label}), {human(base)} with activations and headroom, "
+            f"the weights need {human(weights)} ({weights_label}), {human(base)} with activations, "
             f"but {human(budget.free)} is free on {d}{_from(budget)}; use a smaller --quant preset (q4) "
             f"or another --device")
     # nothing keeps the context: the largest that fits, from the most compact choice of each kind

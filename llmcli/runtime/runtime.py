@@ -134,11 +134,17 @@ class Runtime:
         model (compiled on first use, or in a background thread meanwhile running eagerly), or the
         model itself."""
         model = self.loaded.model
-        if NativeStep.supports(model) and NativeStep.fits(self.new_cache(1)):
+        if self.native_decodes:
             return NativeStep(model)
         if not compile or not self.compiles_well:
             return model
         return CompiledStep(model, self.new_cache(64) if background else None)
+
+    @property
+    def native_decodes(self) -> bool:
+        """Whether decode_step is the native step (runtime/native_step.py): the model's kind and the
+        planned cache's."""
+        return NativeStep.supports(self.loaded.model) and NativeStep.fits(self.new_cache(1))
 
     def describe_step(self, step) -> str:
         """How `step` runs decode steps: native (its kernels and the KV cache's kind), eager, compiling
@@ -189,7 +195,7 @@ class Runtime:
         model and its KV cache, at most PROMPT_CACHE_MAX (PROMPT_CACHE_NO_PLAN without a plan)."""
         if self.plan is None:
             return PROMPT_CACHE_NO_PLAN
-        left = self.plan.budget.free - self.plan.device_bytes - self.plan.host_bytes * (self.plan.budget.host_free is None)
+        left = self.plan.budget.free - self.plan.taken_bytes - self.plan.host_bytes * (self.plan.budget.host_free is None)
         return max(0, min(PROMPT_CACHE_MAX, left // 4))
 
     @property
@@ -367,10 +373,15 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
         if entry.stop_tokens:
             loaded.tokenizer = loaded.tokenizer.with_extra_eos(entry.stop_tokens)
     loaded.chat_template = flags.chat_template or loaded.chat_template
-    loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
-    heap.trim()  # what loading freed goes back to the system before the cache fills
     limit = min(model_file.max_text_tokens or memory.ctx, memory.ctx)
-    return Runtime(loaded, memory.ctx, memory, model_file.pooling, limit, registry_quant=registry_quant)
+    runtime = Runtime(loaded, memory.ctx, memory, model_file.pooling, limit, registry_quant=registry_quant)
+    if runtime.native_decodes:  # the step reads q/k/v and gate/up as groups: fusing them would copy them
+        loaded.interleaved = NativeStep.prepare(loaded.model, placement.threads, model_file.release_pages)
+        loaded.load_seconds += loaded.interleaved[1]
+    else:
+        loaded.model.fuse()  # last: after any quantization, so formats that match fuse too
+    heap.trim()  # what loading freed goes back to the system before the cache fills
+    return runtime
 
 
 def _open_encoder(flags: ModelFlags, model_file: ModelFile, placement) -> Runtime:

@@ -21,6 +21,14 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
 // whether they take N rows of `type` (1) or not (0)
 LLMCLI_API int llmcli_group_rows(void);
 LLMCLI_API int llmcli_grouped_takes(int type, int64_t N);
+// The bytes llmcli_interleave writes for N rows of `type`, K wide (0 where the variant has no
+// row-group kernels for them)
+LLMCLI_API int64_t llmcli_grouped_bytes(int type, int64_t N, int64_t K);
+// out (llmcli_grouped_bytes) = W's N rows interleaved for the row-group kernels, row n read from W's
+// row order[n] (order null: row n): what a step's projection reads where `grouped`. 2 where the
+// variant does not take them (grouped_takes), nothing written
+LLMCLI_API int llmcli_interleave(int type, const uint8_t* W, int64_t N, int64_t K, const int64_t* order, uint8_t* out,
+                                 int threads);
 // The same through the row-group kernels a decode step takes (where this variant has them for this
 // type and N: else 2, nothing written), each row's numbers as with that row alone
 LLMCLI_API int llmcli_mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
@@ -52,9 +60,10 @@ LLMCLI_API int llmcli_top_k(const float* x, int64_t n, int64_t k, float* values,
 
 // The decode step (step.cpp): its weights and cache stay owned by the caller, who keeps them alive
 struct LlmcliProjection {  // y = W x (+ b)
-    const uint8_t* blocks;  // (N, row bytes)
+    const uint8_t* blocks;  // (N, row bytes), or where `grouped` llmcli_interleave's copy of them
     const float* bias;      // (N,) or null
     int64_t type, N, K;
+    int64_t grouped;  // 1: blocks is the rows interleaved for this variant's row-group kernels
 };
 
 struct LlmcliLayer {
@@ -103,12 +112,5 @@ LLMCLI_API int llmcli_step_run_ids(void* step, int64_t n, const int64_t* ids, co
                                    const int64_t* positions, int64_t logits_from, float* logits, float* hidden,
                                    int64_t top, float* top_values, int64_t* top_indices);
 LLMCLI_API void llmcli_step_free(void* step);
-// The interleaved copies of the weights a step reads, held apart from it until llmcli_copies_free:
-// a model keeps them between its steps, so that a step built for a new cache (a batch engine, a
-// benchmark's repetition) finds them instead of making them again (for a small model, longer than
-// many steps; without a holder they go with the last step that reads them).
-LLMCLI_API void* llmcli_step_copies(void* step);
-LLMCLI_API void llmcli_copies_free(void* copies);
-LLMCLI_API int64_t llmcli_copies_made(void);  // copies this library has made (not found) so far
 
 }  // extern "C"

@@ -110,7 +110,8 @@ void project(int type, const uint8_t* W, int64_t K, const Q8Rows& xq, const floa
 int group_rows();
 bool grouped_takes(int type, int64_t N);
 int64_t grouped_bytes(int type, int64_t N, int64_t K);
-void interleave_groups(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0 = 0, int64_t g1 = -1);
+void interleave_groups(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0 = 0, int64_t g1 = -1,
+                       const int64_t* order = nullptr);
 
 // Attention for one query of n heads that share a key and value head (q and out: n rows of D):
 // scores against S keys (rows `ks` floats apart), softmax, weighted sum of S values (rows `vs`

@@ -241,7 +241,8 @@ int64_t grouped_bytes(int type, int64_t N, int64_t K) {
     return bytes;
 }
 
-void interleave_groups(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0, int64_t g1) {
+void interleave_groups(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t* out, int64_t g0, int64_t g1,
+                       const int64_t* order) {
 #ifdef LLMCLI_GROUPED
     constexpr int R = kGroupRows;
     with_type(type, [&](auto t) {
@@ -250,13 +251,13 @@ void interleave_groups(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t
             const int64_t nb = K / 32, rb = K / Block<T>::size * Block<T>::bytes;
             for (int64_t n = R * g0; n < (g1 < 0 ? N : R * g1); n += R) {
                 const uint8_t* rows[R];
-                for (int r = 0; r < R; ++r) rows[r] = W + (n + r) * rb;
+                for (int r = 0; r < R; ++r) rows[r] = W + (order ? order[n + r] : n + r) * rb;
                 interleave_group<T, R>(rows, nb, out + n / R * group_bytes<T, R>(nb));
             }
         }
     });
 #else
-    (void)type, (void)W, (void)N, (void)K, (void)out, (void)g0, (void)g1;
+    (void)type, (void)W, (void)N, (void)K, (void)out, (void)g0, (void)g1, (void)order;
 #endif
 }
 
@@ -343,6 +344,20 @@ LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N,
 LLMCLI_API int llmcli_group_rows() { return group_rows(); }
 
 LLMCLI_API int llmcli_grouped_takes(int type, int64_t N) { return type >= 0 && type < kTypes && grouped_takes(type, N); }
+
+LLMCLI_API int64_t llmcli_grouped_bytes(int type, int64_t N, int64_t K) {
+    return type >= 0 && type < kTypes && grouped_takes(type, N) && K > 0 && K % 32 == 0 ? grouped_bytes(type, N, K) : 0;
+}
+
+LLMCLI_API int llmcli_interleave(int type, const uint8_t* W, int64_t N, int64_t K, const int64_t* order, uint8_t* out,
+                                 int threads) {
+    if (llmcli_grouped_bytes(type, N, K) == 0) return 2;
+    std::vector<Stage> stages{{N / group_rows(), 1, [&](int, int64_t lo, int64_t hi) {
+        interleave_groups(type, W, N, K, out, lo, hi, order);
+    }, {}}};
+    shared_team(threads)->run(stages);
+    return 0;
+}
 
 LLMCLI_API int llmcli_mm_grouped(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y,
                                 int threads, int refined) {

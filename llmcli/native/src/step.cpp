@@ -24,9 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -37,56 +35,11 @@
 #include "top_k.h"
 #include "vec.h"
 
-// A projection as the step reads it: its blocks, or a copy of them interleaved for the variant's
-// row-group kernels (row_groups.h), faster than the blocks as stored for one activation row or
-// eight (docs/performance.md)
-struct Projection : LlmcliProjection {
-    bool grouped = false;
-};
+// A projection as the step reads it: its blocks, or the caller's copy of them interleaved for the
+// variant's row-group kernels (llmcli_interleave, row_groups.h), faster than the blocks as stored for
+// one activation row or eight (docs/performance.md)
+using Projection = LlmcliProjection;
 
-// The interleaved copies, one a weight for every step that reads it: a step is built again for each
-// new cache (bench's repetitions, a session's), and making the copy again was a large part of a
-// prompt's prefill. Found by the blocks' address, shape and first and last bytes; freed with the last
-// step that holds it. In 4 KB pages: 2 MB pages (madvise) sped up a step alone, but neither `run` nor a
-// batch, and faulting them in made a first step longer (docs/performance.md).
-class Copies {
-  public:
-    static std::shared_ptr<const uint8_t> of(const LlmcliProjection& p, Team& team) {
-        static std::mutex m;
-        static auto* made = new std::map<Key, Made>();  // never destroyed, as shared_team's
-        const int64_t bytes = grouped_bytes((int)p.type, p.N, p.K);
-        const int64_t stored = p.N * (p.K / block_size((int)p.type)) * block_bytes((int)p.type);
-        Made want{{}, ends(p.blocks, stored)};
-        std::lock_guard<std::mutex> g(m);
-        const Key key{p.blocks, p.type, p.N, p.K};
-        auto it = made->find(key);
-        if (it != made->end()) {
-            if (auto copy = it->second.copy.lock(); copy && it->second.ends == want.ends) return copy;
-        }
-        std::shared_ptr<uint8_t> copy(new uint8_t[bytes], std::default_delete<uint8_t[]>());
-        std::vector<Stage> stages{{p.N / group_rows(), 1, [&](int, int64_t lo, int64_t hi) {
-            interleave_groups((int)p.type, p.blocks, p.N, p.K, copy.get(), lo, hi);
-        }, {}}};
-        team.run(stages);
-        ++made_count;
-        want.copy = copy;
-        (*made)[key] = want;
-        return copy;
-    }
-
-    static inline std::atomic<int64_t> made_count{0};  // (llmcli_copies_made reads it without the lock)
-
-  private:
-    using Key = std::tuple<const uint8_t*, int64_t, int64_t, int64_t>;
-    struct Made {
-        std::weak_ptr<uint8_t> copy;
-        std::string ends;  // the blocks' first and last 64 bytes when it was made
-    };
-    static std::string ends(const uint8_t* b, int64_t n) {
-        const int64_t k = std::min<int64_t>(64, n);
-        return std::string(reinterpret_cast<const char*>(b), k) + std::string(reinterpret_cast<const char*>(b + n - k), k);
-    }
-};
 using Group = std::vector<Projection>;
 
 // f(k, v) with the layer's cache as the pointers it holds: float16 bits, or float32
@@ -152,7 +105,10 @@ class Step {
     }
 
     bool add_layer(const LlmcliLayer& s) {
-        Layer l{s, own(s.qkv, s.n_qkv), own(s.o, s.n_o), own(s.gate_up, s.n_gate_up), own(s.down, s.n_down), 0, 0, 0, 0};
+        Layer l{s, {}, {}, {}, {}, 0, 0, 0, 0};
+        if (!own(s.qkv, s.n_qkv, l.qkv) || !own(s.o, s.n_o, l.o) || !own(s.gate_up, s.n_gate_up, l.gate_up) ||
+            !own(s.down, s.n_down, l.down))
+            return false;
         l.qkv_in = layouts_of(l.qkv); l.o_in = layouts_of(l.o); l.gate_up_in = layouts_of(l.gate_up); l.down_in = layouts_of(l.down);
         if (!layers.empty() && (rows_of(l.down) != hidden || rows_of(l.gate_up) != 2 * inter)) return false;
         hidden = rows_of(l.down);
@@ -164,8 +120,13 @@ class Step {
         return true;
     }
 
-    void set_head(const float* norm, const LlmcliProjection* h, int64_t n) { final_norm = norm; head = own(h, n); }
-    const std::vector<std::shared_ptr<const uint8_t>>& held_copies() const { return copies; }
+    bool set_head(const float* norm, const LlmcliProjection* h, int64_t n) {
+        Group g;
+        if (!own(h, n, g)) return false;
+        final_norm = norm;
+        head = std::move(g);
+        return true;
+    }
 
     // See llmcli_step_set_embedding and llmcli_step_set_rope (api.h)
     bool set_embedding(const void* table, int type, int64_t rows, float scale) {
@@ -321,7 +282,6 @@ class Step {
     int64_t hidden = 0, inter = 0, max_len = 0, cache_rows = 0;
     bool local = false;
     std::vector<Layer> layers;
-    std::vector<std::shared_ptr<const uint8_t>> copies;  // the interleaved copies it reads (Copies')
     const float* final_norm = nullptr;
     Group head;
     Team team;
@@ -351,24 +311,17 @@ class Step {
     int64_t per_part = 1, parts = 1;  // query heads an attention item takes, items a key head's group makes
     const int64_t head_rows = std::lcm<int64_t>(D, 16);  // the qkv stage's chunks: whole heads, whole row groups
 
-    // The group of n projections at ps, each read from its interleaved copy where the variant has
-    // row-group kernels for it and its rows start at a multiple of a group in the group (the stages
-    // split at multiples of 16); the caller's blocks are then no longer read
-    Group own(const LlmcliProjection* ps, int64_t n) {
-        Group g;
+    // The group of n projections at ps, as given; false where one is an interleaved copy the variant
+    // does not take, or whose rows do not start at a multiple of a row group in the group (the
+    // stages split at multiples of 16)
+    bool own(const LlmcliProjection* ps, int64_t n, Group& g) {
         int64_t base = 0;
         for (int64_t i = 0; i < n; ++i) {
-            Projection p;
-            static_cast<LlmcliProjection&>(p) = ps[i];
-            base += p.N;
-            if (grouped_takes((int)p.type, p.N) && (base - p.N) % group_rows() == 0) {
-                copies.push_back(Copies::of(p, team));
-                p.blocks = copies.back().get();
-                p.grouped = true;
-            }
-            g.push_back(p);
+            if (ps[i].grouped && (!grouped_takes((int)ps[i].type, ps[i].N) || base % group_rows())) return false;
+            base += ps[i].N;
+            g.push_back(ps[i]);
         }
-        return g;
+        return true;
     }
 
     // f(m) for every token m after the last stage, which quantizes `out`'s row m in `layouts` (if
@@ -487,8 +440,7 @@ LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer) {
 }
 
 LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliProjection* head, int64_t n_head) {
-    static_cast<Step*>(step)->set_head(norm, head, n_head);
-    return 0;
+    return static_cast<Step*>(step)->set_head(norm, head, n_head) ? 0 : 1;
 }
 
 LLMCLI_API int llmcli_step_run(void* step, int64_t n, const float* x, const int64_t* rows, const int64_t* slots,
@@ -517,9 +469,5 @@ LLMCLI_API int llmcli_step_run_ids(void* step, int64_t n, const int64_t* ids, co
 
 LLMCLI_API void llmcli_step_free(void* step) { delete static_cast<Step*>(step); }
 
-using HeldCopies = std::vector<std::shared_ptr<const uint8_t>>;
-LLMCLI_API void* llmcli_step_copies(void* step) { return new HeldCopies(static_cast<Step*>(step)->held_copies()); }
-LLMCLI_API void llmcli_copies_free(void* copies) { delete static_cast<HeldCopies*>(copies); }
-LLMCLI_API int64_t llmcli_copies_made(void) { return Copies::made_count.load(); }
 
 }  // extern "C"
