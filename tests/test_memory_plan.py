@@ -177,6 +177,35 @@ def test_what_if_plan_for_a_7b_model_at_32k_on_a_24_gb_gpu():
         plan(args, bf16, "bfloat16", small, BF16, 32768)
 
 
+def test_a_cuda_budget_is_what_the_process_may_still_take(monkeypatch):
+    """torch.cuda.set_per_process_memory_fraction caps torch's allocator at fraction x total of its
+    reserved memory, which mem_get_info does not see: the budget is the smaller of the two (faked
+    here: no GPU needed). The CUDA tests (test_cuda.py) cap a real one and the plan offloads."""
+    from llmcli.runtime import probe
+
+    GIB = 2**30
+    cuda = torch.device("cuda")
+    state = {"fraction": 1.0, "reserved": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: state["fraction"])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: state["reserved"])
+    monkeypatch.delenv(probe.MEMORY_LIMIT_ENV, raising=False)
+    b = probe.detect_budget(cuda)
+    assert (b.device, b.free, b.source) == ("cuda", 70 * GIB, "torch.cuda.mem_get_info") and b.host_free > 0
+    state.update(fraction=0.25, reserved=3 * GIB)  # 20 GiB allowed, 3 of them already reserved
+    b = probe.detect_budget(cuda)
+    assert (b.free, b.source) == (17 * GIB, "set_per_process_memory_fraction(0.25) of 80.00 GiB")
+    state.update(fraction=0.95, reserved=0)  # a cap above what is free changes nothing
+    assert probe.detect_budget(cuda).free == 70 * GIB
+    state.update(fraction=0.01, reserved=GIB)  # more reserved than the cap allows: nothing left
+    assert probe.detect_budget(cuda).free == 0
+    monkeypatch.setenv(probe.MEMORY_LIMIT_ENV, "2G")  # the environment's figure still replaces it
+    assert probe.detect_budget(cuda).free == 2 * 10**9
+    monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction")  # a torch without the query: no cap seen
+    monkeypatch.delenv(probe.MEMORY_LIMIT_ENV)
+    assert probe.detect_budget(cuda).free == 70 * GIB
+
+
 def test_sizes_parse_like_people_write_them():
     assert parse_size("24G") == 24 * 10**9 and parse_size("1.5GiB") == 3 * 2**29 and parse_size("500m") == 5 * 10**8
     assert parse_size("1000") == 1000
