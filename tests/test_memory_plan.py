@@ -150,7 +150,7 @@ def test_registry_default_context_is_kept_unless_it_does_not_fit(smollm2_gguf, m
     p = plan_memory(smollm2_gguf, placement, entry=Entry())
     assert (p.ctx, p.ctx_source) == (4096, "the registry's default context")
     assert plan_memory(smollm2_gguf, placement, ctx_size=8192, entry=Entry()).ctx == 8192
-    monkeypatch.setenv("LLMCLI_MEMORY_LIMIT", "190MiB")  # weights, activations, headroom and a little
+    monkeypatch.setenv("LLMCLI_MEMORY_LIMIT", "190MiB")  # weights, activations, the margin and a little
     p = plan_memory(smollm2_gguf, placement, entry=Entry())
     assert p.ctx < 4096 and "the registry's default context of 4096 tokens" in p.notes[0]
 
@@ -175,6 +175,35 @@ def test_what_if_plan_for_a_7b_model_at_32k_on_a_24_gb_gpu():
     assert (p.ctx, p.choice) == (32768, CacheChoice(None, 3))
     with pytest.raises(NotEnoughMemoryError, match="the weights need 14.19 GiB"):
         plan(args, bf16, "bfloat16", small, BF16, 32768)
+
+
+def test_a_cuda_budget_is_what_the_process_may_still_take(monkeypatch):
+    """torch.cuda.set_per_process_memory_fraction caps torch's allocator at fraction x total of its
+    reserved memory, which mem_get_info does not see: the budget is the smaller of the two (faked
+    here: no GPU needed). The CUDA tests (test_cuda.py) cap a real one and the plan offloads."""
+    from llmcli.runtime import probe
+
+    GIB = 2**30
+    cuda = torch.device("cuda")
+    state = {"fraction": 1.0, "reserved": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: state["fraction"])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: state["reserved"])
+    monkeypatch.delenv(probe.MEMORY_LIMIT_ENV, raising=False)
+    b = probe.detect_budget(cuda)
+    assert (b.device, b.free, b.source) == ("cuda", 70 * GIB, "torch.cuda.mem_get_info") and b.host_free > 0
+    state.update(fraction=0.25, reserved=3 * GIB)  # 20 GiB allowed, 3 of them already reserved
+    b = probe.detect_budget(cuda)
+    assert (b.free, b.source) == (17 * GIB, "set_per_process_memory_fraction(0.25) of 80.00 GiB")
+    state.update(fraction=0.95, reserved=0)  # a cap above what is free changes nothing
+    assert probe.detect_budget(cuda).free == 70 * GIB
+    state.update(fraction=0.01, reserved=GIB)  # more reserved than the cap allows: nothing left
+    assert probe.detect_budget(cuda).free == 0
+    monkeypatch.setenv(probe.MEMORY_LIMIT_ENV, "2G")  # the environment's figure still replaces it
+    assert probe.detect_budget(cuda).free == 2 * 10**9
+    monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction")  # a torch without the query: no cap seen
+    monkeypatch.delenv(probe.MEMORY_LIMIT_ENV)
+    assert probe.detect_budget(cuda).free == 70 * GIB
 
 
 def test_sizes_parse_like_people_write_them():

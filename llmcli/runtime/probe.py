@@ -1,7 +1,8 @@
 """What the memory planner needs to know before loading: the free memory, and the weights' size.
 
     detect_budget(device)        free bytes on the device (and in host memory for offloading):
-                                 CUDA torch.cuda.mem_get_info; MPS the recommended working set minus
+                                 CUDA torch.cuda.mem_get_info, no more than this process's cap
+                                 (torch.cuda.set_per_process_memory_fraction) leaves; MPS the recommended working set minus
                                  what the driver holds; CPU /proc/meminfo MemAvailable.
                                  LLMCLI_MEMORY_LIMIT (e.g. 2G, 500M, 1.5GiB) replaces the device figure.
     weights_from_files(model, preset, dtype, device)
@@ -68,10 +69,25 @@ def host_available() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
+def cuda_free(device: torch.device) -> tuple[int, str]:
+    """Bytes this process may still take on a CUDA device, and where the figure comes from: what the
+    driver reports free, but no more than torch's caching allocator may still reserve under
+    torch.cuda.set_per_process_memory_fraction (mem_get_info does not see that cap: the allocator
+    refuses past fraction x total of its own reserved memory)."""
+    free, total = torch.cuda.mem_get_info(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # (not in older torch: no cap seen)
+    fraction = get_fraction(device) if get_fraction is not None else 1.0
+    if fraction < 1.0:
+        capped = max(0, int(fraction * total) - torch.cuda.memory_reserved(device))
+        if capped < free:
+            return capped, f"set_per_process_memory_fraction({fraction:g}) of {total / 2**30:.2f} GiB"
+    return int(free), "torch.cuda.mem_get_info"
+
+
 def detect_budget(device: torch.device) -> Budget:
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = Budget("cuda", int(free), host_available(), "torch.cuda.mem_get_info")
+        free, source = cuda_free(device)
+        budget = Budget("cuda", free, host_available(), source)
     elif device.type == "mps":
         # unified memory, but Metal caps what one process should keep resident on the GPU
         free = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
