@@ -23,6 +23,7 @@ kind of cache, several rows of several tokens) runs the model eagerly.
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ from ..quant.held import model_formats, step_multiplies
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
+# Each model's RoPE tables (_cover's), with the inverse frequencies they were made from: a step made
+# for a new cache (a session's first, after the warm-up at load) takes them instead of making them
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              phi3.Transformer: (llama.DecoderLayer, F.silu, "silu"),  # fused projections, LongRoPE's tables
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh")}
@@ -91,6 +95,15 @@ class NativeStep:
                     release(stored.data_ptr(), stored.numel())  # read as stored, un-permuted here (llama's Q/K)
                 base += p.shape[0]
         return made, time.perf_counter() - t0
+
+    def warm_up(self, cache) -> float:
+        """One token through the step on a scratch `cache` (made for it, one row): what a first call
+        makes (the RoPE tables, the C++ side's buffers, its threads) made while the model loads, not
+        while a user waits on a first token, as llama.cpp's warm-up run does. -> seconds."""
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self(torch.tensor([[0]]), cache, last_only=True)
+        return time.perf_counter() - t0
 
     @staticmethod
     def decodes(model_file, preset=None) -> bool:
@@ -189,7 +202,8 @@ class NativeStep:
         if target is not self._cache:
             inv_freq = self.model.inv_freq_for(target.max_len)
             if inv_freq is not self._tables_of:  # LongRoPE's long factors past the original context
-                self._tables, self._tables_of = None, inv_freq
+                made_of, tables = _TABLES.get(self.model, (None, None))
+                self._tables, self._tables_of = (tables if made_of is inv_freq else None), inv_freq
             self._native, self._cache = self._build(target), target
         cap = getattr(self.model.args, "final_logit_softcapping", None)
         top = min(top, self._native.vocab) if not cap else 0
@@ -241,6 +255,7 @@ class NativeStep:
             at = torch.arange(min(TABLE_POSITIONS, max(top, 2 * have, 1024)))
             self._tables = [t.to(torch.float32).contiguous() for t in self._cos_sin(at, cache)]
             self._native.set_rope(self._tables)
+            _TABLES[self.model] = (self._tables_of, self._tables)
         return True
 
     def _cos_sin(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
