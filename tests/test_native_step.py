@@ -317,6 +317,22 @@ def test_a_gguf_s_weights_are_in_memory_once(loaded):
     assert resident <= (end - start) - released + looked_up + 2 * page * len(packed), (resident, end - start, released)
 
 
+def test_a_session_s_first_step_makes_nothing_the_load_did_not(loaded, monkeypatch):
+    """The runtime warms the step up at load: a step made afterwards for a new cache (a `run`, a chat
+    session) finds the weights' copies and the RoPE tables made, and its first call makes neither."""
+    from llmcli.quant.gguf_blocks import GGUFBlockWeight
+
+    model = loaded.loaded.model
+    if model.args.model_type == "phi3":  # (its tables depend on the cache's size: made for each)
+        pytest.skip("LongRoPE's tables are the cache's")
+    assert model in native_step._TABLES
+    step = loaded.decode_step(compile=False)
+    monkeypatch.setattr(native_step.NativeStep, "_cos_sin", lambda *a: pytest.fail("tables made again"))
+    monkeypatch.setattr(GGUFBlockWeight, "interleave", lambda *a: pytest.fail("weights copied again"))
+    with torch.inference_mode():
+        step(torch.tensor([[5, 17, 80]]), loaded.new_cache(), last_only=True)
+
+
 def test_the_step_looks_up_embeddings_and_rope_rows_as_the_model_gives_them(loaded):
     """Token ids go to the C++ step, which takes their rows of the embedding table (GGUF blocks,
     Gemma's normalizer applied) and of the RoPE tables itself: bit for bit what the model's embed and
