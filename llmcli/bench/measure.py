@@ -114,6 +114,8 @@ def weights_bytes(model: torch.nn.Module) -> int:
         return t.numel() * t.element_size()
 
     def packed_bytes(obj) -> int:  # a packed weight's tensors, and those of the weights it holds
+        if hasattr(obj, "held_tensors"):
+            return sum(held(t) for t in obj.held_tensors())
         total = 0
         for v in vars(obj).values():
             if isinstance(v, torch.Tensor):

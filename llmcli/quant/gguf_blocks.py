@@ -244,4 +244,9 @@ class GGUFBlockWeight:
 
     @property
     def nbytes(self) -> int:
-        return self.blocks.numel()
+        return self._blocks.numel()
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """What the weight holds in memory for its reader: the interleaved copy where the native step has
+        one (the file's pages under the blocks are released at load), else the blocks."""
+        return [self._blocks if self.interleaved is None else self.interleaved]

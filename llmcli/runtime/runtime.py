@@ -47,6 +47,9 @@ from .probe import detect_budget, weights_from_files
 
 # What `llmcli chat` runs when no model is named (a registry name, resolved by locate()).
 DEFAULT_MODEL = "smollm2:135m"
+# The context when neither --ctx-size nor the registry gives one: the model's, at most this (llama.cpp's
+# and ollama's defaults are smaller still, 4096)
+DEFAULT_CONTEXT = 8192
 PROMPT_CACHE_MAX = 1 << 30  # bytes: the prompt cache's default at most (serve, batch; --cache-ram sets it)
 PROMPT_CACHE_NO_PLAN = 256 << 20  # its default for a runtime built without a memory plan
 CACHED_TOOL_GRAMMARS = 64  # distinct tool sets whose grammars a runtime keeps (a server sees the same ones again)
@@ -340,6 +343,8 @@ def plan_memory(model: ModelFile | Path, placement: Placement, preset=None, ctx_
     trained = info.args.max_position_embeddings
     ctx = check_ctx_size(ctx_size, trained)
     source = "--ctx-size" if ctx_size is not None else "the model's trained context"
+    if ctx_size is None and ctx > DEFAULT_CONTEXT:  # a 128K-token cache is gigabytes: asked for, not a default
+        ctx, source = DEFAULT_CONTEXT, f"the model's trained context of {trained}, at most {DEFAULT_CONTEXT} unless --ctx-size says more"
     if ctx_size is None and entry is not None and entry.context_length:  # the registry's default, a soft one
         ctx, source = min(entry.context_length, trained), "the registry's default context"
     if ctx_size is None and ctx_cap is not None and ctx > ctx_cap:
