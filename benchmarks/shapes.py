@@ -4,6 +4,9 @@ llama.cpp time the same bytes (quality is irrelevant; memory traffic is what the
 
     python -m benchmarks.shapes tinyllama [--out FILE] [--tokenizer tokenizer.model]
     python -m benchmarks.shapes qwen2 --llama-quantize PATH/llama-quantize --tokenizer-from SmolLM2.gguf [--out FILE]
+    python -m benchmarks.shapes llama3.2-3b --llama-quantize PATH/llama-quantize --tokenizer-from SmolLM2.gguf
+    python -m benchmarks.shapes llama3.1-8b --llama-quantize PATH/llama-quantize --tokenizer-from SmolLM2.gguf
+        options of the last three: [--type Q4_K_M] [--threads N] (llama-quantize's) [--keep-f16] [--out FILE]
     llmcli bench FILE -t 2 -p 512 -n 128 -r 5 --llama-bench PATH/llama-bench
 
 tinyllama  TinyLlama-1.1B's shapes in Q4_0, with a real 32000-piece SentencePiece vocabulary (--tokenizer,
@@ -12,6 +15,18 @@ qwen2      Qwen2.5-0.5B's shapes (q/k/v bias, tied embeddings, 151936 entries), 
            by llama.cpp's own llama-quantize to Q4_K_M, the format users download. The vocabulary is
            SmolLM2's byte-level BPE (a GGUF given with --tokenizer-from), padded with unreachable pieces
            to Qwen2's size: the embedding and head are full-size, which is what decoding speed depends on.
+llama3.2-3b  Llama-3.2-3B's shapes (hidden 3072, 28 layers, 24 heads / 8 KV heads of 128, intermediate 8192,
+             vocab 128256, tied embeddings, rope_theta 500000 with llama3 RoPE scaling: a rope_freqs tensor),
+             arch "llama", the same padded SmolLM2 vocabulary (and its chat template); written F16, quantized
+             by llama-quantize, the F16 deleted (--keep-f16 keeps it): ~/.cache/llmcli-bench/
+             llama3.2-3b-shapes.q4_k_m.gguf. Q and K rows are not permuted as llama.cpp's converter does
+             (random weights: nothing to keep).
+llama3.1-8b  Llama-3.1-8B's shapes (hidden 4096, 32 layers, 32 heads / 8 KV heads, intermediate 14336, vocab
+             128256, an untied output head), likewise: llama3.1-8b-shapes.q4_k_m.gguf (its F16 is 16 GB).
+             Random values are made and written a slice of rows at a time (64 MB of float32): the writer
+             peaks under 0.5 GB (measured: 0.46 GB with the 8B's 1 GB embedding).
+Qwen2.5-1.5B's shapes in Q4_K_M come from the F16 file benchmarks.hf_folders writes:
+    PATH/llama-quantize ~/.cache/llmcli-bench/qwen2.5-1.5b-shapes.f16.gguf ~/.cache/llmcli-bench/qwen2.5-1.5b-shapes.q4_k_m.gguf Q4_K_M
 
 The K-quant encoders write the exact byte layout llama.cpp writes (ggml-common.h), with simple min/max
 scales, not llama.cpp's search: tests need valid blocks, not the best ones. Checked by round-tripping
@@ -126,6 +141,13 @@ QWEN2 = dict(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, voc
              rope_theta=1000000.0, eps=1e-6)
 TINYLLAMA = dict(hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=4, vocab=32000, ctx=2048,
                  rope_theta=10000.0, eps=1e-5)
+# Llama-3.2-3B and Llama-3.1-8B (Instruct), from their config.json
+LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+LLAMA32_3B = dict(hidden=3072, intermediate=8192, layers=28, heads=24, kv_heads=8, vocab=128256, ctx=131072,
+                  rope_theta=500000.0, eps=1e-5, tied=True, rope_scaling=dict(LLAMA3_ROPE, factor=32.0))
+LLAMA31_8B = dict(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=128256, ctx=131072,
+                  rope_theta=500000.0, eps=1e-5, tied=False, rope_scaling=dict(LLAMA3_ROPE, factor=8.0))
+LLAMAS = {"llama3.2-3b": LLAMA32_3B, "llama3.1-8b": LLAMA31_8B}
 OUT = Path.home() / ".cache" / "llmcli-bench"
 
 
@@ -176,7 +198,28 @@ def finish(w, tmp: Path, out: Path) -> None:
     tmp.replace(out)
 
 
-def write_qwen2_f16(out: Path, tokenizer_gguf: Path, s: dict = QWEN2, seed: int = 0) -> None:
+class RandomF16:
+    """A (rows, cols) float16 matrix of normal values (std 0.02) that GGUFWriter writes as it writes an
+    array (shape, dtype, nbytes, tofile), made a slice of rows at a time: an 8B model's 16 GB never
+    sit in memory. `seed` makes the same values every time."""
+
+    def __init__(self, rows: int, cols: int, seed, std: float = 0.02, chunk_bytes: int = 64 << 20):
+        self.shape, self.dtype, self.nbytes = (rows, cols), np.dtype(np.float16), rows * cols * 2
+        self.seed, self.std, self.step = seed, std, max(1, chunk_bytes // (4 * cols))
+
+    def tofile(self, fout) -> None:
+        rng = np.random.default_rng(self.seed)
+        rows, cols = self.shape
+        for r in range(0, rows, self.step):
+            x = rng.standard_normal((min(self.step, rows - r), cols), dtype=np.float32)
+            x *= self.std
+            x.astype(np.float16).tofile(fout)
+
+
+def add_bpe_vocab(w, tokenizer_gguf: Path, vocab: int, pre: str | None = None, template: bool = False) -> None:
+    """A GGUF's byte-level BPE vocabulary (tokens, types, merges, BOS/EOS), padded with unreachable
+    pieces to `vocab` entries; `pre`: the pre-tokenizer's name (default: the source's); `template`:
+    its chat template too."""
     import gguf
 
     src = gguf.GGUFReader(str(tokenizer_gguf))
@@ -186,19 +229,27 @@ def write_qwen2_f16(out: Path, tokenizer_gguf: Path, s: dict = QWEN2, seed: int 
         return [f.contents(i) for i in range(len(f.data))] if len(f.data) > 1 else f.contents()
 
     tokens, types, merges = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type"), field("tokenizer.ggml.merges")
-    pad = s["vocab"] - len(tokens)
+    pad = vocab - len(tokens)
     tokens = list(tokens) + [f"<|unused_{i}|>" for i in range(pad)]
     types = list(types) + [5] * pad  # UNUSED: never produced by the tokenizer
-    tmp = out.with_suffix(".partial")
-    w = start(tmp, "qwen2", "qwen2-0.5b-shapes-random", s)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(pre or str(field("tokenizer.ggml.pre")))
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(list(merges))
     w.add_bos_token_id(int(field("tokenizer.ggml.bos_token_id")))
     w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id")))
+    if template and "tokenizer.chat_template" in src.fields:
+        w.add_chat_template(str(field("tokenizer.chat_template")))
+
+
+def write_qwen2_f16(out: Path, tokenizer_gguf: Path, s: dict = QWEN2, seed: int = 0) -> None:
+    import gguf
+
+    tmp = out.with_suffix(".partial")
+    w = start(tmp, "qwen2", "qwen2-0.5b-shapes-random", s)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    add_bpe_vocab(w, tokenizer_gguf, s["vocab"], pre="qwen2")
     rng = np.random.default_rng(seed)
 
     def matrix(rows, cols):
@@ -210,6 +261,43 @@ def write_qwen2_f16(out: Path, tokenizer_gguf: Path, s: dict = QWEN2, seed: int 
     w.add_tensor("token_embd.weight", matrix(s["vocab"], s["hidden"]))  # tied: also the output head
     add_layers(w, s, matrix, vector)
     finish(w, tmp, out)
+
+
+def write_llama3_f16(out: Path, tokenizer_gguf: Path, name: str, s: dict, seed: int = 0) -> None:
+    """Llama 3's shapes in F16 (RandomF16: written a slice at a time), with llama3 RoPE scaling as the
+    converter stores it (a rope_freqs tensor, llmcli's own extra_tensors) and an output head unless tied."""
+    from types import SimpleNamespace
+
+    import gguf
+
+    from llmcli.formats.gguf_hparams import extra_tensors
+
+    tmp = out.with_suffix(".partial")
+    w = start(tmp, "llama", f"{name}-shapes-random", s, rope_dims=True)
+    w.add_vocab_size(s["vocab"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    add_bpe_vocab(w, tokenizer_gguf, s["vocab"], template=True)
+    seeds = iter(np.random.SeedSequence(seed).spawn(4 + 9 * s["layers"]))
+
+    def matrix(rows, cols):
+        return RandomF16(rows, cols, next(seeds))
+
+    head_dim = s["hidden"] // s["heads"]
+    rope = SimpleNamespace(rope_scaling=s["rope_scaling"], head_dim=head_dim, rope_theta=s["rope_theta"])
+    for tensor_name, values in extra_tensors("llama", rope).items():
+        w.add_tensor(tensor_name, values)
+    w.add_tensor("token_embd.weight", matrix(s["vocab"], s["hidden"]))
+    add_layers(w, s, matrix)
+    if not s["tied"]:
+        w.add_tensor("output.weight", matrix(s["vocab"], s["hidden"]))
+    finish(w, tmp, out)
+
+
+def f16_source(out: Path, type_name: str) -> Path:
+    """NAME.q4_k_m.gguf -> NAME.f16.gguf (any other name: NAME.f16.gguf after the whole stem)."""
+    tail = f".{type_name.lower()}.gguf"
+    stem = out.name[:-len(tail)] if out.name.endswith(tail) else out.name.replace(".gguf", "")
+    return out.with_name(stem + ".f16.gguf")
 
 
 def spm_tokenizer(path: Path | None) -> Path:
@@ -261,12 +349,19 @@ def main() -> None:
     t = sub.add_parser("tinyllama", help="TinyLlama-1.1B's shapes, Q4_0")
     t.add_argument("--out", type=Path, default=OUT / "tinyllama-shapes-q4_0.gguf")
     t.add_argument("--tokenizer", type=Path, help="a 32000-piece SentencePiece tokenizer.model")
-    q = sub.add_parser("qwen2", help="Qwen2.5-0.5B's shapes, F16 quantized by llama-quantize (Q4_K_M)")
-    q.add_argument("--out", type=Path, default=OUT / "qwen2-0.5b-shapes-q4_k_m.gguf")
-    q.add_argument("--llama-quantize", type=Path, required=True, help="llama.cpp's llama-quantize executable")
-    q.add_argument("--type", default="Q4_K_M", help="llama-quantize's target type (default: Q4_K_M)")
-    q.add_argument("--tokenizer-from", type=Path, required=True,
-                   help="a GGUF with a byte-level BPE vocabulary (e.g. SmolLM2-135M-Instruct.Q4_1.gguf)")
+    helps = {"qwen2": ("Qwen2.5-0.5B's shapes", OUT / "qwen2-0.5b-shapes-q4_k_m.gguf"),
+             "llama3.2-3b": ("Llama-3.2-3B's shapes", OUT / "llama3.2-3b-shapes.q4_k_m.gguf"),
+             "llama3.1-8b": ("Llama-3.1-8B's shapes", OUT / "llama3.1-8b-shapes.q4_k_m.gguf")}
+    for key, (what, default) in helps.items():
+        q = sub.add_parser(key, help=f"{what}, F16 quantized by llama-quantize (Q4_K_M)")
+        q.add_argument("--out", type=Path, default=default)
+        q.add_argument("--llama-quantize", type=Path, required=True, help="llama.cpp's llama-quantize executable")
+        q.add_argument("--type", default="Q4_K_M", help="llama-quantize's target type (default: Q4_K_M)")
+        q.add_argument("--threads", type=int, help="llama-quantize's threads (default: its own, all cores)")
+        q.add_argument("--tokenizer-from", type=Path, required=True,
+                       help="a GGUF with a byte-level BPE vocabulary (e.g. SmolLM2-135M-Instruct.Q4_1.gguf)")
+        if key in LLAMAS:
+            q.add_argument("--keep-f16", action="store_true", help="keep the F16 file llama-quantize read")
     a = ap.parse_args()
     if a.out.exists():
         print(f"{a.out} exists ({a.out.stat().st_size / 1e6:.0f} MB)")
@@ -277,11 +372,20 @@ def main() -> None:
         write_tinyllama_q4_0(a.out, spm_tokenizer(a.tokenizer))
         made = ""
     else:
-        f16 = a.out.with_name(a.out.name.replace(".gguf", "") + ".f16.gguf")
+        f16 = f16_source(a.out, a.type)
         if not f16.exists():
-            write_qwen2_f16(f16, a.tokenizer_from)
-        subprocess.run([str(a.llama_quantize), str(f16), str(a.out), a.type], check=True)
-        made = f"; the F16 source is {f16}"
+            if a.model == "qwen2":
+                write_qwen2_f16(f16, a.tokenizer_from)
+            else:
+                write_llama3_f16(f16, a.tokenizer_from, a.model, LLAMAS[a.model])
+            print(f"wrote {f16} ({f16.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s")
+        threads = [str(a.threads)] if a.threads else []
+        subprocess.run([str(a.llama_quantize), str(f16), str(a.out), a.type, *threads], check=True)
+        if getattr(a, "keep_f16", True):
+            made = f"; the F16 source is {f16}"
+        else:
+            f16.unlink()
+            made = f"; deleted the F16 source {f16.name}"
     print(f"wrote {a.out} ({a.out.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s{made}")
 
 

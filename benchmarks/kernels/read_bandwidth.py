@@ -34,6 +34,16 @@ def compiled(folder: Path) -> Path:
     return out
 
 
+def bandwidth(threads: list[int], gib: float = 1.0, rounds: int = 5) -> dict[int, float]:
+    """{threads: GB/s}: the best of `rounds` reads of a `gib` GiB buffer with each thread count (the
+    reader built once, in a temporary folder). Other benchmarks' roofline: `from
+    benchmarks.kernels.read_bandwidth import bandwidth`."""
+    with tempfile.TemporaryDirectory() as d:
+        binary = compiled(Path(d))
+        return {t: float(subprocess.run([str(binary), str(int(gib * 2**30)), str(t), str(rounds)], capture_output=True,
+                                        text=True, check=True).stdout.split()[0]) for t in threads}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=float, default=1.0)
@@ -42,18 +52,14 @@ def main() -> None:
     ap.add_argument("--model-gb", type=float, help="bytes a decode token reads, in GB")
     ap.add_argument("--tps", type=float, help="that decode's tokens/s")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        binary = compiled(Path(d))
-        print(f"{cpu_name()}: reading {a.gib:g} GiB, best of {a.rounds}")
-        for t in (int(x) for x in a.threads.split(",")):
-            out = subprocess.run([str(binary), str(int(a.gib * 2**30)), str(t), str(a.rounds)], capture_output=True,
-                                 text=True, check=True).stdout.split()
-            gbs = float(out[0])
-            line = f"{t} thread{'s' if t > 1 else ''}: {gbs:.1f} GB/s"
-            if a.model_gb and a.tps:
-                line += f"; {a.model_gb:g} GB a token at {a.tps:g} t/s = {a.model_gb * a.tps:.1f} GB/s, " \
-                        f"{a.model_gb * a.tps / gbs:.0%} of it"
-            print(line)
+    measured = bandwidth([int(x) for x in a.threads.split(",")], a.gib, a.rounds)
+    print(f"{cpu_name()}: reading {a.gib:g} GiB, best of {a.rounds}")
+    for t, gbs in measured.items():
+        line = f"{t} thread{'s' if t > 1 else ''}: {gbs:.1f} GB/s"
+        if a.model_gb and a.tps:
+            line += f"; {a.model_gb:g} GB a token at {a.tps:g} t/s = {a.model_gb * a.tps:.1f} GB/s, " \
+                    f"{a.model_gb * a.tps / gbs:.0%} of it"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -100,18 +100,25 @@ def last_line(text: str) -> str:
 def llmcli_run(target: Path, way: Way, n: int, threads: int, fig: Figures) -> None:
     cmd = [sys.executable, "-m", "llmcli", "run", str(target), PROMPT, "-n", str(n), "-t", str(threads), "-v",
            "--ignore-eos", "--seed", "7"] + (["--quant", preset_file(way.quant)] if way.quant else [])
+    recorded_run(cmd, fig)
+
+
+def recorded_run(cmd: list[str], fig: Figures) -> re.Match | None:
+    """One `llmcli run ... -v` (cmd): its first-token time, prefill, decode and peak RSS appended to fig,
+    and the -v line's match (group 1: the prompt's tokens); None when it failed (fig.failed says why)."""
     rc, _, err, rss = measured(cmd)
     flat = re.sub(r"\s+", " ", err)
     stats = re.search(RUN_STATS, flat)
     if rc != 0 or stats is None:
         fig.failed = f"run exit {rc}: {last_line(err)}"
-        return
+        return None
     fig.ttft_ms.append(float(stats.group(3)))
     fig.prefill.append(float(stats.group(4)))
     fig.decode.append(float(stats.group(5)))
     fig.rss.append(rss)
     step = re.search(r"decode step: ([^\n]+)", err)
     fig.step = step.group(1).strip() if step else "?"
+    return stats
 
 
 def llmcli_pp(target: Path, way: Way, p: int, threads: int, fig: Figures) -> None:
@@ -127,11 +134,18 @@ def llmcli_pp(target: Path, way: Way, p: int, threads: int, fig: Figures) -> Non
 
 def llama_bench(binary: Path, file: Path, p: int, n: int, threads: int) -> dict[str, float]:
     """{"pp": t/s, "tg": t/s} from one `llama-bench -r 1` invocation."""
-    done = subprocess.run([str(binary), "-m", str(file), "-p", str(p), "-n", str(n), "-t", str(threads), "-r", "1",
-                           "-o", "json"], capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"llama-bench failed (exit {done.returncode}) on {file}: {last_line(done.stderr)}")
-    return {t["kind"]: t["n"] / t["seconds"][0] for t in parse_json(done.stdout)}
+    return {test[:2]: tps for test, tps in llama_bench_tests(binary, file, p, n, threads)[0].items()}
+
+
+def llama_bench_tests(binary: Path, file: Path, p: int | str, n: int | str,
+                      threads: int) -> tuple[dict[str, float], int]:
+    """({"pp512": t/s, "tg64": t/s, ...}, peak RSS in bytes) of one `llama-bench -r 1` invocation; p and n
+    may list sizes ("512,1,16"; 0: none)."""
+    rc, out, err, rss = measured([str(binary), "-m", str(file), "-p", str(p), "-n", str(n), "-t", str(threads),
+                                  "-r", "1", "-o", "json"])
+    if rc != 0:
+        sys.exit(f"llama-bench failed (exit {rc}) on {file}: {last_line(err)}")
+    return {f"{t['kind']}{t['n']}": t["n"] / t["seconds"][0] for t in parse_json(out)}, rss
 
 
 def median(xs: list[float]) -> float | None:
