@@ -214,7 +214,9 @@ static inline void cols_stream(const uint16_t* w, int64_t K, int rows, int64_t k
     vf acc[C];
     for (int c = 0; c < C; ++c) acc[c] = vset1(0.f);
     for (int64_t k = 0; k < kv; k += 32) {
-        for (int r = 0; r < rows; ++r) __builtin_prefetch(w + r * K + k + kColsAhead);
+        // (near the rows' ends, the next kVW rows' beginnings: short rows came from memory unfetched)
+        const uint16_t* ahead = k + kColsAhead < kv ? w + k + kColsAhead : w + kVW * K + (k + kColsAhead - kv);
+        for (int r = 0; r < kVW; ++r) __builtin_prefetch(ahead + r * K);
         vpairs p[16];
         load_pairs16(w, K, rows, k, p);
         for (int j = 0; j < 16; ++j) {
@@ -281,8 +283,9 @@ static void half_cols(const uint16_t* w, int64_t K, const float* X, int64_t ldx,
         const int64_t rows = std::min<int64_t>(2 * kVW, n1 - nt);
         const int V = rows > kVW ? 2 : 1, last = (int)(rows - (V - 1) * kVW);
         for (int v = 0; v < V; ++v) cols_pack<T>(w + (nt + v * kVW) * K, K, v < V - 1 ? kVW : last, k0, depth, tile + v * kVW * depth);
-        for (int64_t m = 0; m < M; m += kColsAct) {
-            const int C = (int)std::min<int64_t>(kColsAct, M - m);
+        for (int64_t m = 0, C; m < M; m += C) {
+            const int64_t blocks = (M - m + kColsAct - 1) / kColsAct;  // (13 rows as 7 + 6, not 12 + 1)
+            C = (M - m + blocks - 1) / blocks;
             float* to = y + m * ldy + nt;
             int64_t ld = ldy;
             alignas(64) float part[kColsAct * 2 * kVW];  // a last vector of fewer rows: its sums through here
@@ -291,7 +294,7 @@ static void half_cols(const uint16_t* w, int64_t K, const float* X, int64_t ldx,
                 for (int c = 0; c < C; ++c) std::copy(to + c * ldy, to + c * ldy + rows, part + c * 2 * kVW);
                 to = part, ld = 2 * kVW;
             }
-            with_cols_tile(V, C, [&](auto vv, auto cc) {
+            with_cols_tile(V, (int)C, [&](auto vv, auto cc) {
                 cols_tile<decltype(vv)::value, decltype(cc)::value>(tile, depth, X + m * ldx + k0, ldx, to, ld);
             });
             if (last < kVW)
