@@ -186,7 +186,13 @@ static void half_rows_tiled(const uint16_t* w, int64_t K, int64_t kv, const floa
 // so a value is the same whatever rows come with it, whichever route, tile or depth: decode (a few
 // activation rows) takes each tile's rows through all of K, a prompt each depth of the activations
 // (in L2) through every tile.
-constexpr int64_t kColsDepth = 256;  // a tile: 2 x 16 rows x 256 floats, 32 KB
+// A prompt's depths: [0, kv) in about equal parts of about this many, multiples of 32 (a tile of 2 x 16
+// rows x 384 floats, 48 KB; 256 to 768 did about as well, the parts' equal sizes a little better)
+constexpr int64_t kColsDepth = 384;
+static inline int64_t cols_depth(int64_t kv) {
+    const int64_t parts = std::max<int64_t>(1, (kv + kColsDepth / 2) / kColsDepth);
+    return (kv / parts + 31) / 32 * 32;
+}
 constexpr int kColsAct = 12;        // activation rows a micro-tile takes: 2 x 12 sums in registers
 // Decode fetches each row this many elements ahead of its loads (384 bytes): the hardware's
 // prefetchers alone left 16 rows read at once at 0.75x of what the same reads without the arithmetic
@@ -275,9 +281,9 @@ template <int T>
 static void half_cols(const uint16_t* w, int64_t K, const float* X, int64_t ldx, int64_t M, float* y, int64_t ldy,
                       int64_t n0, int64_t n1) {
     static thread_local std::vector<float> buffer;
-    buffer.resize(2 * kVW * kColsDepth);
+    const int64_t kv = K / 32 * 32, most = cols_depth(kv);
+    buffer.resize(2 * kVW * most);
     float* tile = buffer.data();
-    const int64_t kv = K / 32 * 32;
     // rows [nt, nt + 2 kVW) (those below n1) x [k0, k0 + depth) x every activation row
     const auto tiles = [&](int64_t nt, int64_t k0, int64_t depth) {
         const int64_t rows = std::min<int64_t>(2 * kVW, n1 - nt);
@@ -307,8 +313,8 @@ static void half_cols(const uint16_t* w, int64_t K, const float* X, int64_t ldx,
                 cols_stream<T, decltype(cc)::value>(w + n * K, K, (int)std::min<int64_t>(kVW, n1 - n), kv, X, ldx, y + n, ldy);
             });
     } else {  // each depth of the activations through every tile
-        for (int64_t k0 = 0; k0 < kv; k0 += kColsDepth)
-            for (int64_t nt = n0; nt < n1; nt += 2 * kVW) tiles(nt, k0, std::min(kColsDepth, kv - k0));
+        for (int64_t k0 = 0; k0 < kv; k0 += most)
+            for (int64_t nt = n0; nt < n1; nt += 2 * kVW) tiles(nt, k0, std::min(most, kv - k0));
     }
     if (kv < K)
         for (int64_t m = 0; m < M; ++m)
