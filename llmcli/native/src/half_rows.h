@@ -177,15 +177,15 @@ static void half_rows_tiled(const uint16_t* w, int64_t K, int64_t kv, const floa
 }
 
 #ifdef LLMCLI_HALF_COLS
-// Columns (AVX-512: the variant's load_cols32): a vector's lanes are kVW weight rows, and each
-// (weight row, activation row) pair is one float32 multiply-add chain over k in order, 0 to K - 1: a
-// tile of rows (one or two vectors of them) x a depth of K taken from the rows as stored, transposed
-// and converted once into `tile` ([k][kVW] floats a vector of rows), then multiplied with each
-// activation row's x[k] broadcast (an outer product: no sums across lanes, a tenth of the bytes a
-// multiply-add that the pairs' vectors above read). The chains go on from depth to depth through y,
-// so a value is the same whatever rows come with it, whichever route, tile or depth: decode (a few
-// activation rows) takes each tile's rows through all of K, a prompt each depth of the activations
-// (in L2) through every tile.
+// Columns (AVX-512: the variant's load_pairs16, pair_first and pair_second): a vector's lanes are kVW
+// weight rows, and each (weight row, activation row) pair is one float32 multiply-add chain over k in
+// order, 0 to K - 1. A prompt: tiles of rows (one or two vectors of them) x a depth of K, transposed
+// and converted once into `tile` ([k][kVW] floats a vector of rows), multiplied with each activation
+// row's x[k] broadcast (outer products: no sums across lanes, and a tenth of the bytes a multiply-add
+// that the pairs' vectors above read), the chains going on from depth to depth through y. Decode (a
+// few activation rows): each vector of rows transposed in registers 32 elements at a time as it
+// streams, the chains in registers through all of K. The same multiply-adds in the same order either
+// way: a value is the same whatever rows come with it.
 // A prompt's depths: [0, kv) in about equal parts of about this many, multiples of 32 (a tile of 2 x 16
 // rows x 384 floats, 48 KB; 256 to 768 did about as well, the parts' equal sizes a little better)
 constexpr int64_t kColsDepth = 384;
@@ -195,8 +195,8 @@ static inline int64_t cols_depth(int64_t kv) {
 }
 constexpr int kColsAct = 12;        // activation rows a micro-tile takes: 2 x 12 sums in registers
 // Decode fetches each row this many elements ahead of its loads (384 bytes): the hardware's
-// prefetchers alone left 16 rows read at once at 0.75x of what the same reads without the arithmetic
-// take; 0.97x with this, 256 to 1024 bytes about as well, 128 or 2048 less (1.5B shapes, 2 threads)
+// prefetchers alone left 16 rows streamed at once at 0.5-0.7x of the speed of the same reads without
+// the arithmetic; 0.95x with this (256 to 512 bytes about as well; 128, 1024 or more less)
 constexpr int64_t kColsAhead = 192;
 
 // Rows [0, rows) (rows <= kVW, K apart), elements [k0, k0 + depth) (a multiple of 32) -> tile[k][kVW]
@@ -221,8 +221,10 @@ static inline void cols_stream(const uint16_t* w, int64_t K, int rows, int64_t k
     for (int c = 0; c < C; ++c) acc[c] = vset1(0.f);
     for (int64_t k = 0; k < kv; k += 32) {
         // (near the rows' ends, the next kVW rows' beginnings: short rows came from memory unfetched)
-        const uint16_t* ahead = k + kColsAhead < kv ? w + k + kColsAhead : w + kVW * K + (k + kColsAhead - kv);
-        for (int r = 0; r < kVW; ++r) __builtin_prefetch(ahead + r * K);
+        // (addresses as integers: past the last rows they point beyond the weights, never read)
+        const int64_t at = k + kColsAhead < kv ? k + kColsAhead : kVW * K + k + kColsAhead - kv;
+        const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + 2 * at;
+        for (int r = 0; r < kVW; ++r) __builtin_prefetch(reinterpret_cast<const void*>(ahead + 2 * r * K));
         vpairs p[16];
         load_pairs16(w, K, rows, k, p);
         for (int j = 0; j < 16; ++j) {
