@@ -5,13 +5,15 @@ activations instead of its int8x2, what they cost). The files are made by `bench
 (llama.cpp's own convert_hf_to_gguf.py and llama-quantize).
 
     python -m benchmarks.speed.formats_vs_llamacpp --llama-cpp LLAMA_CPP/build/bin [--models smollm2,qwen2-1.5b]
-        [--ways bf16,q8,q4,gguf,q8_int8] [--rounds 3] [-n 64] [-p 512] [-t 2]
+        [--ways bf16,q8,q4,gguf,q8_int8] [--rounds 3] [-n 64] [-p 512] [-t 2] [--baseline CHECKOUT]
 
 Each round, for each model and way in turn: `llmcli run MODEL PROMPT -n 64 -t 2 -v --ignore-eos`
 (a subprocess with default flags otherwise: its -v line gives decode, prefill and the first-token time,
 wait4 its peak RSS), `llmcli bench MODEL -p 512 -n 0 -r 1` with the same --quant (pp512), and
 `llama-bench -m FILE -p 512 -n 64 -t 2 -r 1` (pp512 and tg64; once a round per file). The table has
-the medians over rounds (peak RSS: the largest), and the step `run` took.
+the medians over rounds (peak RSS: the largest), and the step `run` took. With --baseline, each way
+is run again right after by another checkout's llmcli (a worktree of the commit before a change):
+before and after, interleaved in one run.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Way:
     quant: str | None  # llmcli's --quant
     gguf_type: str  # the llama.cpp file it is compared with
     runs_folder: bool = True  # else llmcli runs that GGUF file itself
+    cwd: str | None = None  # the checkout whose llmcli runs (--baseline), else this one
 
 
 WAYS = {w.key: w for w in (
@@ -82,10 +85,10 @@ class Figures:
     failed: str = ""
 
 
-def measured(cmd: list[str]) -> tuple[int, str, str, int]:
+def measured(cmd: list[str], cwd: str | None = None) -> tuple[int, str, str, int]:
     """(exit status, stdout, stderr, peak RSS in bytes) of one subprocess, its own rusage from wait4."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=cwd)
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -100,13 +103,14 @@ def last_line(text: str) -> str:
 def llmcli_run(target: Path, way: Way, n: int, threads: int, fig: Figures) -> None:
     cmd = [sys.executable, "-m", "llmcli", "run", str(target), PROMPT, "-n", str(n), "-t", str(threads), "-v",
            "--ignore-eos", "--seed", "7"] + (["--quant", preset_file(way.quant)] if way.quant else [])
-    recorded_run(cmd, fig)
+    recorded_run(cmd, fig, way.cwd)
 
 
-def recorded_run(cmd: list[str], fig: Figures) -> re.Match | None:
-    """One `llmcli run ... -v` (cmd): its first-token time, prefill, decode and peak RSS appended to fig,
-    and the -v line's match (group 1: the prompt's tokens); None when it failed (fig.failed says why)."""
-    rc, _, err, rss = measured(cmd)
+def recorded_run(cmd: list[str], fig: Figures, cwd=None) -> re.Match | None:
+    """One `llmcli run ... -v` (cmd, run in `cwd`): its first-token time, prefill, decode and peak RSS
+    appended to fig, and the -v line's match (group 1: the prompt's tokens); None when it failed
+    (fig.failed says why)."""
+    rc, _, err, rss = measured(cmd, cwd)
     flat = re.sub(r"\s+", " ", err)
     stats = re.search(RUN_STATS, flat)
     if rc != 0 or stats is None:
@@ -124,7 +128,7 @@ def recorded_run(cmd: list[str], fig: Figures) -> re.Match | None:
 def llmcli_pp(target: Path, way: Way, p: int, threads: int, fig: Figures) -> None:
     cmd = [sys.executable, "-m", "llmcli", "bench", str(target), "-p", str(p), "-n", "0", "-r", "1", "-t",
            str(threads), "-o", "json", "-q", preset_file(way.quant) or "none"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=way.cwd)
     if done.returncode != 0:
         fig.failed = fig.failed or f"bench exit {done.returncode}: {last_line(done.stderr)}"
         return
@@ -189,12 +193,18 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64, help="tokens generated (default 64)")
     ap.add_argument("-p", type=int, default=512, help="prompt size of the prefill test (default 512)")
     ap.add_argument("-t", type=int, default=2, help="threads (default 2)")
+    ap.add_argument("--baseline", help="another checkout of llmcli (a git worktree of the commit before a change): "
+                                       "each way run by its llmcli too, right after this one's")
     a = ap.parse_args()
     binary = a.llama_cpp.expanduser() / "llama-bench"
     if not binary.exists():
         sys.exit(f"no llama-bench in {a.llama_cpp}; build llama.cpp's tools as benchmarks/README.md says")
     names = [MODELS[m.strip()] for m in a.models.split(",") if m.strip()]
     ways = [WAYS[w.strip()] for w in a.ways.split(",") if w.strip()]
+    if a.baseline:  # (python -m llmcli from that folder imports its llmcli)
+        base_dir = str(Path(a.baseline).expanduser().resolve())
+        ways = [v for w in ways for v in (w, Way(f"{w.key}@baseline", f"{w.label}, baseline", w.quant, w.gguf_type,
+                                                 w.runs_folder, base_dir))]
     types = list(dict.fromkeys(w.gguf_type for w in ways))
     for name in names:
         needed = [folder(name, a.dir)] + [gguf_file(name, t, a.dir) for t in types]

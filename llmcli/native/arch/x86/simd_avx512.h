@@ -33,3 +33,55 @@ static inline void reduce4(const vf acc[4], float out[4]) {
 constexpr int kAccumulators = 16;  // vectors a loop may keep summing in registers (half of AVX-512's 32)
 // Activation rows an F16/BF16 micro-tile takes against 4 weight rows (float_rows.h): 24 sums, 4 weights, 1 input
 constexpr int kFloatCols = 6;
+
+// The first n lanes of p (zeros beyond), and into p
+static inline vf vloadn(const float* p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+static inline void vstoren(float* p, vf v, int n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v); }
+
+// F16/BF16 rows with a vector's lanes over 16 weight rows (half_rows.h's columns): 32 elements of
+// each row at once, as pairs (32 bits) transposed 16 x 16, then split into floats
+#define LLMCLI_HALF_COLS 1
+// r[i] lane j -> r[j] lane i (16 x 16 32-bit lanes)
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
+// 32 2-byte floats of each of 16 rows as 16 vectors of pairs (32 bits: elements 2j, 2j + 1)
+using vpairs = __m512i;
+// Rows w + r * ldw (r < rows <= 16; the lanes beyond repeat the last row), elements [k, k + 32):
+// p[j] lane r = row r's elements k + 2j (low half) and k + 2j + 1 (high half)
+static inline void load_pairs16(const uint16_t* w, int64_t ldw, int rows, int64_t k, vpairs p[16]) {
+    for (int i = 0; i < 16; ++i) p[i] = _mm512_loadu_si512(w + (i < rows ? i : rows - 1) * ldw + k);
+    transpose16(p);
+}
+// A pair's first and second elements as floats, exactly (float16 where f16, else bfloat16)
+template <bool f16> static inline vf pair_first(vpairs p) {
+    if constexpr (f16) return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p));
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(p, 16));
+}
+template <bool f16> static inline vf pair_second(vpairs p) {
+    if constexpr (f16) return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(p, 16)));
+    else return _mm512_castsi512_ps(_mm512_and_si512(p, _mm512_set1_epi32((int)0xffff0000u)));
+}
