@@ -155,3 +155,45 @@ def test_parse_parameter():
         parse_parameter(p, "top_k", "2.5")
     with pytest.raises(InvalidParameterError, match="top-p"):
         parse_parameter(p, "top_p", "2")
+
+
+def test_numpy_s_chain_keeps_what_torch_s_keeps_and_penalizes_alike():
+    """sampling_plain (the torch-free path's) against sampling's torch functions, on random logits."""
+    import numpy as np
+
+    from llmcli.decode import sampling, sampling_plain
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        logits = torch.randn(500, generator=gen) * (1 + trial % 4)
+        x = logits.numpy().astype(np.float64)
+        for p in (0.1, 0.5, 0.9, 0.99):
+            want = torch.isfinite(sampling.apply_top_p(logits, p)).numpy()
+            assert np.array_equal(np.isfinite(sampling_plain._top_p(x, p)), want)
+            want = torch.isfinite(sampling.apply_min_p(logits, p / 2)).numpy()
+            assert np.array_equal(np.isfinite(sampling_plain._min_p(x, p / 2)), want)
+        history = torch.randint(0, 500, (40,), generator=gen)
+        params = SamplingParams(repeat_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2, repeat_last_n=30)
+        want = sampling.apply_penalties(logits, history, params).numpy()
+        got = sampling_plain.apply_penalties(logits.numpy(), history.tolist(), params)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_numpy_s_draws_follow_the_distribution_and_repeat_with_the_seed():
+    import numpy as np
+
+    from llmcli.decode.sampling_plain import make_rng, sample_array
+
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+    for params in (SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+                   SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)):
+        rng, seed = make_rng(5)
+        counts = np.bincount([sample_array(logits, [], params, rng) for _ in range(4000)], minlength=4) / 4000
+        want = np.array([0.5, 0.3, 0.15, 0.05]) if params.top_k == 0 else np.array([0.5, 0.3, 0.15, 0]) / 0.95
+        assert np.abs(counts - want).max() < 0.03, counts
+        runs = []
+        for _ in range(2):
+            rng = make_rng(11)[0]
+            runs.append([sample_array(logits, [], params, rng) for _ in range(50)])
+        assert runs[0] == runs[1] and len(set(runs[0])) > 1
+    assert sample_array(logits, [], SamplingParams(temperature=0), make_rng(1)[0]) == 0

@@ -12,38 +12,42 @@ prompt_cache.py keeps finished requests' KV for later requests that start the sa
 
 from __future__ import annotations
 
-import torch
+from .kinds import (CHANNEL_GROUP, GROUP, KV_BITS, KV_ITEMSIZE, KV_TYPES, channel_group,  # noqa: F401 (re-exported)
+                    check_kv_type)
 
-from ..errors import InvalidParameterError
-from .offload import OffloadedKVCache
-from .passthrough import PassThroughCache
-from .quantized import QuantizedKVCache
-from .static import StaticKVCache
-
-KV_TYPES = ("bf16", "f16", "int8", "int4")
-KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
-KV_BITS = {"int8": 8, "int4": 4}
+_KINDS = {"StaticKVCache": "static", "QuantizedKVCache": "quantized", "OffloadedKVCache": "offload",
+          "PassThroughCache": "passthrough"}
 
 
-def check_kv_type(kv_type: str | None) -> str | None:
-    """For CLI options: None / "auto" (the planner decides) or one of KV_TYPES."""
-    if kv_type is None or kv_type == "auto":
-        return None
-    if kv_type not in KV_TYPES:
-        raise InvalidParameterError(f"unknown --kv-type {kv_type!r}; choose one of auto, {', '.join(KV_TYPES)}")
-    return kv_type
+def __getattr__(name: str):
+    """The cache classes and KV_DTYPES, imported on first use: they are torch's, and the planner and
+    the torch-free CPU path import this package without torch."""
+    if name in _KINDS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_KINDS[name]}", __name__), name)
+    if name == "KV_DTYPES":
+        import torch
+
+        return {"bf16": torch.bfloat16, "f16": torch.float16}
+    raise AttributeError(name)
 
 
-def new_cache(args, max_len: int, device: torch.device, dtype: torch.dtype, kv_type: str | None = None,
+def new_cache(args, max_len: int, device, dtype, kv_type: str | None = None,
               device_layers: int | None = None, batch: int = 1):
     """A cache of `kv_type` (None: static in the compute `dtype`) for `batch` rows of `max_len` tokens.
 
     `device_layers` below the layer count offloads the other layers to host memory (float kinds only).
     kv_type "none" keeps nothing (PassThroughCache): a forward pass over whole sequences, no next token."""
+    from .offload import OffloadedKVCache
+    from .passthrough import PassThroughCache
+    from .quantized import QuantizedKVCache
+    from .static import StaticKVCache
+
     if kv_type == "none":
         return PassThroughCache(max_len)
     bits = KV_BITS.get(kv_type)
-    store = KV_DTYPES.get(kv_type, dtype)
+    store = __getattr__("KV_DTYPES").get(kv_type, dtype)
     if device_layers is not None and device_layers < args.num_hidden_layers:
         if bits:
             raise ValueError("an offloaded cache stores floats; use kv_type bf16, f16 or None")

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from .kinds import GROUP, channel_group  # noqa: F401 (GROUP: quantized.GROUP for callers)
 from .static import CacheSlots
 
-GROUP = 32  # tokens per key scale group
-CHANNEL_GROUP = 32  # channels per value scale group (the whole head when it does not divide)
 _EPS = 1e-8
 
 
@@ -58,10 +57,6 @@ def _quantize(g: torch.Tensor, dim: int, bits: int, dtype: torch.dtype, shape):
     zero = lo.to(dtype)
     q = torch.round((g - zero.float().unsqueeze(dim)) / scale.float().unsqueeze(dim)).clamp_(0, 15)
     return _pack4(q.to(torch.uint8).view(shape)), scale, zero
-
-
-def channel_group(head_dim: int) -> int:
-    return CHANNEL_GROUP if head_dim % CHANNEL_GROUP == 0 and (head_dim // 2) % CHANNEL_GROUP == 0 else head_dim
 
 
 def _unpack_into(out: torch.Tensor, codes: torch.Tensor, bits: int) -> None:

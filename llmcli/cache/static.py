@@ -21,18 +21,7 @@ from __future__ import annotations
 import torch
 
 from .one_thread import one_thread
-
-
-class CacheSlots:
-    """What every cache kind shares: the first `length` of its `max_len` slots hold tokens."""
-
-    length: int
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def truncate(self, n: int) -> None:
-        self.length = min(self.length, max(0, n))
+from .slots import CacheSlots
 
 
 class StaticKVCache(CacheSlots):

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..decode.sampling import PARAMETER_NAMES, parse_parameter
+from ..decode.sampling_plain import PARAMETER_NAMES, parse_parameter
 from .. import text_input
 from ..errors import InvalidParameterError, LlmcliError
 from . import conversation

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from ..decode.sampling import SamplingParams, parse_parameter
+from ..decode.sampling_plain import SamplingParams, parse_parameter
 from ..errors import InvalidParameterError, LlmcliError, PromptTooLongError
 from ..hub.store import atomic_write_text
 from ..json_input import JsonInputError, load_json

@@ -11,15 +11,17 @@ import time
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ..decode.constrained import incomplete_message
-from ..decode.picker import Stats
+from ..decode.stream import Stats
 from ..decode.request import Request
 from ..errors import IncompleteOutputError, InvalidParameterError
-from ..runtime.runtime import Runtime
 from ..text_input import check_text
 from .conversation import Conversation, fit
+
+if TYPE_CHECKING:
+    from ..runtime.runtime import Runtime
 
 
 @dataclass

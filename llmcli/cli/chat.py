@@ -15,7 +15,7 @@ from .options import (ChatTemplateFile, ContextShift, CtxSize, Device, Dtype, Fr
                       ToolsFile, TopK, TopP, check_text_options, model_flags, read_chat_template,
                       read_grammar, read_tools, report_plan, sampling_params, stderr_console)
 
-# the default is runtime.DEFAULT_MODEL (not imported here: that would load torch for `--help`)
+# the default is runtime.flags.DEFAULT_MODEL
 ChatModel = Annotated[Optional[str], typer.Argument(
     help="A model name, a .gguf file or a model folder (default: smollm2:135m).", show_default=False)]
 # flag -> SamplingParams field, for the flags given on the command line that override a --load file
@@ -47,7 +47,8 @@ def chat(
     from ..chat import conversation
     from ..chat.session import ChatSession
     from ..decode.request import Request
-    from ..runtime.runtime import DEFAULT_MODEL, open_model
+    from ..runtime.flags import DEFAULT_MODEL
+    from ..runtime.lean import open_lean
     from . import repl
     from .startup import opening
 
@@ -65,9 +66,14 @@ def chat(
         conv = _with_flags(conversation.load(load), conv, _given(ctx))
     err = stderr_console()
     with opening(err) as progress:
-        rt = open_model(model_flags(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads,
-                                    ctx_size=ctx_size, quant=quant, kv_type=kv_type, kv_offload=kv_offload,
-                                    registry=registry, offline=offline, chat_template=template), progress)
+        flags = model_flags(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
+                            quant=quant, kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline,
+                            chat_template=template)
+        rt = open_lean(flags, request, progress)  # the torch-free path where it runs the model (runtime/lean.py)
+        if rt is None:
+            from ..runtime.runtime import open_model
+
+            rt = open_model(flags, progress)
     report_plan(err, rt, verbose=False)
     session = ChatSession(rt, conv, _decode_step(rt, compile), request)
     raise typer.Exit(repl.run(session, render=render, single=single, check_model=load is not None))

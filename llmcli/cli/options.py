@@ -67,8 +67,8 @@ def model_flags(model: str, *, device: str = "auto", dtype: str = "auto", thread
                 ctx_size: int | None = None, quant: str | None = None, kv_type: str = "auto",
                 kv_offload: str = "auto", registry: Path | None = None, offline: bool = False, rows: int = 1,
                 ctx_cap: int | None = None, allow_encoder: bool = False, chat_template: str | None = None):
-    """The model flags a command was given -> runtime.ModelFlags."""
-    from ..runtime.runtime import ModelFlags
+    """The model flags a command was given -> runtime.flags.ModelFlags."""
+    from ..runtime.flags import ModelFlags
 
     return ModelFlags(model, device, dtype, threads, ctx_size, quant, kv_type, kv_offload, registry, offline, rows,
                       ctx_cap, allow_encoder, chat_template)
@@ -92,7 +92,7 @@ def read_chat_template(path: Path | None) -> str | None:
 def sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                     frequency_penalty, seed):
     """The sampling flags every generating command takes -> validated SamplingParams."""
-    from ..decode.sampling import SamplingParams
+    from ..decode.sampling_plain import SamplingParams
 
     return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,

@@ -60,7 +60,7 @@ def run(
                         kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline,
                         chat_template=template)
     err = stderr_console()
-    rt, draft_rt = _open(err, flags, draft, draft_quant, text)
+    rt, draft_rt = _open(err, flags, draft, draft_quant, text, request)
     report_plan(err, rt, verbose)
     if verbose:
         _report_model(err, rt)
@@ -85,13 +85,19 @@ def read_prompt(prompt: str | None) -> str:
     return text
 
 
-def _open(err, flags, draft: str | None, draft_quant: str | None, sample: str):
-    """The model, and the draft model for --draft (checked to speak the same tokens)."""
-    from ..decode.speculative import check_draft
-    from ..runtime.runtime import open_model
+def _open(err, flags, draft: str | None, draft_quant: str | None, sample: str, request):
+    """The model (on the torch-free path where it runs it: runtime/lean.py), and the draft model for
+    --draft (checked to speak the same tokens)."""
+    from ..runtime.lean import open_lean
     from .startup import opening
 
     with opening(err) as progress:
+        rt = open_lean(flags, request, progress) if draft is None else None
+        if rt is not None:
+            return rt, None
+        from ..decode.speculative import check_draft
+        from ..runtime.runtime import open_model
+
         rt = open_model(flags, progress)
         draft_rt = None
         if draft is not None:
@@ -133,7 +139,7 @@ class _Answer:
 def _answer(rt, draft_rt, messages, request, raw: bool, compile: bool, held: bool) -> _Answer:
     """Generate, streaming the text to stdout as it comes unless it is `held` for the end (a
     reply with tools may be calls)."""
-    from ..decode.generate import output_limit
+    from ..decode.stream import output_limit
 
     out = _Answer(held)
     ids = rt.prompt_ids(messages, raw=raw, tools=request.tools)

@@ -156,7 +156,7 @@ def _details(rt, server) -> str:
 def _defaults(sampling: dict, max_tokens: int | None, system: str | None, grammar):
     """openai_api.Defaults from the flags given (checked as run checks them)."""
     from ..decode.request import Request
-    from ..decode.sampling import SamplingParams
+    from ..decode.sampling_plain import SamplingParams
     from ..serve.openai_api import Defaults
 
     given = {k: v for k, v in sampling.items() if v is not None}

@@ -28,7 +28,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import GrammarError, InvalidOutputError, InvalidParameterError, UnsupportedModelError
 from ..formats.tokenizer import Tokenizer
@@ -228,10 +227,18 @@ class TokenConstraint:
         out[:n] = allowed[:n] == 0
         return out
 
-    def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits (V,) float with every token the grammar forbids at -inf (a new tensor)."""
+    def mask(self, logits):
+        """logits (V,) float, a numpy array or a torch tensor, with every token the grammar forbids at
+        -inf (a new array or tensor)."""
         t0 = time.perf_counter()
         forbidden = self.forbidden(logits.shape[-1])
+        if isinstance(logits, np.ndarray):
+            out = logits.copy()
+            out[forbidden] = -np.inf
+            self._spent(t0, first=self.tokens == 0)
+            return out
+        import torch
+
         if logits.device.type == "cpu" and logits.dtype == torch.float32:
             # in numpy, single-threaded: torch would split 50k-element ops over its threads, which
             # costs far more than the work when other processes share the cores

@@ -20,27 +20,18 @@ the top alternatives, when the request asks), both readable on the Generation.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 
 from ..cache import reuse_prefix
-from ..errors import PromptTooLongError
-from ..formats.tokenizer import StreamDecoder, Tokenizer
-from .picker import Logprobs, Picker, Stats
+from ..formats.tokenizer import Tokenizer
+from .picker import Logprobs, Picker
+from .stream import (Chunk, Generation, Stats, limit_reason, output_limit,  # noqa: F401 (re-exported)
+                     text_stream)
 from .prefill import prefill, prefill_runner
 from .request import Request
 from .sampling import SamplingParams
-
-
-@dataclass
-class Chunk:
-    text: str
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
-    stats: Stats | None = None
-    stopped_by: str | None = None  # with finish_reason "length": "max_tokens" or "context"
 
 
 @torch.inference_mode()
@@ -78,73 +69,6 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
             found = step.last_top if top else None
             found = None if found is None else (found[0][-1].tolist(), found[1][-1].tolist())
             cache.token_ids.append(token)
-
-
-def _partial_stop(text: str, stops: Iterable[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
-
-
-def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, ...], context: list[int],
-                stats: Stats, stopped_by: str | None = None, ignore_eos: bool = False) -> Iterator[Chunk]:
-    """Token ids -> text chunks; ends on an end-of-sequence id (unless `ignore_eos`), a stop string,
-    or the token limit (`stopped_by` names it on the last chunk: limit_reason())."""
-    decoder = StreamDecoder(tokenizer, context)
-    pending = ""  # decoded text held back because it might be the start of a stop string
-    for token in tokens:
-        if token in tokenizer.eos_ids and not ignore_eos:
-            tokens.close()
-            yield Chunk(pending, [token], "stop", stats)
-            return
-        pending += decoder.push(token)
-        hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
-        if hits:
-            tokens.close()
-            yield Chunk(pending[: min(hits)], [token], "stop", stats)
-            return
-        keep = _partial_stop(pending, stops)
-        out, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")
-        yield Chunk(out, [token])
-    yield Chunk(pending + decoder.flush(), [], "length", stats, stopped_by)
-
-
-def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> int:
-    """min(context - prompt, max_tokens); a prompt that leaves no room is an error, never a truncation."""
-    room = ctx_size - prompt_tokens
-    if room < 1:
-        raise PromptTooLongError(
-            f"the prompt is {prompt_tokens} tokens but the context holds {ctx_size}; "
-            "shorten the prompt or raise --ctx-size")
-    return room if max_tokens is None else min(room, max_tokens)
-
-
-def limit_reason(limit: int, max_tokens: int | None) -> str:
-    """Which limit a sequence allowed `limit` (output_limit()) new tokens stops at: "max_tokens"
-    when it is -n (the context had room for all of them), else "context"."""
-    return "max_tokens" if max_tokens is not None and limit == max_tokens else "context"
-
-
-class Generation:
-    """The chunks of one completion (iterate; close() stops between two tokens), and what rode along:
-    `constraint` (None without a grammar) and `logprobs` (None unless the request asks)."""
-
-    def __init__(self, chunks: Iterator[Chunk], constraint, logprobs: Logprobs | None):
-        self._chunks, self.constraint, self.logprobs = chunks, constraint, logprobs
-
-    def __iter__(self) -> "Generation":
-        return self
-
-    def __next__(self) -> Chunk:
-        return next(self._chunks)
-
-    def close(self) -> None:
-        self._chunks.close()
 
 
 def generate(model, tokenizer: Tokenizer, prompt: list[int], request: Request, cache, step=None, *,

@@ -15,40 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .sampling_plain import MOST_TOP, NEAR_TIE, RESCORED, near_tie  # noqa: F401 (re-exported)
+from .stream import Stats  # noqa: F401 (re-exported)
 from .sampling import SamplingParams, make_generator, penalizes, penalty_history, sample, token_logprobs, top_k
-
-
-@dataclass
-class Stats:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose KV were already in the cache (not prefilled again)
-    ttft_s: float = 0.0  # from the call to the first sampled token
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    seed: int = -1
-    extra: dict = field(default_factory=dict)  # what a decoding strategy adds (beams, draft acceptance)
-
-    @property
-    def prefilled_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
-
-    @property
-    def prefill_tps(self) -> float:
-        return self.prefilled_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
-
-    @property
-    def decode_tps(self) -> float:
-        # the first token comes out of prefill; the rest are decode steps
-        steps = max(0, self.completion_tokens - 1)
-        return steps / self.decode_s if self.decode_s > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "cached_tokens": self.cached_tokens, "ttft_s": round(self.ttft_s, 4),
-                "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
-                "prefill_tokens_per_s": round(self.prefill_tps, 2), "decode_tokens_per_s": round(self.decode_tps, 2),
-                "seed": self.seed, **self.extra}
 
 
 @dataclass
@@ -61,16 +30,6 @@ class Logprobs:
 
     def record(self, logits: torch.Tensor, token: int) -> None:
         self.entries.append((token, *token_logprobs(logits, token, self.top)))
-
-
-NEAR_TIE = 2.0 ** -6  # relative gap under which half-precision rounding may have decided the top token
-RESCORED = 8  # candidates rescored in float32
-MOST_TOP = 128  # the largest k a pick takes from the decode step's top k (NativeStep's top=k)
-
-
-def near_tie(best: float, second: float) -> bool:
-    """Whether the best two logits are close enough for rounding to have ordered them."""
-    return not best - second > NEAR_TIE * abs(best)
 
 
 def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor, top=None) -> torch.Tensor:

@@ -19,7 +19,7 @@ from ..errors import InvalidParameterError
 from ..formats.tools import Tool
 from ..text_input import check_text
 from .constrained import Grammar
-from .sampling import SamplingParams
+from .sampling_plain import SamplingParams
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI allows
 TOOL_CHOICES = ("auto", "required")  # or a tool's name; "none" is a request without tools

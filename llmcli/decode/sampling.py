@@ -9,96 +9,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields, replace
 
 import torch
 
 from .. import native
-from ..errors import InvalidParameterError
-
-MAX_SEED = 2 ** 64 - 1
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Defaults as llama.cpp's. 0 / 1.0 / -1 mean "off" as users of those tools expect."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64  # -1: the whole context
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int = -1  # -1: a random seed (reported in the stats)
-
-    def __post_init__(self):
-        for name in ("temp", "top-p", "min-p", "repeat-penalty", "presence-penalty", "frequency-penalty"):
-            value = getattr(self, _FIELD_OF[name])
-            if not _finite(value):  # inf passed every range below (nan failed them, less clearly)
-                raise InvalidParameterError(f"--{name} must be a finite number, got {value}")
-        checks = [
-            (self.temperature >= 0, "temp", "must be >= 0 (0 = greedy)"),
-            (self.top_k >= 0, "top-k", "must be >= 0 (0 = off)"),
-            (0 < self.top_p <= 1, "top-p", "must be in (0, 1] (1 = off)"),
-            (0 <= self.min_p < 1, "min-p", "must be in [0, 1) (0 = off)"),
-            (self.repeat_penalty > 0, "repeat-penalty", "must be > 0 (1.0 = off)"),
-            (self.repeat_last_n >= -1, "repeat-last-n", "must be >= -1 (-1 = whole context, 0 = off)"),
-            (-2 <= self.presence_penalty <= 2, "presence-penalty", "must be in [-2, 2] (0 = off)"),
-            (-2 <= self.frequency_penalty <= 2, "frequency-penalty", "must be in [-2, 2] (0 = off)"),
-            # torch.Generator.manual_seed takes 64 bits; llama.cpp's 32-bit seeds fit
-            (-1 <= self.seed <= MAX_SEED, "seed", f"must be -1 (random) or a whole number from 0 to {MAX_SEED}"),
-        ]
-        for ok, name, rule in checks:
-            if not ok:
-                raise InvalidParameterError(f"--{name} {rule}, got {getattr(self, _FIELD_OF[name])}")
-
-    def with_(self, **changes) -> "SamplingParams":
-        return replace(self, **changes)
-
-    @property
-    def greedy(self) -> bool:
-        """The most likely token every time: temperature 0, or top-k 1 (the one token left is drawn
-        whatever the temperature), so both rescore near ties (picker.py) and both may speculate."""
-        return self.temperature == 0 or self.top_k == 1
-
-
-def _finite(value) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int from JSON too large for a float (10**400)
-        return False
-
-
-# flag name (llama.cpp spelling) -> field
-_FIELD_OF = {"temp": "temperature", "top-k": "top_k", "top-p": "top_p", "min-p": "min_p",
-             "repeat-penalty": "repeat_penalty", "repeat-last-n": "repeat_last_n",
-             "presence-penalty": "presence_penalty", "frequency-penalty": "frequency_penalty", "seed": "seed"}
-PARAMETER_NAMES = tuple(_FIELD_OF)
-
-
-def parse_parameter(params: SamplingParams, name: str, value: str) -> SamplingParams:
-    """`/set parameter top_k 20` and friends: a new params object, validated."""
-    key = name.strip().lstrip("-").replace("_", "-").lower()
-    key = {"temperature": "temp"}.get(key, key)
-    if key not in _FIELD_OF:
-        raise InvalidParameterError(f"unknown parameter {name!r}; known: {', '.join(PARAMETER_NAMES)}")
-    field = _FIELD_OF[key]
-    kind = {f.name: f.type for f in fields(SamplingParams)}[field]
-    try:
-        parsed = int(value) if kind in (int, "int") else float(value)
-    except ValueError:
-        raise InvalidParameterError(f"{key} needs a {'whole ' if kind in (int, 'int') else ''}number, got {value!r}") from None
-    return replace(params, **{field: parsed})
-
+from .sampling_plain import (MAX_SEED, PARAMETER_NAMES, SamplingParams, draw_from_top,  # noqa: F401 (re-exported)
+                             parse_parameter, penalizes)
 
 _NO_HISTORY = torch.empty(0, dtype=torch.long)
-
-
-def penalizes(params: SamplingParams) -> bool:
-    """Whether some penalty is on (not the usual case)."""
-    return params.repeat_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)
 
 
 def penalty_history(history: list[int], params: SamplingParams, device: torch.device) -> torch.Tensor:
@@ -189,30 +107,6 @@ def draw(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     probs = logits.float().softmax(dim=-1)
     noise = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / noise).argmax(dim=-1)
-
-
-def draw_from_top(values: list[float], noise: list[float], params: SamplingParams) -> int:
-    """The position drawn among the top-k logits `values` (largest first, the first finite) with
-    `noise` (draw's Exp(1) noise, one a value): top-p, min-p, temperature and draw's argmax of
-    p / noise, in plain floats. Those are ~15 torch ops on k values, and right after a decode step
-    (its caches cold) their dispatch cost a visible part of a small model's token. The same
-    choice as the ops but where float32 and float64 rounding part them (an exact tie, a probability
-    on a threshold)."""
-    top = values[0]
-    weights = [math.exp(v - top) for v in values]  # softmax's numerators: p_i = w_i / sum(w)
-    kept = len(weights)
-    if params.top_p < 1.0:  # keep while the mass of the strictly more likely is under top_p
-        total, before = sum(weights), 0.0
-        for i, w in enumerate(weights):
-            if before / total >= params.top_p:
-                kept = i
-                break
-            before += w
-    if params.min_p > 0:  # p_i / p_max = w_i (w_0 = 1)
-        kept = next((i for i in range(kept) if weights[i] < params.min_p), kept)
-    p = [math.exp((v - top) / params.temperature) for v in values[:kept]]  # after temperature, unnormalized
-    scores = [pi / e if e > 0 else (math.inf if pi > 0 else 0.0) for pi, e in zip(p, noise)]  # (torch's p / 0 = inf)
-    return max(range(kept), key=scores.__getitem__)  # (the first of equals, as argmax)
 
 
 def sample(logits: torch.Tensor, history: torch.Tensor, params: SamplingParams,

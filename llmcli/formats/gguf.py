@@ -10,6 +10,8 @@ their Q/K rows un-permuted back to HF's rotary layout.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 import mmap
 import re
@@ -18,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import CorruptModelError, UnsupportedModelError
-from ..models import gemma3, phi3
-from ..models.llama import ModelArgs
+from ..models.args import Gemma3Args, LlamaArgs, Phi3Args
+
+if TYPE_CHECKING:
+    import torch
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)  # what llama.cpp reads (version 1 had 32-bit counts; 3 added big-endian files)
@@ -252,7 +255,7 @@ def read_metadata(reader: GGUFFile) -> dict:
     return reader.metadata
 
 
-def model_args(meta: dict, tensor_names: set[str], reader=None) -> ModelArgs:
+def model_args(meta: dict, tensor_names: set[str], reader=None) -> LlamaArgs:
     """The family's ModelArgs from GGUF metadata; `reader` adds RoPE tables stored as tensors
     (llama 3's `rope_freqs`, phi3's LongRoPE factors)."""
     arch = meta.get("general.architecture")
@@ -306,7 +309,7 @@ def model_args(meta: dict, tensor_names: set[str], reader=None) -> ModelArgs:
             return _gemma3_args(meta, common, get)
         if arch == "phi3":
             return _phi3_args(common, get, reader, n_heads)
-        args = ModelArgs(model_type=_MODEL_TYPES[arch], **common)
+        args = LlamaArgs(model_type=_MODEL_TYPES[arch], **common)
     except CorruptModelError as e:
         raise CorruptModelError(f"the GGUF metadata is invalid ({arch}: {e}); the file is corrupt, "
                                 "download it again") from None
@@ -315,7 +318,7 @@ def model_args(meta: dict, tensor_names: set[str], reader=None) -> ModelArgs:
     return args
 
 
-def _gemma3_args(meta: dict, common: dict, get) -> ModelArgs:
+def _gemma3_args(meta: dict, common: dict, get) -> LlamaArgs:
     """As llama.cpp reads gemma3: five local layers then one global, unless the file says otherwise."""
     n_layers, pattern = common["num_hidden_layers"], get("attention.sliding_window_pattern", 6)
     if isinstance(pattern, list):
@@ -325,12 +328,12 @@ def _gemma3_args(meta: dict, common: dict, get) -> ModelArgs:
                  for i in range(n_layers)]
     # llama.cpp: the 27B (62 layers) scales queries by hidden/heads, the others by head_dim
     scalar = common["hidden_size"] // common["num_attention_heads"] if n_layers == 62 else common["head_dim"]
-    return gemma3.ModelArgs(**{**common, "qk_norm": True}, layer_types=types, query_pre_attn_scalar=scalar,
+    return Gemma3Args(**{**common, "qk_norm": True}, layer_types=types, query_pre_attn_scalar=scalar,
                             rope_local_base_freq=get("rope.freq_base_swa", 10000.0),
                             final_logit_softcapping=get("final_logit_softcapping") or None)
 
 
-def _phi3_args(common: dict, get, reader, n_heads: int) -> phi3.ModelArgs:
+def _phi3_args(common: dict, get, reader, n_heads: int) -> Phi3Args:
     """Phi-3's RoPE: rotary dims (Phi-4-mini turns 3/4 of each head) and LongRoPE factors as tensors."""
     rotary = get("rope.dimension_count") or common["head_dim"]
     orig = get("rope.scaling.original_context_length")
@@ -341,7 +344,7 @@ def _phi3_args(common: dict, get, reader, n_heads: int) -> phi3.ModelArgs:
                    "long_factor": dequantize(tables["rope_factors_long.weight"]).reshape(-1).tolist(),
                    "short_factor": dequantize(tables["rope_factors_short.weight"]).reshape(-1).tolist(),
                    "original_max_position_embeddings": orig}
-    return phi3.ModelArgs(**{**common, "rope_scaling": scaling}, partial_rotary_factor=rotary / common["head_dim"],
+    return Phi3Args(**{**common, "rope_scaling": scaling}, partial_rotary_factor=rotary / common["head_dim"],
                           original_max_position_embeddings=orig)
 
 
@@ -389,6 +392,8 @@ def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
     Works on any tensor whose first dim is rows (float weights, biases, or packed quantized rows).
     """
+    import torch
+
     rows = w.shape[0]
     if w.device.type == "cpu" and w.dtype != torch.bfloat16:  # numpy copies in one thread: torch's copy
         # waited on busy intra-op threads, most of a load on a loaded CPU
@@ -438,7 +443,7 @@ def rope_freq_factors(reader) -> tuple[float, ...] | None:
     return None
 
 
-def iter_tensors(reader, args: ModelArgs, arch: str):
+def iter_tensors(reader, args: LlamaArgs, arch: str):
     """Yield (hf_name, reader_tensor, needs_unpermute_heads or None) for every model tensor."""
     for t in reader.tensors:
         if t.name in _ROPE_TENSORS:
@@ -455,8 +460,10 @@ def iter_tensors(reader, args: ModelArgs, arch: str):
         yield name, t, heads
 
 
-def load_state_dict(reader, args: ModelArgs, arch: str, dtype: torch.dtype, device: torch.device) -> dict:
+def load_state_dict(reader, args: LlamaArgs, arch: str, dtype: torch.dtype, device: torch.device) -> dict:
     """Dequantized weights under HF names, Q/K un-permuted, in `dtype` on `device`."""
+    import torch
+
     state = {}
     for name, t, heads in iter_tensors(reader, args, arch):
         w = torch.from_numpy(tensor_values(t, arch))

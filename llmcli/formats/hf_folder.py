@@ -6,15 +6,19 @@ so they are refused with a message saying how to get safetensors instead.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import struct
 from pathlib import Path
 from typing import Iterator
 
-import torch
 
 from ..errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
 from ..models import SUPPORTED_ARCHITECTURES
+
+if TYPE_CHECKING:
+    import torch
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 

@@ -3,16 +3,20 @@ hands them out): converting or quantizing never holds the whole float model."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import CorruptModelError
 from . import gguf as gguf_file
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -44,6 +48,8 @@ def gguf_sources(reader, args, arch: str) -> list[Source]:
     out = []
     for name, t, heads in gguf_file.iter_tensors(reader, args, arch):
         def values(t=t, heads=heads):
+            import torch
+
             w = torch.from_numpy(gguf_file.tensor_values(t, arch))
             return (gguf_file.unpermute_rows(w, heads) if heads is not None else w).float()
 
@@ -73,6 +79,8 @@ def folder_sources(files: list[Path]) -> list[Source]:
                     return g.get_tensor(name)
 
             def raw(stored=stored):  # the bits as stored (16-bit rows kept as they are: quant/float_rows.py)
+                import torch
+
                 return stored().contiguous().view(torch.uint8).numpy()
 
             out.append(Source(name, shape, lambda stored=stored: stored().float(), dtype if dtype in _FLOATS else None,

@@ -4,30 +4,22 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import torch
-from torch import nn
-
 from ..errors import CorruptModelError
-from . import bert, gemma3, llama, phi3
-
-# model_type -> module with ModelArgs and Transformer
-ARCHITECTURES = {"llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama, "phi3": phi3,
-                 "gemma3_text": gemma3, "bert": bert}
-SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
-# encoders: no cache, no output head; they make vectors (llmcli embed), never text
-ENCODERS = ("bert",)
+from .args import ENCODERS, SUPPORTED_ARCHITECTURES, args_from_hf_config, is_encoder  # noqa: F401 (torch-free)
 
 
-def is_encoder(args) -> bool:
-    return args.model_type in ENCODERS
+def family(model_type: str):
+    """The module of a family (its ModelArgs and Transformer); importing it imports torch."""
+    import importlib
+
+    return importlib.import_module(f".{_MODULES[model_type]}", __name__)
 
 
-def args_from_hf_config(config: dict):
-    """The family's ModelArgs for a `config.json` dict (its `model_type` picks the family)."""
-    return ARCHITECTURES[config.get("model_type", "llama")].ModelArgs.from_hf_config(config)
+_MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "phi3": "phi3",
+            "gemma3_text": "gemma3", "bert": "bert"}
 
 
-def set_rope(model: nn.Module, args, device: torch.device) -> None:
+def set_rope(model, args, device) -> None:
     """(Re)compute the model's RoPE tables on `device` (after the skeleton was built on the CPU)."""
     for name, t in model.rope_buffers(args).items():
         setattr(model, name, t.to(device))
@@ -37,6 +29,8 @@ def set_rope(model: nn.Module, args, device: torch.device) -> None:
 def _skip_init():
     """Module constructors without random initialisation: every parameter is replaced by a loaded
     tensor right after. (The meta device would do too, but its first use imports more of torch.)"""
+    from torch import nn
+
     saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters  # subclasses inherit the patch
     nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
     try:
@@ -45,14 +39,14 @@ def _skip_init():
         nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
 
 
-def skeleton(args) -> torch.nn.Module:
+def skeleton(args):
     """The model's modules with uninitialised CPU tensors (never touched, so never resident), for
     loaded tensors to replace."""
     with _skip_init():
-        return ARCHITECTURES[args.model_type].Transformer(args)
+        return family(args.model_type).Transformer(args)
 
 
-def build(args, state_dict: dict, device: torch.device) -> torch.nn.Module:
+def build(args, state_dict: dict, device):
     """A skeleton that adopts the loaded tensors, already on `device`, as its parameters."""
     model = skeleton(args)
     if args.tie_word_embeddings:

@@ -10,68 +10,16 @@ self.query.weight`), so sentence-transformers checkpoints load as they are; `ber
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CorruptModelError, UnsupportedModelError
+from .args import BertArgs as ModelArgs  # noqa: F401 (re-exported)
 from .linear import Linear
 
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
-
-
-@dataclass
-class ModelArgs:
-    model_type: str = "bert"
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    position_embedding_type: str = "absolute"
-    tie_word_embeddings: bool = False  # no output head to tie
-
-    def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise CorruptModelError(f"{name} is {value!r}; it must be a whole number of at least 1")
-        if self.hidden_size % self.num_attention_heads:
-            raise CorruptModelError(f"hidden_size {self.hidden_size} is not a multiple of "
-                                    f"{self.num_attention_heads} attention heads")
-        if self.hidden_act not in ACTIVATIONS:
-            raise UnsupportedModelError(f"BERT activation {self.hidden_act!r} is not supported; "
-                                        f"supported: {', '.join(ACTIVATIONS)}")
-        if self.position_embedding_type != "absolute":
-            raise UnsupportedModelError(f"BERT position embeddings {self.position_embedding_type!r} are not "
-                                        "supported; supported: absolute")
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> "ModelArgs":
-        known = {f.name for f in fields(cls)}
-        try:
-            return cls(**{k: v for k, v in config.items() if k in known})
-        except CorruptModelError as e:
-            raise CorruptModelError(f"config.json is invalid: {e}; download the model again") from None
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def parameter_count(self) -> int:
-        h, i = self.hidden_size, self.intermediate_size
-        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h
-        per_layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h
-        return embeddings + self.num_hidden_layers * per_layer
 
 
 class Embeddings(nn.Module):

@@ -14,54 +14,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import llama
+from .args import Gemma3Args as ModelArgs  # noqa: F401 (re-exported)
 from .llama import per_row, rope_cos_sin, rope_inv_freq
-
-
-@dataclass
-class ModelArgs(llama.ModelArgs):
-    model_type: str = "gemma3_text"
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = True
-    qk_norm: bool = True
-    query_pre_attn_scalar: float = 256
-    rope_local_base_freq: float = 10000.0
-    sliding_window_pattern: int = 6  # older configs: every Nth layer is global
-    final_logit_softcapping: float | None = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.layer_types is None:
-            n = self.sliding_window_pattern
-            self.layer_types = ["sliding_attention" if (i + 1) % n else "full_attention"
-                                for i in range(self.num_hidden_layers)]
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> "ModelArgs":
-        known = {f for f in cls.__dataclass_fields__}
-        kw = {k: v for k, v in config.items() if k in known and k != "rope_freq_factors"}
-        kw["model_type"], kw["qk_norm"] = "gemma3_text", True
-        if "sliding_window" not in config:
-            kw["sliding_window"] = 4096  # transformers' default for Gemma 3
-        rope = config.get("rope_parameters")
-        if isinstance(rope, dict):  # transformers 5.x: one entry per layer type
-            full, local = rope.get("full_attention", {}), rope.get("sliding_attention", {})
-            kw["rope_theta"] = full.get("rope_theta", 1_000_000.0)
-            kw["rope_local_base_freq"] = local.get("rope_theta", 10_000.0)
-            kw["rope_scaling"] = full if full.get("rope_type", "default") != "default" else None
-        else:
-            kw.setdefault("rope_theta", 1_000_000.0)
-        return cls(**kw)
-
-    def norms_per_layer(self) -> int:
-        return 4
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:

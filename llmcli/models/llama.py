@@ -7,175 +7,21 @@ the Hub load without conversion. The model holds no generation state: the KV cac
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import native
-from ..errors import CorruptModelError, UnsupportedModelError
+from . import rope
+from .args import LlamaArgs as ModelArgs  # noqa: F401 (the family's, re-exported)
 from .fusion import fuse_linears
 from .linear import Linear
 
 
-@dataclass
-class ModelArgs:
-    model_type: str = "llama"
-    vocab_size: int = 32000
-    hidden_size: int = 4096
-    intermediate_size: int = 11008
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    rope_freq_factors: tuple[float, ...] | None = None  # GGUF `rope_freqs.weight`: inv_freq is divided by these
-    max_position_embeddings: int = 4096
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False  # llama: bias on q, k, v and o
-    qkv_bias: bool = False  # qwen2: bias on q, k, v only
-    mlp_bias: bool = False
-    sliding_window: int | None = None  # attend to this many most recent positions (incl. self)
-    max_window_layers: int = 0  # the window applies to layers with index >= this
-    layer_types: list[str] | None = None  # transformers 5.x: "sliding_attention" | "full_attention" per layer
-    qk_norm: bool = False  # qwen3: RMSNorm over each head of q and k before RoPE
-    partial_rotary_factor: float = 1.0  # RoPE turns only this leading fraction of each head (phi4-mini)
-
-    def __post_init__(self):
-        """The one check of the hyperparameters, wherever they come from (config.json, GGUF metadata):
-        a zero, a NaN or a missing value would otherwise fail deep inside torch, or divide by zero."""
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "max_position_embeddings"):
-            _check_count(name, getattr(self, name))
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        _check_count("num_key_value_heads", self.num_key_value_heads)
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        _check_count("head_dim", self.head_dim)
-        if self.head_dim % 2:
-            raise CorruptModelError(f"head_dim is {self.head_dim}; rotary embeddings need an even number")
-        for name in ("rms_norm_eps", "rope_theta"):
-            _check_positive(name, getattr(self, name))
-        if self.sliding_window:  # 0 and None: no window
-            _check_count("sliding_window", self.sliding_window)
-        if isinstance(self.rope_scaling, dict) and "factor" in self.rope_scaling:
-            _check_positive("rope_scaling.factor", self.rope_scaling["factor"])
-        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
-            raise CorruptModelError(f"layer_types lists {len(self.layer_types)} layers, "
-                                    f"not num_hidden_layers = {self.num_hidden_layers}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise UnsupportedModelError(
-                f"{self.num_attention_heads} attention heads cannot be grouped over {self.num_key_value_heads} KV heads")
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> "ModelArgs":
-        """Build from a Hugging Face `config.json` dict; unknown keys are ignored."""
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in config.items() if k in known}
-        kw.pop("rope_freq_factors", None)
-        model_type = config.get("model_type", "llama")
-        # transformers 5.x writes `rope_parameters` (theta and scaling in one dict) instead of both keys
-        rope = config.get("rope_parameters")
-        if isinstance(rope, dict) and "full_attention" in rope:
-            rope = rope["full_attention"]
-        if isinstance(rope, dict):
-            if "rope_theta" in rope:
-                kw["rope_theta"] = rope["rope_theta"]
-            if rope.get("rope_type", rope.get("type", "default")) != "default":
-                kw["rope_scaling"] = rope
-        if isinstance(rope, dict) and "partial_rotary_factor" in rope:
-            kw["partial_rotary_factor"] = rope["partial_rotary_factor"]
-        if model_type == "qwen3":
-            kw["qk_norm"] = True
-        if model_type == "qwen2":
-            kw["qkv_bias"] = True
-            kw.pop("attention_bias", None)
-        if model_type in ("qwen2", "qwen3"):
-            if not config.get("use_sliding_window", False):
-                kw["sliding_window"] = None
-        elif model_type not in ("mistral", "phi3"):
-            kw["sliding_window"] = None
-        missing = [k for k in _REQUIRED_HF_KEYS if k not in config]
-        if missing:
-            raise CorruptModelError(f"config.json has no {', '.join(missing)}; download the model again")
-        try:
-            return cls(**kw)
-        except CorruptModelError as e:
-            raise CorruptModelError(f"config.json is invalid: {e}; download the model again") from None
-
-    @property
-    def n_rep(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
-    def layer_window(self, i: int) -> int | None:
-        if not self.sliding_window:
-            return None
-        if self.layer_types is not None:
-            return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
-        return self.sliding_window if i >= self.max_window_layers else None
-
-    @property
-    def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
-
-    def norms_per_layer(self) -> int:
-        """Vectors of hidden_size per layer (gemma3 has four)."""
-        return 2
-
-    def parameter_count(self) -> int:
-        h, hd, i, v = self.hidden_size, self.head_dim, self.intermediate_size, self.vocab_size
-        attn = h * hd * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
-        per_layer = attn + 3 * h * i + self.norms_per_layer() * h + (2 * hd if self.qk_norm else 0)
-        head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_hidden_layers * per_layer + h + head
-
-
-_REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-MAX_COUNT = 2 ** 31 - 1
-
-
-def _check_count(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
-        what = "missing" if value is None else f"{value!r}"
-        raise CorruptModelError(f"{name} is {what}; it must be a whole number from 1 to {MAX_COUNT}")
-
-
-def _check_positive(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
-        raise CorruptModelError(f"{name} is {value!r}; it must be a positive finite number")
-
-
 def rope_inv_freq(args: ModelArgs, theta: float | None = None, scaling: dict | None = None) -> torch.Tensor:
     """(rotary_dim/2,) float32 inverse frequencies, with the model's rope scaling applied (or the
-    given theta and scaling: gemma3's local layers)."""
-    dim = args.rotary_dim
-    theta = args.rope_theta if theta is None else theta
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    if args.rope_freq_factors is not None:
-        inv_freq = inv_freq / torch.tensor(args.rope_freq_factors, dtype=torch.float64)
-    scaling = (args.rope_scaling or {}) if scaling is None else scaling
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "linear":
-        inv_freq = inv_freq / scaling["factor"]
-    elif kind == "llama3":
-        factor = scaling["factor"]
-        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-        old_ctx = scaling.get("original_max_position_embeddings", 8192)
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
-        inv_freq = torch.where(medium, smoothed, scaled)
-    elif kind != "default":
-        raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, linear, llama3")
-    return inv_freq.float()
+    given theta and scaling: gemma3's local layers): rope.py's."""
+    return torch.from_numpy(rope.inv_freq(args, theta, scaling))
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):

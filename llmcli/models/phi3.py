@@ -11,59 +11,20 @@ What differs from llama.py, and nothing else:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from ..errors import CorruptModelError
-from . import llama
+from . import llama, rope
+from .args import Phi3Args as ModelArgs  # noqa: F401 (re-exported)
 from .linear import Linear
 from .llama import rope_cos_sin
-
-
-@dataclass
-class ModelArgs(llama.ModelArgs):
-    model_type: str = "phi3"
-    original_max_position_embeddings: int | None = None
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> "ModelArgs":
-        args = super().from_hf_config(config)
-        # transformers 4.x: `rope_scaling` ("longrope", or its old names "su"/"yarn") and top-level keys
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        if rope.get("long_factor") is not None:
-            args.rope_scaling = {**rope, "rope_type": "longrope"}
-        args.partial_rotary_factor = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        args.original_max_position_embeddings = (rope.get("original_max_position_embeddings")
-                                                 or config.get("original_max_position_embeddings"))
-        return args
-
-    @property
-    def longrope(self) -> bool:
-        return (self.rope_scaling or {}).get("rope_type") == "longrope"
-
-    def attention_factor(self) -> float:
-        """The cos/sin scale LongRoPE applies (1 without it)."""
-        if not self.longrope:
-            return 1.0
-        if self.rope_scaling.get("attention_factor") is not None:
-            return float(self.rope_scaling["attention_factor"])
-        orig = self.original_max_position_embeddings or self.max_position_embeddings
-        factor = self.rope_scaling.get("factor") or self.max_position_embeddings / orig
-        return math.sqrt(1 + math.log(factor) / math.log(orig)) if factor > 1 else 1.0
 
 
 def rope_inv_freq(args: ModelArgs, long: bool = False) -> torch.Tensor:
     """(rotary_dim/2,) float32: LongRoPE's short (or long) set, else whatever llama.py computes."""
     if not args.longrope:
         return llama.rope_inv_freq(args)
-    dim = args.rotary_dim
-    factors = torch.tensor(args.rope_scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
-    if factors.numel() != dim // 2:
-        raise CorruptModelError(f"LongRoPE has {factors.numel()} factors for {dim // 2} frequencies; the config is broken")
-    return (1.0 / (factors * args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))).float()
+    return torch.from_numpy(rope.longrope_inv_freq(args, long))
 
 
 class Transformer(llama.Transformer):

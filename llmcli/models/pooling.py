@@ -10,9 +10,10 @@ unit length, as sentence-transformers' Pooling and Normalize modules and llama.c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("mean", "cls", "last", "max")
 
@@ -33,6 +34,9 @@ class Pooling:
 
 def pool(hidden: torch.Tensor, lengths: torch.Tensor, pooling: Pooling) -> torch.Tensor:
     """hidden (B, T, H) of right-padded texts, lengths (B,) of their real tokens -> (B, H) float32."""
+    import torch
+    import torch.nn.functional as F
+
     h = hidden.float()
     B, T, _ = h.shape
     valid = torch.arange(T, device=h.device)[None, :] < lengths[:, None]  # (B, T)

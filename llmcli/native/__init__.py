@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import os
 import warnings
-
-import torch
+from typing import TYPE_CHECKING
 
 from .. import notices
 from ..errors import LlmcliWarning
 from . import cpu
+
+if TYPE_CHECKING:
+    import torch
 
 _module = None  # the active variant's library.Kernels; False: none (no compiler, or LLMCLI_NO_KERNEL)
 _loaded = {}  # variant -> Kernels, or the build.BuildError that kept it from loading
@@ -105,17 +107,24 @@ def _select():
         except BuildError as e:
             errors.append(e)
             continue
-        from . import ops
-
-        ops.register(lambda: _module)
         return k
     warnings.warn(LlmcliWarning(f"{errors[-1]}; the GGUF kernels take the slower torch path"), stacklevel=3)
     return False
 
 
+def register_ops() -> None:
+    """The kernels as torch operators (ops.py), for a graph torch.compile traces: called before compiling."""
+    if available():
+        from . import ops
+
+        ops.register(lambda: _module)
+
+
 def mm(x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int, refined: bool = False) -> torch.Tensor:
     """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32; `refined`: int8x2
     activations into the integer dot products (each row's int8 codes and its residual's), else int8."""
+    import torch
+
     if torch.compiler.is_compiling():
         return torch.ops.llmcli_native.mm(x, blocks, type_id, K, refined)
     return _module.mm(x, blocks, type_id, K, refined)
@@ -123,6 +132,8 @@ def mm(x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int, refined: boo
 
 def dequantize(blocks: torch.Tensor, type_id: int, K: int, dtype: torch.dtype) -> torch.Tensor:
     """(n, row bytes) -> (n, K) in `dtype`."""
+    import torch
+
     if torch.compiler.is_compiling():
         return torch.ops.llmcli_native.dequantize(blocks, type_id, K).to(dtype)
     return _module.dequantize(blocks, type_id, K).to(dtype)
@@ -132,6 +143,8 @@ def top_k(x: torch.Tensor, k: int):
     """(values, indices) of the k largest of x (n,), largest first, as torch.topk; through the kernel
     for a float32 CPU vector: one pass of vector compares, many times faster than torch.topk on a
     vocabulary (docs/performance.md)."""
+    import torch
+
     if x.dim() == 1 and x.dtype == torch.float32 and x.is_cpu and 1 <= k <= x.numel() and available() \
             and not torch.compiler.is_compiling():
         return _module.top_k(x, k)
@@ -141,6 +154,8 @@ def top_k(x: torch.Tensor, k: int):
 def attend_one(q, k, v, mask, scale: float) -> torch.Tensor | None:
     """One query per row against a float32 CPU cache (models/llama.py's attend_one), or None where
     this kernel does not serve: q (B, H, 1, D), k and v (B, KV, S, D), mask bool (B or 1, S) or None."""
+    import torch
+
     if q.device.type != "cpu" or k.dtype != torch.float32 or v.dtype != torch.float32 or not available():
         return None
     if k.stride(-1) != 1 or v.stride(-1) != 1:  # rows of D contiguous, as every cache here keeps them

@@ -65,3 +65,43 @@ def why_not(variant: str) -> str | None:
 def runnable() -> list[str]:
     """The variants this CPU runs, best first (the portable one always, last)."""
     return [v for v in VARIANTS if why_not(v) is None]
+
+
+def available_cpus() -> int:
+    """Logical CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (hyper-threads slow down GEMV-bound decoding)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:  # macOS
+        return max(1, (os.cpu_count() or 2) // 2 if os.uname().machine == "x86_64" else os.cpu_count() or 1)
+    try:
+        cores = set()
+        with open("/proc/cpuinfo") as f:
+            cpu, phys, core = None, None, None
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "processor":
+                    cpu = int(value)
+                elif key == "physical id":
+                    phys = value
+                elif key == "core id":
+                    core = value
+                elif not key and cpu is not None:
+                    if cpu in allowed:
+                        cores.add((phys, core))
+                    cpu, phys, core = None, None, None
+            if cpu is not None and cpu in allowed:
+                cores.add((phys, core))
+        if cores and (None, None) not in cores:
+            return len(cores)
+    except (OSError, ValueError):
+        pass
+    return len(allowed)

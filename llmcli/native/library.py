@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from . import build
-from .checks import ROW_BYTES, check_blocks
+from .checks import ROW_BYTES, array, check_blocks
 from .step import Step, declare
+
+if TYPE_CHECKING:
+    import torch
 
 KEPT = 4  # builds of one variant kept in the cache (other versions' sources)
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -80,13 +84,13 @@ def _fn(lib, name: str, restype, *argtypes):
     return f
 
 
-_WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # llmcli_quantize_weights' dtype codes
+_WEIGHT_DTYPES = {"torch.float32": 0, "torch.bfloat16": 1, "torch.float16": 2}  # llmcli_quantize_weights' dtype codes
 _QUANTIZED_TO = {6: 34, 5: 20, 4: 18}  # Q8_0, Q4_1, Q4_0 (gguf_blocks.TYPE_IDS) -> bytes a block of 32
 
 
 class Kernels:
-    """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on tensors, and the decode
-    step (step())."""
+    """A loaded library: mm, dequantize, attend_one, quantize_rows and top_k on torch tensors (torch is
+    imported by the first of them), interleave on arrays or tensors, and the decode step (step())."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -115,6 +119,8 @@ class Kernels:
         """x (M, K) any float dtype, blocks (N, row bytes) uint8 -> (M, N) float32, with int8 activations
         (int8x2 where `refined`). A decode step calls this ~120 times a token: the checks are the
         cheapest that keep the kernel inside the tensors."""
+        import torch
+
         if x.dtype is not torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         if not blocks.is_contiguous():
@@ -126,7 +132,7 @@ class Kernels:
             check_blocks(blocks, type_id, K)
             raise ValueError(f"x has {k} columns, the weight {K}")
         y = torch.empty(M, N)
-        self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), torch.get_num_threads(), int(refined))
+        self._mm(x.data_ptr(), M, blocks.data_ptr(), N, K, type_id, y.data_ptr(), _threads(), int(refined))
         return y
 
     def grouped_takes(self, type_id: int, N: int) -> bool:
@@ -139,35 +145,43 @@ class Kernels:
         """The bytes interleave makes of N rows (0: this variant's row-group kernels do not take them)."""
         return self._grouped_bytes(type_id, N, K)
 
-    def interleave(self, blocks: torch.Tensor, type_id: int, K: int, order: torch.Tensor | None = None,
-                   threads: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    def interleave(self, blocks, type_id: int, K: int, order=None, threads: int | None = None, out=None):
         """blocks (N, row bytes) uint8 -> their rows interleaved for the row-group kernels, a 1-d uint8
-        tensor the decode step reads (its projection's `grouped`), row n taken from blocks' row
+        array the decode step reads (its projection's `grouped`), row n taken from blocks' row
         order[n] (a permutation of N; None: row n); None where this variant's kernels do not take them.
         `out`: where to write them (interleaved_bytes(type_id, N, K) bytes, e.g. a slice of a larger
-        copy: rows [n0, n1) of a weight, n0 a multiple of group_rows, go at n0 / N of its copy)."""
+        copy: rows [n0, n1) of a weight, n0 a multiple of group_rows, go at n0 / N of its copy).
+        Numpy arrays or CPU torch tensors; the copy is made as a torch tensor where blocks is one."""
         check_blocks(blocks, type_id, K)
         N = blocks.shape[0]
         size = self._grouped_bytes(type_id, N, K)
         if not size:
             return None
         if order is not None:
-            order = order.to(torch.int64).contiguous()
-            if order.shape != (N,) or not torch.equal(torch.sort(order).values, torch.arange(N)):
+            order = np.ascontiguousarray(array(order), dtype=np.int64)
+            if order.shape != (N,) or not np.array_equal(np.sort(order), np.arange(N)):
                 raise ValueError("order is not a permutation of the rows")
         if out is None:
-            out = torch.empty(size, dtype=torch.uint8)
-        elif out.dtype != torch.uint8 or out.shape != (size,) or not out.is_contiguous():
+            if isinstance(blocks, np.ndarray):
+                out = np.empty(size, np.uint8)
+            else:
+                import torch
+
+                out = torch.empty(size, dtype=torch.uint8)
+        dest = array(out)
+        if dest.dtype != np.uint8 or dest.shape != (size,) or not dest.flags.c_contiguous:
             raise ValueError(f"out must be {size} contiguous bytes")
-        blocks = blocks.contiguous()
-        self._interleave(type_id, blocks.data_ptr(), N, K, None if order is None else order.data_ptr(), out.data_ptr(),
-                         threads or torch.get_num_threads())
+        src = np.ascontiguousarray(array(blocks))
+        self._interleave(type_id, src.ctypes.data, N, K, None if order is None else order.ctypes.data, dest.ctypes.data,
+                         threads or _threads())
         return out
 
     def mm_grouped(self, x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int,
                    refined: bool = False) -> torch.Tensor | None:
         """mm through the row-group kernels a decode step takes (on a copy of the blocks interleaved for
         them), or None where this variant has none for this type or row count."""
+        import torch
+
         x = x.to(torch.float32).contiguous()
         blocks = blocks.contiguous()
         check_blocks(blocks, type_id, K)
@@ -175,19 +189,23 @@ class Kernels:
             raise ValueError(f"x has {x.shape[1]} columns, the weight {K}")
         y = torch.empty(x.shape[0], blocks.shape[0])
         rc = self._mm_grouped(x.data_ptr(), x.shape[0], blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(),
-                             torch.get_num_threads(), int(refined))
+                             _threads(), int(refined))
         return None if rc == 2 else y
 
     def dequantize(self, blocks: torch.Tensor, type_id: int, K: int) -> torch.Tensor:
         """(N, row bytes) uint8 -> (N, K) float32."""
+        import torch
+
         blocks = blocks.contiguous()
         check_blocks(blocks, type_id, K)
         y = torch.empty(blocks.shape[0], K)
-        self._dequantize(blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(), torch.get_num_threads())
+        self._dequantize(blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(), _threads())
         return y
 
     def quantize_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (M, K) -> int8 codes (M, K), scales d and scaled sums s (M, K/32): mm's int8 activations."""
+        import torch
+
         x = x.to(torch.float32).contiguous()
         M, K = x.shape
         if K % 32:
@@ -200,18 +218,22 @@ class Kernels:
         """w (N, K) float32, bfloat16 or float16 on the CPU -> (N, row bytes) uint8 blocks of Q8_0,
         Q4_1 or Q4_0 with min/max scales (quant/primitives.py's, byte for byte), on torch's threads;
         None where a scale is beyond float16's range."""
-        dtype = _WEIGHT_DTYPES.get(w.dtype)
+        import torch
+
+        dtype = _WEIGHT_DTYPES.get(str(w.dtype))
         N, K = w.shape
         if dtype is None or not w.is_cpu or K % 32 or type_id not in _QUANTIZED_TO:
             raise ValueError("quantize_weights takes float32/bfloat16/float16 CPU rows of a multiple of 32 "
                              "into Q8_0, Q4_1 or Q4_0")
         w = w.contiguous()
         out = torch.empty(N, K // 32 * _QUANTIZED_TO[type_id], dtype=torch.uint8)
-        rc = self._quantize_weights(w.data_ptr(), dtype, N, K, type_id, out.data_ptr(), torch.get_num_threads())
+        rc = self._quantize_weights(w.data_ptr(), dtype, N, K, type_id, out.data_ptr(), _threads())
         return out if rc == 0 else None
 
     def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x (n,) float32 on the CPU -> (values, indices) of its k largest, largest first (torch.topk's)."""
+        import torch
+
         x = x.detach().contiguous()
         if x.dtype != torch.float32 or x.dim() != 1 or not x.is_cpu or not 1 <= k <= x.numel():
             raise ValueError("top_k takes a float32 CPU vector and 1 <= k <= its length")
@@ -219,24 +241,26 @@ class Kernels:
         self._top_k(x.data_ptr(), x.numel(), k, values.data_ptr(), indices.data_ptr())
         return values, indices
 
-    def dot_rows_into(self, blocks: torch.Tensor, type_id: int, K: int, ids: torch.Tensor, x: torch.Tensor,
-                      out: torch.Tensor) -> None:
+    def dot_rows_into(self, blocks, type_id: int, K: int, ids, x, out) -> None:
         """out[ids] = rows ids of the blocks (N, row bytes), dequantized, . x (K,): float64 sums rounded
-        once. out: a float32 CPU vector of N."""
-        blocks = blocks.contiguous()
+        once. out: a float32 CPU vector of N, written in place. numpy arrays or CPU torch tensors."""
         check_blocks(blocks, type_id, K)
-        ids = ids.to(torch.int64).contiguous()
-        x = x.detach().to(torch.float32).contiguous()
-        if x.shape != (K,) or out.dtype != torch.float32 or out.dim() != 1 or out.shape[0] != blocks.shape[0] \
-                or not out.is_contiguous() or not out.is_cpu:
+        blocks = np.ascontiguousarray(array(blocks))
+        ids = np.ascontiguousarray(array(ids), dtype=np.int64).reshape(-1)
+        x = np.ascontiguousarray(array(x), dtype=np.float32)
+        dest = array(out)
+        if x.shape != (K,) or dest.dtype != np.float32 or dest.ndim != 1 or dest.shape[0] != blocks.shape[0] \
+                or not dest.flags.c_contiguous or not dest.flags.writeable:
             raise ValueError("dot_rows_into takes x (K,) and out, a float32 CPU vector of the blocks' rows")
-        if self._dot_rows(blocks.data_ptr(), blocks.shape[0], K, type_id, ids.data_ptr(), ids.numel(), x.data_ptr(),
-                          out.data_ptr()):
+        if self._dot_rows(blocks.ctypes.data, blocks.shape[0], K, type_id, ids.ctypes.data, ids.size, x.ctypes.data,
+                          dest.ctypes.data):
             raise ValueError("a row id outside the blocks")
 
     def attend_one(self, q, k, v, mask, scale: float) -> torch.Tensor:
         """q (B, H, 1, D), k and v (B, KV, S, D) float32 with rows of D contiguous, mask bool (1 or B, S)
         or None -> (B, H, 1, D) float32."""
+        import torch
+
         B, H, _, D = q.shape
         KV, S = k.shape[1], k.shape[2]
         if k.dtype != torch.float32 or v.dtype != torch.float32 or k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -250,7 +274,7 @@ class Kernels:
         vs = (ctypes.c_int64 * 3)(v.stride(0), v.stride(1), v.stride(2))
         rc = self._attend(qf.data_ptr(), B, H, D, k.data_ptr(), ks, v.data_ptr(), vs, KV, S,
                           None if m is None else m.data_ptr(), 0 if m is None else m.shape[0], scale, out.data_ptr(),
-                          torch.get_num_threads())
+                          _threads())
         if rc:
             raise ValueError(f"attend_one: mask of {m.shape[0]} rows for a batch of {B}")
         return out
@@ -259,3 +283,16 @@ class Kernels:
              threads: int, refined: bool = False) -> Step:
         """A new decode step of this library (step.py's Step): add_layer, set_head, then run."""
         return Step(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads, refined)
+
+
+def _threads() -> int:
+    """The threads a call runs on where none are given: torch's (which runtime/device.place() sets)
+    where torch is loaded, else the physical cores."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.get_num_threads()
+    from .cpu import physical_cores
+
+    return physical_cores()

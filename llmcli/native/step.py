@@ -1,14 +1,16 @@
 """Step: src/step.cpp's decode step of a Llama-family model (or Gemma 3) for n tokens at once, through
 ctypes (runtime/native_step.py's NativeStep drives it). The C side keeps pointers into the tensors
-given here (weights, norms, the cache); this object keeps them alive."""
+given here (weights, norms, the cache); this object keeps them alive. It takes numpy arrays (the
+torch-free CPU path) or CPU torch tensors (runtime/native_step.py's; viewed as arrays, never copied)
+and returns numpy arrays."""
 
 from __future__ import annotations
 
 import ctypes
 
-import torch
+import numpy as np
 
-from .checks import check_blocks
+from .checks import array, check_blocks
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -28,7 +30,7 @@ class Layer(ctypes.Structure):  # api.h's LlmcliLayer
 
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # api.h's act
-KV_DTYPES = (torch.float32, torch.float16)  # a cache the step reads and writes
+KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # a cache the step reads and writes
 
 
 def declare(lib) -> None:
@@ -71,12 +73,14 @@ class Step:
             self._lib.llmcli_step_free(self._h)
             self._h = None
 
-    def _floats(self, t: torch.Tensor | None) -> int | None:
-        if t is None or t.numel() == 0:
+    def _floats(self, t) -> int | None:
+        if t is None:
             return None
-        t = t.detach().to(torch.float32).contiguous()
+        t = np.ascontiguousarray(array(t), dtype=np.float32)
+        if t.size == 0:
+            return None
         self._keep.append(t)
-        return t.data_ptr()
+        return t.ctypes.data
 
     def _group(self, specs) -> tuple[ctypes.Array, int, int]:
         """[(blocks, GGUF type id, K, bias or an empty tensor, N)] -> (array of projections, rows, K).
@@ -86,20 +90,21 @@ class Step:
             raise ValueError("a projection group is empty")
         arr = (Projection * len(specs))()
         for p, (blocks, type_id, K, bias, N) in zip(arr, specs):
-            grouped = blocks.dim() == 1
+            blocks, bias = array(blocks), array(bias)
+            grouped = blocks.ndim == 1
             if grouped:
-                if blocks.dtype != torch.uint8 or blocks.numel() != self._lib.llmcli_grouped_bytes(type_id, N, K) \
-                        or not blocks.is_contiguous():
+                if blocks.dtype != np.uint8 or blocks.size != self._lib.llmcli_grouped_bytes(type_id, N, K) \
+                        or not blocks.flags.c_contiguous:
                     raise ValueError("an interleaved copy does not match its projection")
             else:
-                blocks = blocks.contiguous()
+                blocks = np.ascontiguousarray(blocks)
                 check_blocks(blocks, type_id, K)
             if K % 32 or K != specs[0][2] or (not grouped and blocks.shape[0] != N):
                 raise ValueError("a group's projections read inputs of one size, a multiple of 32")
-            if bias.numel() and bias.numel() != N:
+            if bias.size and bias.size != N:
                 raise ValueError("bias does not match the rows")
             self._keep.append(blocks)
-            p.blocks, p.bias, p.type, p.N, p.K, p.grouped = blocks.data_ptr(), self._floats(bias), type_id, N, K, grouped
+            p.blocks, p.bias, p.type, p.N, p.K, p.grouped = blocks.ctypes.data, self._floats(bias), type_id, N, K, grouped
         self._keep.append(arr)
         return ctypes.cast(arr, ctypes.POINTER(Projection)), sum(p.N for p in arr), specs[0][2]
 
@@ -109,7 +114,10 @@ class Step:
         by 1 + w passes 1 + w); q_norm, k_norm, attn_out_norm, mlp_out_norm may be empty or None.
         k_cache, v_cache: (rows, KV, max_len, D) float32, or both float16, with rows of D contiguous."""
         H, KV, D = self.H, self.KV, self.D
-        hidden = in_norm.numel()
+        in_norm, k_cache, v_cache = array(in_norm), array(k_cache), array(v_cache)
+        q_norm, k_norm, post_norm, attn_out_norm, mlp_out_norm = (
+            None if n is None else array(n) for n in (q_norm, k_norm, post_norm, attn_out_norm, mlp_out_norm))
+        hidden = in_norm.size
         groups = [self._group(g) for g in (qkv, o, gate_up, down)]
         (qkv_a, qkv_n, qkv_k), (o_a, o_n, o_k), (gu_a, gu_n, gu_k), (down_a, down_n, down_k) = groups
         if qkv_n != (H + 2 * KV) * D or qkv_k != hidden:
@@ -121,20 +129,20 @@ class Step:
         if self.hidden is not None and (hidden != self.hidden or gu_n // 2 != self.inter):
             raise ValueError("layers differ in shape")
         for c in (k_cache, v_cache):
-            if (c.dtype not in KV_DTYPES or c.dtype != k_cache.dtype or c.dim() != 4 or c.shape[1] != KV
-                    or c.shape[3] != D or c.stride(3) != 1 or c.device.type != "cpu" or c.shape != k_cache.shape):
+            if (c.dtype not in KV_DTYPES or c.dtype != k_cache.dtype or c.ndim != 4 or c.shape[1] != KV
+                    or c.shape[3] != D or c.strides[3] != c.itemsize or c.shape != k_cache.shape):
                 raise ValueError("the KV cache must be float32 or float16 (rows, KV, max_len, D) on the CPU")
         for norm, n in ((q_norm, D), (k_norm, D), (post_norm, hidden), (attn_out_norm, hidden), (mlp_out_norm, hidden)):
-            if norm is not None and norm.numel() not in (0, n):
+            if norm is not None and norm.size not in (0, n):
                 raise ValueError("a norm does not match its vector")
         self.hidden, self.inter = hidden, gu_n // 2
         self._keep += [k_cache, v_cache]
         layer = Layer(self._floats(in_norm), self._floats(post_norm), self._floats(q_norm), self._floats(k_norm),
                       self._floats(attn_out_norm), self._floats(mlp_out_norm),
                       qkv_a, o_a, gu_a, down_a, len(qkv), len(o), len(gate_up), len(down),
-                      k_cache.data_ptr(), v_cache.data_ptr(), (_I64 * 3)(*k_cache.stride()[:3]),
-                      (_I64 * 3)(*v_cache.stride()[:3]), k_cache.shape[0], k_cache.shape[2], window, int(local_rope),
-                      int(k_cache.dtype == torch.float16))
+                      k_cache.ctypes.data, v_cache.ctypes.data, (_I64 * 3)(*_elements(k_cache.strides[:3], k_cache)),
+                      (_I64 * 3)(*_elements(v_cache.strides[:3], v_cache)), k_cache.shape[0], k_cache.shape[2], window,
+                      int(local_rope), int(k_cache.dtype == np.float16))
         self.max_len = layer.max_len if self.max_len is None else min(self.max_len, layer.max_len)
         self.rows = layer.rows if self.rows is None else min(self.rows, layer.rows)
         self.local |= bool(local_rope)
@@ -143,15 +151,14 @@ class Step:
 
     def set_head(self, norm, head) -> None:
         arr, rows, K = self._group(head)
-        if K != norm.numel():
+        if K != array(norm).size:
             raise ValueError("the head does not read the hidden state")
         if self._lib.llmcli_step_set_head(self._h, self._floats(norm), arr, len(head)):
             raise ValueError("an interleaved copy of the head is not where a row group starts")
         self.vocab = rows
 
-    def run(self, x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-            cos_local: torch.Tensor | None = None, sin_local: torch.Tensor | None = None,
-            logits_from: int = 0, top: int = 0) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+    def run(self, x, rows, slots, cos, sin, cos_local=None, sin_local=None, logits_from: int = 0,
+            top: int = 0) -> tuple[np.ndarray, np.ndarray, tuple | None]:
         """x (n, hidden) the tokens' embeddings -> (logits (n - logits_from, vocab) of the tokens from
         `logits_from` on, the final normed hidden states (n, hidden), and with `top` > 0 the (values,
         indices) (n - logits_from, top) of each logit row's `top` largest, largest first, as
@@ -163,6 +170,7 @@ class Step:
             raise ValueError("no layers or no head")
         n = x.shape[0]
         rows, slots = _longs(rows), _longs(slots)
+        x, cos, sin, cos_local, sin_local = (None if t is None else array(t) for t in (x, cos, sin, cos_local, sin_local))
         if x.shape != (n, self.hidden) or rows.shape != (n,) or slots.shape != (n,) or not 0 <= logits_from <= n \
                 or not 0 <= top <= self.vocab:
             raise ValueError("bad step")
@@ -172,39 +180,39 @@ class Step:
         tables = [cos, sin] + ([cos_local, sin_local] if self.local else [])
         if any(t is None or t.shape != (n, self.R) for t in tables):
             raise ValueError("RoPE tables do not match the tokens and the rotary dims")
-        x = x.to(torch.float32).contiguous()
-        tables = [t.to(torch.float32).contiguous() for t in tables] + [None, None]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        tables = [np.ascontiguousarray(t, dtype=np.float32) for t in tables] + [None, None]
         out, ptrs = _outputs(n, logits_from, self.vocab, self.hidden, top)
-        if self._lib.llmcli_step_run(self._h, n, x.data_ptr(), rows.data_ptr(), slots.data_ptr(),
-                                     *(None if t is None else t.data_ptr() for t in tables[:4]), logits_from, *ptrs):
+        if self._lib.llmcli_step_run(self._h, n, x.ctypes.data, rows.ctypes.data, slots.ctypes.data,
+                                     *(None if t is None else t.ctypes.data for t in tables[:4]), logits_from, *ptrs):
             raise ValueError("bad step")
         return out
 
 
-    def set_embedding(self, table: torch.Tensor, type_id: int | None, scale: float = 1.0) -> None:
+    def set_embedding(self, table, type_id: int | None, scale: float = 1.0) -> None:
         """The table run_ids looks token ids up in: GGUF blocks of `type_id` (rows, bytes a row), or
         float32 rows (type_id None), each value times `scale` (after every add_layer)."""
-        if type_id is None and table.dtype != torch.float32:
+        table = np.ascontiguousarray(array(table))
+        if type_id is None and table.dtype != np.float32:
             raise ValueError("an embedding table of floats is float32")
-        table = table.detach().contiguous()
-        if self._lib.llmcli_step_set_embedding(self._h, table.data_ptr(), -1 if type_id is None else type_id,
+        if self._lib.llmcli_step_set_embedding(self._h, table.ctypes.data, -1 if type_id is None else type_id,
                                                table.shape[0], scale):
             raise ValueError("the embedding table does not match the layers")
         self.embedding = table
 
-    def set_rope(self, tables: list[torch.Tensor]) -> None:
+    def set_rope(self, tables: list) -> None:
         """cos, sin (L, R) of positions [0, L) (and the local layers' pair): the RoPE rows run_ids
         takes. Kept alive here until the next set_rope."""
-        tables = [t.to(torch.float32).contiguous() for t in (tables if self.local else tables[:2])]
+        tables = [np.ascontiguousarray(array(t), dtype=np.float32) for t in (tables if self.local else tables[:2])]
         if len({t.shape for t in tables}) != 1 or tables[0].shape[1] != self.R or len(tables) != (4 if self.local else 2):
             raise ValueError("RoPE tables do not match the rotary dims")
-        ptrs = [t.data_ptr() for t in tables] + [None, None]
+        ptrs = [t.ctypes.data for t in tables] + [None, None]
         if self._lib.llmcli_step_set_rope(self._h, *ptrs[:4], tables[0].shape[0]):
             raise ValueError("bad RoPE tables")
         self._rope_tables, self.table_len = tables, tables[0].shape[0]
 
-    def run_ids(self, ids: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                logits_from: int = 0, top: int = 0) -> tuple[torch.Tensor, torch.Tensor, tuple | None] | None:
+    def run_ids(self, ids, rows, slots, positions, logits_from: int = 0,
+                top: int = 0) -> tuple[np.ndarray, np.ndarray, tuple | None] | None:
         """run() for token ids (n,) int64 at RoPE `positions`, their embeddings and RoPE rows taken
         in C++ from set_embedding's and set_rope's tables; None where a position is beyond the tables
         (nothing run). The C side checks the ids, rows and slots."""
@@ -214,8 +222,8 @@ class Step:
             raise ValueError("bad step")
         ids, rows, slots, positions = (_longs(t) for t in (ids, rows, slots, positions))
         out, ptrs = _outputs(n, logits_from, self.vocab, self.hidden, top)
-        rc = self._lib.llmcli_step_run_ids(self._h, n, ids.data_ptr(), rows.data_ptr(), slots.data_ptr(),
-                                           positions.data_ptr(), logits_from, *ptrs)
+        rc = self._lib.llmcli_step_run_ids(self._h, n, ids.ctypes.data, rows.ctypes.data, slots.ctypes.data,
+                                           positions.ctypes.data, logits_from, *ptrs)
         if rc == 2:
             return None
         if rc:
@@ -226,13 +234,18 @@ class Step:
 def _outputs(n: int, logits_from: int, vocab: int, hidden: int, top: int):
     """A step's outputs, (logits, hidden, (top values, top indices) or None), and the pointers the C
     calls take for them: logits, hidden, top, values, indices."""
-    logits, h = torch.empty(n - logits_from, vocab), torch.empty(n, hidden)
-    found = (torch.empty(n - logits_from, top), torch.empty(n - logits_from, top, dtype=torch.int64)) if top else None
-    ptrs = (logits.data_ptr(), h.data_ptr(), top, *((found[0].data_ptr(), found[1].data_ptr()) if found else (None, None)))
+    logits, h = np.empty((n - logits_from, vocab), np.float32), np.empty((n, hidden), np.float32)
+    found = (np.empty((n - logits_from, top), np.float32), np.empty((n - logits_from, top), np.int64)) if top else None
+    ptrs = (logits.ctypes.data, h.ctypes.data, top, *((found[0].ctypes.data, found[1].ctypes.data) if found else (None, None)))
     return (logits, h, found), ptrs
 
 
-def _longs(t) -> torch.Tensor:
-    if isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.dim() == 1 and t.is_contiguous():
-        return t  # (as callers give them: three ops fewer a tensor, each slow right after a step)
-    return torch.as_tensor(t, dtype=torch.int64).reshape(-1).contiguous()
+def _longs(t) -> np.ndarray:
+    if isinstance(t, np.ndarray) and t.dtype == np.int64 and t.ndim == 1 and t.flags.c_contiguous:
+        return t  # (as callers give them)
+    return np.ascontiguousarray(array(t), dtype=np.int64).reshape(-1)
+
+
+def _elements(strides, a: np.ndarray) -> list[int]:
+    """numpy's strides (bytes) as the C side takes them (elements)."""
+    return [s // a.itemsize for s in strides]

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 
 from .. import native
+from ..native.checks import TYPE_IDS  # noqa: F401 (the kernel's switch; re-exported)
+from ..native.interleave import interleave_rows
 from ..formats.gguf import unpermute_rows
 from . import kernels
 from .packed import _dense_tiles
@@ -43,8 +45,6 @@ INT8_DOT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K":
 FLOAT_ROWS = {"F16": (1, 2), "BF16": (1, 2)}  # 16-bit floats, rows of K (float32 activations)
 BLOCKS = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210), **INT8_DOT_BLOCKS, **FLOAT_ROWS}
 INT8_DOT_TYPES = (*INT8_DOT_BLOCKS, "Q6_K", "Q5_0", "Q5_1")  # what the kernel multiplies with int8 activations
-TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6, "Q4_K": 7,
-            "F16": 8, "BF16": 9}  # the kernel's switch
 BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4, "F16": 16, "BF16": 16}
 STEP_TYPES = frozenset(TYPE_IDS)  # the block types the native step (runtime/native_step.py) multiplies
 # llmcli's group-wise formats that are a block type exactly (codes as they are, scales in f16), held as
@@ -123,9 +123,6 @@ def dequantize_blocks(blocks: torch.Tensor, type_name: str, K: int) -> torch.Ten
     return (d * sc[..., None] * q).reshape(n, K)
 
 
-INTERLEAVE_CHUNK = 16 << 20  # bytes of stored rows GGUFBlockWeight.interleave copies (and releases) at a time
-
-
 class GGUFBlockWeight:
     """A (N, K) weight held as its GGUF blocks, rows of `row_bytes` bytes (packed.py's interface).
     `refined`: the kernels multiply it with int8x2 activations (a preset's, quant/held.py's
@@ -165,16 +162,7 @@ class GGUFBlockWeight:
             size = kernels.interleaved_bytes(type_id, N, K)
             self.interleaved, self.interleaved_by = (torch.empty(size, dtype=torch.uint8) if size else None), kernels.variant
             if size:
-                order = None if self._heads is None else unpermute_rows(torch.arange(N), self._heads)
-                R, row_bytes = kernels.group_rows, self._blocks.shape[1]
-                rows = N if order is not None else max(R, INTERLEAVE_CHUNK // row_bytes // R * R)
-                group = size // (N // R)  # bytes of a group of R rows
-                for n0 in range(0, N, rows):
-                    part = self._blocks[n0:n0 + rows]
-                    at = self.interleaved[group * (n0 // R):group * ((n0 + part.shape[0]) // R)]
-                    kernels.interleave(part, type_id, K, order, threads, at)
-                    if release is not None:
-                        release(part.data_ptr(), part.numel())
+                interleave_rows(kernels, self._blocks.numpy(), type_id, K, self._heads, threads, release, self.interleaved)
         return self.interleaved is not None
 
     @property

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .. import native
 from ..hub.store import default_home
 
 
@@ -54,6 +55,7 @@ class CompiledStep:
         # wrapper is C++ too (cpp_wrapper): no Python between its ~300 kernels (measured with
         # benchmarks/speed/decode_profile.py: docs/performance.md)
         cpu = next(model.parameters()).device.type == "cpu"
+        native.register_ops()  # the kernels as operators a compiled graph can hold
         self._compiled = torch.compile(partial(model.forward, hidden=True), dynamic=True,
                                        options={"emulate_precision_casts": True, **({"cpp_wrapper": True} if cpu else {})})
         self.ready = threading.Event()

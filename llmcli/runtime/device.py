@@ -1,25 +1,32 @@
 """The one place that picks the device, the compute dtype and the thread count.
 
 Everything below receives a `torch.device` and a `torch.dtype` from here and passes them down; no
-other module asks torch which accelerators exist.
+other module asks torch which accelerators exist. `place_without_torch` decides, without importing
+torch, whether the CPU is the only choice (the torch-free CPU path, runtime/lean.py).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+import importlib.util
+import platform
+import sys
 from dataclasses import dataclass, replace
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import DeviceUnavailableError, InvalidParameterError, LlmcliWarning
 from ..native import cpu
+from ..native.cpu import available_cpus, physical_cores  # noqa: F401 (callers import them from here)
+
+if TYPE_CHECKING:
+    import torch
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-           "f32": torch.float32, "f16": torch.float16}
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp32": "float32", "bf16": "bfloat16",
+           "fp16": "float16", "f32": "float32", "f16": "float16"}  # --dtype's spellings -> torch's names
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class Placement:
 
 
 def _mps_available() -> bool:
+    import torch
+
     mps = getattr(torch.backends, "mps", None)
     return bool(mps and mps.is_available())
 
@@ -60,48 +69,10 @@ def _cpu_has_bf16() -> bool:
     return bool(cpu.flags() & {"avx512_bf16", "amx_bf16"})
 
 
-def available_cpus() -> int:
-    """Logical CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
-def physical_cores() -> int:
-    """Physical cores available to this process (hyper-threads slow down GEMV-bound decoding)."""
-    try:
-        allowed = os.sched_getaffinity(0)
-    except AttributeError:  # macOS
-        return max(1, (os.cpu_count() or 2) // 2 if os.uname().machine == "x86_64" else os.cpu_count() or 1)
-    try:
-        cores = set()
-        with open("/proc/cpuinfo") as f:
-            cpu, phys, core = None, None, None
-            for line in f:
-                key, _, value = line.partition(":")
-                key, value = key.strip(), value.strip()
-                if key == "processor":
-                    cpu = int(value)
-                elif key == "physical id":
-                    phys = value
-                elif key == "core id":
-                    core = value
-                elif not key and cpu is not None:
-                    if cpu in allowed:
-                        cores.add((phys, core))
-                    cpu, phys, core = None, None, None
-            if cpu is not None and cpu in allowed:
-                cores.add((phys, core))
-        if cores and (None, None) not in cores:
-            return len(cores)
-    except (OSError, ValueError):
-        pass
-    return len(allowed)
-
-
 def resolve_device(requested: str = "auto") -> torch.device:
     """cuda > mps > cpu for "auto"; a named device must exist, or the message says what to use."""
+    import torch
+
     requested = (requested or "auto").lower()
     if requested not in DEVICE_CHOICES and not requested.startswith("cuda:"):
         raise InvalidParameterError(f"unknown device {requested!r}; choose one of {', '.join(DEVICE_CHOICES)}")
@@ -130,9 +101,11 @@ def check_dtype_name(requested: str | None) -> str:
 
 
 def resolve_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
+    import torch
+
     requested = check_dtype_name(requested)
     if requested != "auto":
-        dtype = _DTYPES[requested]
+        dtype = getattr(torch, _DTYPES[requested])
         if device.type == "mps" and dtype == torch.bfloat16 and not _mps_bf16_ok():
             raise DeviceUnavailableError("this Mac's MPS backend has no bfloat16; use --dtype float16")
         return dtype
@@ -144,6 +117,8 @@ def resolve_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
 
 
 def _mps_bf16_ok() -> bool:
+    import torch
+
     try:
         torch.zeros(1, dtype=torch.bfloat16, device="mps")
         return True
@@ -153,12 +128,9 @@ def _mps_bf16_ok() -> bool:
 
 def place(device: str = "auto", dtype: str = "auto", threads: int | None = None) -> Placement:
     """Decide once, at the edge, where the model runs; also sets torch's CPU thread count."""
-    if threads is not None and threads < 1:
-        raise InvalidParameterError(f"--threads must be at least 1, got {threads}")
-    if threads is not None and threads > (available := available_cpus()):  # more only oversubscribes
-        warnings.warn(LlmcliWarning(f"--threads {threads} is more than the {available} CPUs available; "
-                                    f"using {available}"), stacklevel=2)
-        threads = available
+    import torch
+
+    threads = _check_threads(threads)
     dev = resolve_device(device)
     dt = resolve_dtype(dev, dtype)
     n = threads or physical_cores()
@@ -171,9 +143,71 @@ def place(device: str = "auto", dtype: str = "auto", threads: int | None = None)
     return Placement(dev, dt, n, reason, dtype_asked=dtype not in (None, "auto"))
 
 
+def _check_threads(threads: int | None) -> int | None:
+    """--threads as given, at most the CPUs this process may use (more only oversubscribes)."""
+    if threads is not None and threads < 1:
+        raise InvalidParameterError(f"--threads must be at least 1, got {threads}")
+    if threads is not None and threads > (available := available_cpus()):
+        warnings.warn(LlmcliWarning(f"--threads {threads} is more than the {available} CPUs available; "
+                                    f"using {available}"), stacklevel=3)
+        threads = available
+    return threads
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels, so that host timings measure the work (no-op on CPU)."""
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    """The CPU as the torch-free path names its device: what code reads of a torch.device (`type`, str)."""
+
+    type: str = "cpu"
+
+    def __str__(self) -> str:
+        return "cpu"
+
+
+def place_without_torch(device: str = "auto", dtype: str = "auto", threads: int | None = None) -> Placement | None:
+    """The placement of the torch-free CPU path (numpy float32; HostCPU), or None where the choice needs
+    torch: a GPU asked for, or possibly there under `auto` (a CUDA or ROCm build of torch with a GPU
+    device node, or an Apple GPU), or a dtype other than float32."""
+    device, dtype = (device or "auto").lower(), check_dtype_name(dtype)
+    if device not in ("auto", "cpu") or (device == "auto" and accelerator_possible()) \
+            or _DTYPES.get(dtype, "float32") != "float32":
+        return None
+    threads = _check_threads(threads)
+    import numpy as np
+
+    n = threads or physical_cores()
+    how = "asked for" if device == "cpu" else "auto: no GPU found"
+    dt_how = "asked for" if dtype != "auto" else (  # (place()'s words, then native_placement's)
+        "the native one-call step runs in float32" if _cpu_has_bf16() else "default for the device")
+    return Placement(HostCPU(), np.dtype(np.float32), n,
+                     f"device cpu ({how}), dtype float32 ({dt_how}), {n} threads; torch not loaded",
+                     dtype_asked=dtype != "auto")
+
+
+def accelerator_possible() -> bool:
+    """Whether `--device auto` might find a GPU, asked without importing torch: an Apple Silicon Mac
+    (MPS), or a torch built for CUDA or ROCm (its version.py says) on a machine with a GPU device node.
+    A false yes costs only the torch import; a false no is impossible where torch has no GPU build."""
+    if sys.platform == "darwin":
+        return platform.machine() == "arm64"
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    try:
+        version = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return True
+    built_for_gpu = any(f"{kind}: Optional[str] = None" not in version and f"{kind} = None" not in version
+                        for kind in ("cuda", "hip"))
+    return built_for_gpu and (any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
+                              or bool(os.environ.get("CUDA_VISIBLE_DEVICES")))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -11,34 +10,12 @@ import torch
 from .. import models
 from ..formats.info import runs_as
 from ..formats.open import ModelFile, open_model_file
-from ..formats.tokenizer import Tokenizer
-from ..models.llama import ModelArgs  # the base of every family's ModelArgs
 from ..quant import QUANTIZING, float_rows, pipeline
 from ..quant.gguf_import import as_stored_preset
 from ..quant.held import activations_of, describe, hold_activations, model_formats
 from .device import Placement
+from .loaded import LoadedModel  # noqa: F401 (re-exported)
 from .native_step import NativeStep
-
-
-@dataclass
-class LoadedModel:
-    model: torch.nn.Module
-    tokenizer: Tokenizer
-    args: ModelArgs
-    chat_template: str | None
-    path: Path
-    format: str  # "gguf" | "safetensors"
-    weights_bytes: int  # size of the weights on disk
-    weights_type: str  # e.g. "Q4_1", "bfloat16 as BF16 rows", "q4 (llmcli) as Q4_1, Q8_0", "q4 (from bfloat16) as Q4_1"
-    placement: Placement
-    load_seconds: float
-    metadata: dict = field(default_factory=dict)  # e.g. general.name, license
-    runs_as: str = ""  # in words: "GGUF Q4_1", "bfloat16 safetensors quantized to q4 at load, held as Q4_1, Q8_0"
-    interleaved: tuple[int, float] = (0, 0.0)  # bytes of weights copied for the native step at load, seconds (NativeStep.prepare)
-
-    @property
-    def name(self) -> str:
-        return self.metadata.get("name") or self.path.name
 
 
 def load_model(source: ModelFile | str | Path, placement: Placement, preset=None, progress=None) -> LoadedModel:

@@ -30,8 +30,7 @@ import torch.nn.functional as F
 
 from .. import native
 from ..cache.static import StaticKVCache
-from ..models import gemma3, llama, phi3
-from ..native.step import KV_DTYPES
+from ..models import gemma3, llama, phi3, rope
 from ..quant import float_rows
 from ..quant.gguf_blocks import STEP_TYPES, TYPE_IDS, GGUFBlockWeight
 from ..quant.held import model_formats, step_multiplies
@@ -39,6 +38,7 @@ from ..quant.held import model_formats, step_multiplies
 # the families it runs (GGUF's gemma3 is gemma3_text)
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
+KV_DTYPES = (torch.float32, torch.float16)  # a cache the C++ step reads and writes
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
 # Each model's RoPE tables (_cover's), with the inverse frequencies they were made from: a step made
 # for a new cache (a session's first, after the warm-up at load) takes them instead of making them
@@ -215,7 +215,8 @@ class NativeStep:
         if out is None:
             x = self.model.embed(ids.view(1, -1)).reshape(ids.shape[0], -1)
             out = self._native.run(x, rows, at, *self._rope(positions, cache), logits_from=first, top=top)
-        logits, h, self.last_top = out
+        logits, h, found = torch.from_numpy(out[0]), torch.from_numpy(out[1]), out[2]
+        self.last_top = None if found is None else (torch.from_numpy(found[0]), torch.from_numpy(found[1]))
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits, h
@@ -259,11 +260,13 @@ class NativeStep:
         return True
 
     def _cos_sin(self, positions: torch.Tensor, cache) -> list[torch.Tensor]:
-        if not self._gemma:
-            return list(self.model.rope(positions, cache, torch.float32))
-        m = self.model
-        return [*llama.rope_cos_sin(m.inv_freq, positions, torch.float32),
-                *llama.rope_cos_sin(m.inv_freq_local, positions, torch.float32)]
+        """cos, sin (n, rotary_dim) float32 of the positions (and Gemma's local layers' pair), from
+        models/rope.py as the torch-free path makes them (its tables and these are the same numbers)."""
+        m, at = self.model, positions.numpy()
+        pairs = [rope.cos_sin(m.inv_freq_for(cache.max_len).numpy(), at, getattr(m, "attention_factor", 1.0))]
+        if self._gemma:
+            pairs.append(rope.cos_sin(m.inv_freq_local.numpy(), at))
+        return [torch.from_numpy(t) for pair in pairs for t in pair]
 
     def _build(self, cache: StaticKVCache):
         args = self.model.args

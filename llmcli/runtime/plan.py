@@ -17,12 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from ..cache import KV_BITS, KV_DTYPES, new_cache
-from ..cache.quantized import GROUP, channel_group
+from ..cache import GROUP, KV_BITS, KV_ITEMSIZE, channel_group
 from ..errors import InvalidParameterError, LlmcliError
-from .probe import Budget
+from .budget import Budget
 
 PREFILL_CHUNK = 512  # decode/prefill.py's PREFILL_CHUNK (not imported: the planner stays light)
 MIN_CONTEXT = 256  # a smaller context than this is not offered in place of the one asked for
@@ -46,7 +43,7 @@ class CacheChoice:
     kv_type: str | None = None  # None: the compute dtype
     device_layers: int | None = None  # None: every layer on the device; else the rest offloaded
 
-    def describe(self, args, dtype: torch.dtype, device: str) -> str:
+    def describe(self, args, dtype: object, device: str) -> str:
         kind = self.kv_type or _dtype_name(dtype)
         if self.device_layers is None:
             return f"{kind}, all {args.num_hidden_layers} layers on {device}"
@@ -56,7 +53,8 @@ class CacheChoice:
 # ------------------------------------------------------------------------------------ sizes
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def _dtype_name(dtype) -> str:
+    """A torch or numpy dtype's name: float32, bfloat16, ... (the planner takes either)."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -64,7 +62,7 @@ def _layers(a: int, b: int) -> str:
     return f"layer {a}" if b == a + 1 else f"layers {a}-{b - 1}"
 
 
-def kv_parts(args, ctx: int, dtype: torch.dtype, choice: CacheChoice, device: str, batch: int = 1) -> list[Part]:
+def kv_parts(args, ctx: int, dtype: object, choice: CacheChoice, device: str, batch: int = 1) -> list[Part]:
     """The tensors a cache of `choice` allocates for `ctx` tokens (cache.new_cache), by part."""
     L, H, D = args.num_hidden_layers, args.num_key_value_heads, args.head_dim
     per_token = batch * H * D  # values of K (or V) per token per layer
@@ -79,7 +77,7 @@ def kv_parts(args, ctx: int, dtype: torch.dtype, choice: CacheChoice, device: st
         return [Part(f"KV cache {choice.kv_type}, {L} layers (scales and last group included)",
                      L * (codes + (scales + tails) * c), device),
                 Part("KV attention buffer (one layer dequantized)", 2 * per_token * ctx * c, device)]
-    s = KV_DTYPES.get(choice.kv_type, dtype).itemsize
+    s = KV_ITEMSIZE.get(choice.kv_type, dtype.itemsize)
     layer = 2 * per_token * ctx * s
     kind = choice.kv_type or _dtype_name(dtype)
     n = L if choice.device_layers is None else choice.device_layers
@@ -92,7 +90,7 @@ def kv_parts(args, ctx: int, dtype: torch.dtype, choice: CacheChoice, device: st
     return parts
 
 
-def activation_bytes(args, ctx: int, dtype: torch.dtype, rows: int = 1) -> int:
+def activation_bytes(args, ctx: int, dtype: object, rows: int = 1) -> int:
     """The largest intermediates (an estimate) of one prefill chunk (hidden states, q/k/v, MLP,
     mask, logits) or of one decode step of `rows` sequences (the same per row, each row's attention
     scores over the context, and its logits with their float32 log-softmax, as beam search takes)."""
@@ -127,7 +125,7 @@ def margin_bytes(budget: Budget) -> int:
 @dataclass
 class Plan:
     args: object  # ModelArgs
-    dtype: torch.dtype
+    dtype: object  # the compute dtype: torch's, or numpy's on the torch-free path
     budget: Budget
     ctx: int
     requested: int
@@ -181,7 +179,9 @@ class Plan:
             f"{what} needs {human(need(rows, tokens))} for {rows} rows of {tokens} tokens, but {human(left)} is left "
             f"on {self.budget.device} beside the model{_from(self.budget)}; {', or '.join(fits)}")
 
-    def new_cache(self, device: torch.device, max_len: int | None = None, rows: int = 1):
+    def new_cache(self, device, max_len: int | None = None, rows: int = 1):
+        from ..cache import new_cache
+
         return new_cache(self.args, max_len or self.ctx, device, self.dtype, self.choice.kv_type,
                          self.choice.device_layers, batch=rows)
 
@@ -251,7 +251,7 @@ def _choices(args, budget: Budget, kv_type: str | None, kv_offload: str, rows: i
     decode from one static cache (decode/batched.py): float kinds on the device only. `float_kv`:
     the float kind `--kv-type auto` stores (None: the compute dtype; "f16" where the native CPU step
     decodes)."""
-    floats, auto = kv_type is None or kv_type in KV_DTYPES, kv_type is None
+    floats, auto = kv_type is None or kv_type in KV_ITEMSIZE, kv_type is None
     kv_type = kv_type or float_kv
     if rows > 1:
         if not floats or kv_offload == "on":
@@ -287,7 +287,7 @@ def _largest_context(args, weights, label, dtype, choice, budget, upto: int, row
     return lo
 
 
-def plan(args, weights: int, weights_label: str, budget: Budget, dtype: torch.dtype, ctx: int, *,
+def plan(args, weights: int, weights_label: str, budget: Budget, dtype: object, ctx: int, *,
          ctx_source: str = "the model's trained context", ctx_given: bool = False, kv_type: str | None = None,
          kv_offload: str = "auto", rows: int = 1, float_kv: str | None = None) -> Plan:
     """The first cache choice that keeps `ctx` (for each of `rows` sequences) in `budget`, or (when

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from ..decode.constrained import from_grammar, from_json_schema
 from ..decode.request import Request, RequestError
-from ..decode.sampling import MAX_SEED, SamplingParams
+from ..decode.sampling_plain import MAX_SEED, SamplingParams
 from ..errors import GrammarError, InvalidParameterError
 from ..formats.tools import parse_tools
 

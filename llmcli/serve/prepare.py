@@ -14,7 +14,7 @@ tokenizer happens once per server, on first use (Runtime.compiler: the slow part
 from __future__ import annotations
 
 from ..decode.batched import Sequence
-from ..decode.sampling import MAX_SEED
+from ..decode.sampling_plain import MAX_SEED
 from ..errors import GrammarError
 from ..formats.tools import ToolsUnsupportedError
 from . import openai_api as api

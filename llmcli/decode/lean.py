@@ -1,0 +1,92 @@
+"""generate() for the torch-free CPU path: the same prompt reuse, prefill, picks and text as
+generate.py's token_stream and Picker, on numpy logits from runtime/lean_step.py's model.
+
+    for chunk in generate_lean(model, tokenizer, prompt_ids, request, cache): ...
+
+It takes the plain requests (sampling, max_tokens, stop strings, end tokens); a grammar, tools,
+logprobs, beams, guesses or a context shift need the torch path (`takes()` says which).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import numpy as np
+
+from ..cache import reuse_prefix
+from ..formats.tokenizer import Tokenizer
+from .request import Request
+from .sampling_plain import MOST_TOP, RESCORED, SamplingParams, make_rng, near_tie, penalizes, sample_array
+from .stream import Generation, Stats, limit_reason, output_limit, text_stream
+
+MAX_TOKENS = 512  # tokens of a prompt one call of the step takes (lean_step.MAX_TOKENS)
+
+
+def takes(request: Request) -> bool:
+    """Whether this path generates what `request` asks (else the torch path does)."""
+    return (request.grammar is None and not request.tools and request.logprobs is None and request.beams == 1
+            and request.guesses is None and not request.context_shift)
+
+
+def wanted_top(params: SamplingParams) -> int:
+    """The k largest logits the step finds for a pick (Picker.wants_top's): 0 where it looks at all."""
+    if penalizes(params):
+        return 0
+    if params.greedy:
+        return RESCORED
+    return params.top_k if 0 < params.top_k <= MOST_TOP else 0
+
+
+def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int, stats: Stats) -> Iterator[int]:
+    """Up to `max_new` token ids after `prompt`, reusing what the cache holds of it."""
+    rng, stats.seed = make_rng(params.seed)
+    t0 = time.perf_counter()
+    reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
+    rest, top = prompt[reuse:], wanted_top(params)
+    for i in range(0, len(rest), MAX_TOKENS):
+        logits, h, found = model(rest[i:i + MAX_TOKENS], cache, last_only=True, top=top)
+    cache.token_ids.extend(rest)
+    history = list(prompt)
+    for i in range(max_new):
+        token = _pick(model, logits[0], h[0], found, params, history, rng)
+        history.append(token)
+        now = time.perf_counter()
+        if stats.completion_tokens == 0:
+            stats.ttft_s = stats.prefill_s = now - t0
+        else:
+            stats.decode_s = now - t0 - stats.prefill_s
+        stats.completion_tokens += 1
+        yield token
+        if i + 1 < max_new:
+            logits, h, found = model([token], cache, top=top)
+            cache.token_ids.append(token)
+
+
+def _pick(model, logits: np.ndarray, h: np.ndarray, found, params: SamplingParams, history: list[int], rng) -> int:
+    """Picker.pick's choice: near-tied greedy candidates rescored exactly first (picker.rescore_near_ties)."""
+    top = None if found is None else (found[0][0].tolist(), found[1][0].tolist())
+    if params.greedy:
+        k = min(RESCORED, logits.shape[-1])
+        if top is None or len(top[1]) < k:
+            ids = np.argpartition(-logits, k - 1)[:k]
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+            top = (logits[ids].tolist(), ids.tolist())
+        if len(top[1]) < 2 or near_tie(top[0][0], top[0][1]):
+            model.rescore(logits, h, top[1][:k])
+            top = None
+    return sample_array(logits, history, params, rng, top)
+
+
+def generate_lean(model, tokenizer: Tokenizer, prompt: list[int], request: Request, cache) -> Generation:
+    """generate.generate's chunks for a request this path takes."""
+    if not prompt:
+        raise ValueError("empty prompt")
+    if not takes(request):
+        raise ValueError("this request needs the torch path")
+    limit = output_limit(len(prompt), cache.max_len, request.max_tokens)
+    stats = Stats(prompt_tokens=len(prompt))
+    tokens = token_stream(model, prompt, cache, request.sampling, limit, stats)
+    chunks = text_stream(tokens, tokenizer, tuple(s for s in request.stop if s), prompt, stats,
+                         limit_reason(limit, request.max_tokens), request.ignore_eos)
+    return Generation(chunks, None, None)

@@ -1,0 +1,121 @@
+"""The half of generation that needs no tensors: token ids -> text chunks (end-of-sequence ids, stop
+strings, whole characters), the output limit and which limit ended a sequence, the timing stats, and
+the Generation a caller iterates. generate.py (torch) and lean.py (numpy) both end in text_stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from ..errors import PromptTooLongError
+from ..formats.tokenizer import StreamDecoder, Tokenizer
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV were already in the cache (not prefilled again)
+    ttft_s: float = 0.0  # from the call to the first sampled token
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    seed: int = -1
+    extra: dict = field(default_factory=dict)  # what a decoding strategy adds (beams, draft acceptance)
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefilled_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        # the first token comes out of prefill; the rest are decode steps
+        steps = max(0, self.completion_tokens - 1)
+        return steps / self.decode_s if self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens, "ttft_s": round(self.ttft_s, 4),
+                "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
+                "prefill_tokens_per_s": round(self.prefill_tps, 2), "decode_tokens_per_s": round(self.decode_tps, 2),
+                "seed": self.seed, **self.extra}
+
+
+@dataclass
+class Chunk:
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
+    stats: Stats | None = None
+    stopped_by: str | None = None  # with finish_reason "length": "max_tokens" or "context"
+
+
+def _partial_stop(text: str, stops: Iterable[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, ...], context: list[int],
+                stats: Stats, stopped_by: str | None = None, ignore_eos: bool = False) -> Iterator[Chunk]:
+    """Token ids -> text chunks; ends on an end-of-sequence id (unless `ignore_eos`), a stop string,
+    or the token limit (`stopped_by` names it on the last chunk: limit_reason())."""
+    decoder = StreamDecoder(tokenizer, context)
+    pending = ""  # decoded text held back because it might be the start of a stop string
+    for token in tokens:
+        if token in tokenizer.eos_ids and not ignore_eos:
+            tokens.close()
+            yield Chunk(pending, [token], "stop", stats)
+            return
+        pending += decoder.push(token)
+        hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
+        if hits:
+            tokens.close()
+            yield Chunk(pending[: min(hits)], [token], "stop", stats)
+            return
+        keep = _partial_stop(pending, stops)
+        out, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")
+        yield Chunk(out, [token])
+    yield Chunk(pending + decoder.flush(), [], "length", stats, stopped_by)
+
+
+def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> int:
+    """min(context - prompt, max_tokens); a prompt that leaves no room is an error, never a truncation."""
+    room = ctx_size - prompt_tokens
+    if room < 1:
+        raise PromptTooLongError(
+            f"the prompt is {prompt_tokens} tokens but the context holds {ctx_size}; "
+            "shorten the prompt or raise --ctx-size")
+    return room if max_tokens is None else min(room, max_tokens)
+
+
+def limit_reason(limit: int, max_tokens: int | None) -> str:
+    """Which limit a sequence allowed `limit` (output_limit()) new tokens stops at: "max_tokens"
+    when it is -n (the context had room for all of them), else "context"."""
+    return "max_tokens" if max_tokens is not None and limit == max_tokens else "context"
+
+
+class Generation:
+    """The chunks of one completion (iterate; close() stops between two tokens), and what rode along:
+    `constraint` (None without a grammar) and `logprobs` (None unless the request asks)."""
+
+    def __init__(self, chunks: Iterator[Chunk], constraint, logprobs):  # logprobs: picker.Logprobs or None
+        self._chunks, self.constraint, self.logprobs = chunks, constraint, logprobs
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> Chunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()

@@ -1,0 +1,145 @@
+"""The torch-free CPU path (DESIGN.md, "torch where it computes"): a GGUF model that the native step
+decodes on the CPU, opened, planned, loaded and run with numpy around the C++ step, so that a start
+does not pay for `import torch`.
+
+    rt = open_lean(ModelFlags("smollm2"), request)   a LeanRuntime, or None: the torch path's
+                                                     open_model() then serves the command
+
+open_lean says None, before anything is loaded, for whatever needs torch: a GPU (asked for, or
+possibly there), --quant or a registry quant, a folder, an encoder, a family or block type the step
+does not run, a KV cache the planner would quantize or offload, and requests the lean generator does
+not take (a grammar, tools, logprobs, beams, guesses, a context shift: decode/lean.py's takes()).
+LeanRuntime answers what `run` and `chat` ask of a runtime.py Runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .. import heap, native
+from ..decode.lean import generate_lean, takes
+from ..decode.request import Request
+from ..formats import chat_template
+from ..formats.info import runs_as
+from ..formats.open import open_model_file
+from ..formats.prompt import conversation_ids
+from ..hub import fetch
+from .budget import detect_budget
+from .device import place_without_torch
+from .flags import ModelFlags, context_choice
+from .lean_step import ACTIVATIONS, TABLE_POSITIONS, LeanModel
+from .loaded import LoadedModel
+from .plan import Plan, plan
+
+TORCH_PATH_ENV = "LLMCLI_TORCH_PATH"  # set (to 1): every command takes the torch path (comparisons, bug reports)
+
+
+class LeanRuntime:
+    """Runtime's face for `run` and `chat`: prompt_ids, new_cache, decode_step, describe_step, generate."""
+
+    native_decodes = True
+    generates = True
+    registry_quant = None
+
+    def __init__(self, loaded: LoadedModel, ctx_size: int, memory: Plan):
+        self.loaded, self.ctx_size, self.plan = loaded, ctx_size, memory
+        self.kv_type = "f16"
+        self._cache = None  # the first cache, made (and warmed up on) at load
+
+    @property
+    def placement(self):
+        return self.loaded.placement
+
+    @property
+    def model(self) -> LeanModel:
+        return self.loaded.model
+
+    def new_cache(self, max_len: int | None = None, rows: int = 1):
+        if self._cache is not None and max_len in (None, self.ctx_size) and rows == 1:
+            cache, self._cache = self._cache, None
+            return cache
+        return self.model.new_cache(max_len or self.ctx_size, rows)
+
+    def decode_step(self, compile: bool = False, background: bool = False):
+        return self.model
+
+    def describe_step(self, step) -> str:
+        return f"native (one C++ call a step, {native.describe()} kernels, f16 KV cache)"  # (Runtime's words)
+
+    def prompt_ids(self, messages: list[dict], raw: bool = False, tools=None) -> list[int]:
+        """Runtime.prompt_ids for messages without tools."""
+        if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            raise ValueError("tools need the torch path's runtime")
+        tok = self.loaded.tokenizer
+        if raw:
+            return tok.encode(chat_template.plain_prompt(messages))
+        return conversation_ids(tok, self.loaded.chat_template, messages)
+
+    def grammar(self, request: Request):
+        return request.grammar
+
+    def call_reader(self, request: Request):
+        return None
+
+    def context_shift(self, messages, raw: bool = False):
+        return None
+
+    def generate(self, prompt: list[int], request: Request, cache, step=None, *, shift=None, draft=None):
+        if shift is not None or draft is not None:
+            raise ValueError("a context shift or a draft model needs the torch path")
+        return generate_lean(self.model, self.loaded.tokenizer, prompt, request, cache)
+
+
+def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) -> LeanRuntime | None:
+    """The model `flags` name on the torch-free path, or None where it needs torch (module docstring)."""
+    if os.environ.get(TORCH_PATH_ENV) or (request is not None and not takes(request)):
+        return None
+    if flags.quant is not None or flags.rows != 1 or flags.kv_type not in (None, "auto", "f16") \
+            or flags.kv_offload == "on":
+        return None
+    placement = place_without_torch(flags.device, flags.dtype, flags.threads)
+    kernels = native.module() if placement is not None else None
+    if kernels is None or not kernels.group_rows:
+        return None
+    found = fetch.locate(flags.model, registry_file=flags.registry, offline=flags.offline, progress=progress)
+    entry = found.entry
+    if entry is not None and entry.quant:  # the name means a build quantized at load
+        return None
+    t0 = time.perf_counter()
+    model_file = open_model_file(found.path)
+    if not model_file.is_gguf or model_file.is_encoder or model_file.args.model_type not in ACTIVATIONS:
+        return None
+    args = model_file.args
+    ctx, source = context_choice(flags.ctx_size, args.max_position_embeddings, entry, flags.ctx_cap)
+    if ctx > TABLE_POSITIONS:
+        return None
+    weights = sum(int(t.n_bytes) for t in model_file.reader.tensors)
+    label = "/".join(sorted(model_file.block_types())) + " as stored"
+    memory = plan(args, weights, label, detect_budget("cpu"), np.dtype(np.float32), ctx, ctx_source=source,
+                  ctx_given=flags.ctx_size is not None, kv_type=None if flags.kv_type == "auto" else flags.kv_type,
+                  kv_offload=flags.kv_offload, rows=1, float_kv="f16")
+    if memory.choice.kv_type != "f16" or memory.choice.device_layers is not None:
+        return None  # the planner quantizes or offloads the cache: the torch path's caches
+    model = LeanModel.open(model_file, placement.threads, kernels, model_file.release_pages)
+    if model is None:
+        return None
+    tokenizer, template = model_file.tokenizer, model_file.chat_template
+    if entry is not None:  # the registry's overrides
+        template = entry.chat_template or template
+        if entry.stop_tokens:
+            tokenizer = tokenizer.with_extra_eos(entry.stop_tokens)
+    stored = model_file.weights_type
+    metadata = {"name": model_file.metadata.get("general.name"), "license": model_file.license,
+                "architecture": model_file.architecture}
+    loaded = LoadedModel(model, tokenizer, args, flags.chat_template or template, model_file.path, model_file.format,
+                         model_file.nbytes, stored, placement, 0.0, metadata, runs_as(model_file.format, stored))
+    loaded.interleaved = model.interleaved
+    rt = LeanRuntime(loaded, ctx, memory)
+    rt._cache = model.new_cache(ctx)
+    model.warm_up(rt._cache)
+    loaded.load_seconds = time.perf_counter() - t0
+    heap.trim()
+    return rt

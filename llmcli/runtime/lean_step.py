@@ -1,0 +1,247 @@
+"""The torch-free CPU path's model: a GGUF file's Llama-family or Gemma 3 model as the native decode
+step (native/step.py), built straight from the file's blocks with numpy, never a torch module.
+
+    model = LeanModel.open(model_file, threads, kernels)    None where the file is not for this path
+    cache = model.new_cache(ctx)                             numpy float16 KV (cache/host.py)
+    logits, top = model(ids, cache, last_only=True, top=8)   float32 (n, vocab); the k largest
+
+The numbers are native_step.py's (the torch path's step for the same file): the same C++ step, the
+same weights (interleaved once at load from the file's blocks, its pages released as they are
+copied, llama's Q/K rows taken in HF order), the same norms, embedding and RoPE tables
+(models/rope.py). What it does not cover (another family, a block type the step does not multiply,
+LongRoPE) stays on the torch path: open() says None and the caller loads the model with torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cache.host import HostKVCache
+from ..formats import gguf
+from ..models import rope
+from ..native.checks import TYPE_IDS
+from ..native.interleave import interleave_rows, unpermute_blocks, unpermuted_order
+
+ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh"}
+MAX_TOKENS = 512  # tokens of one call (native_step.MAX_TOKENS): a longer prompt goes in several
+TABLE_POSITIONS = 1 << 16  # RoPE rows made once (native_step.TABLE_POSITIONS); a longer context: not this path
+_EMPTY = np.empty(0, np.float32)
+
+
+@dataclass
+class Weight:
+    """One matrix as the step reads it: `data` (the file's blocks (N, row bytes), or their interleaved
+    copy, 1-d), its type id, K and N, and its bias (float32, or empty)."""
+
+    data: np.ndarray
+    type_id: int
+    K: int
+    N: int
+    bias: np.ndarray = field(default_factory=lambda: _EMPTY)
+    stored: np.ndarray | None = None  # the file's blocks (rescoring reads the head's rows from them)
+    heads: int | None = None  # rows stored in llama.cpp's Q/K order, of this many heads (copied in HF order)
+
+    def spec(self) -> tuple:
+        return self.data, self.type_id, self.K, self.bias, self.N
+
+
+@dataclass
+class Layer:
+    qkv: list[Weight]
+    o: list[Weight]
+    gate_up: list[Weight]
+    down: list[Weight]
+    norms: dict  # in_norm, post_norm, q_norm, k_norm, attn_out_norm, mlp_out_norm: float32 vectors or None
+    window: int
+
+
+class LeanModel:
+    """A GGUF model on the CPU as one C++ call a step, without torch."""
+
+    native = True
+
+    def __init__(self, args, kernels, threads: int, layers: list[Layer], head: Weight, head_norm: np.ndarray,
+                 embedding: tuple[np.ndarray, int | None], scale: float, act: str):
+        self.args, self.kernels, self.threads = args, kernels, threads
+        self.layers, self.head, self.head_norm = layers, head, head_norm
+        self.embedding, self.embed_scale, self.act = embedding, scale, act
+        self.gemma = args.model_type == "gemma3_text"
+        self.attn_scale = args.query_pre_attn_scalar ** -0.5 if self.gemma else args.head_dim ** -0.5
+        self.interleaved = (0, 0.0)  # bytes copied for the kernels at load, seconds
+        self._step, self._cache = None, None  # the C++ step and the cache it was built on
+        self._tables: list[np.ndarray] | None = None  # cos, sin (and the local pair) of positions [0, L)
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def open(cls, model_file, threads: int, kernels, release=None) -> "LeanModel | None":
+        """The model of a GGUF file, its weights copied for the kernels (`release(address, nbytes)`:
+        the file's pages under what was copied are dropped); None where this path does not run it."""
+        if not model_file.is_gguf or kernels is None or not kernels.group_rows:
+            return None
+        args, arch = model_file.args, model_file.architecture
+        if args.model_type not in ACTIVATIONS or (args.rope_scaling or {}).get("rope_type") == "longrope":
+            return None
+        tensors = {t.name: t for t in model_file.reader.tensors}
+        t0 = time.perf_counter()
+        found = _read(tensors, args, arch)
+        if found is None:
+            return None
+        layers, head, head_norm, embedding = found
+        scale = float(np.float32(args.hidden_size ** 0.5)) if args.model_type == "gemma3_text" else 1.0
+        model = cls(args, kernels, threads, layers, head, head_norm, embedding, scale, ACTIVATIONS[args.model_type])
+        made = model._prepare(release)
+        model.interleaved = (made, time.perf_counter() - t0)
+        return model
+
+    def _prepare(self, release) -> int:
+        """Interleave what the row-group kernels take (a projection starting a row group of its
+        group), un-permute llama's Q/K rows read as stored; -> bytes copied."""
+        made, R = 0, self.kernels.group_rows
+        groups = [g for layer in self.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [[self.head]]
+        for group in groups:
+            base = 0
+            for w in group:
+                heads, copy = w.heads, None
+                if base % R == 0:
+                    copy = interleave_rows(self.kernels, w.data, w.type_id, w.K, heads, self.threads, release)
+                if copy is not None:
+                    w.data, made = copy, made + copy.nbytes
+                elif heads is not None:  # read as stored: in HF order, once
+                    w.data = unpermute_blocks(w.data, heads)
+                    if release is not None:
+                        release(w.stored.ctypes.data, w.stored.nbytes)
+                base += w.N
+        return made
+
+    # ------------------------------------------------------------------ running
+
+    def new_cache(self, max_len: int, rows: int = 1) -> HostKVCache:
+        return HostKVCache.for_model(self.args, max_len, np.float16, rows)
+
+    def __call__(self, ids: list[int], cache: HostKVCache, last_only: bool = True, top: int = 0):
+        """Run `ids` at the cache's next slots (a one-row cache) -> (logits (1 or n, vocab) float32,
+        the final normed hidden states of the same tokens (1 or n, hidden), (values, indices) of each
+        logit row's `top` largest, or None)."""
+        n = len(ids)
+        if n == 0 or n > MAX_TOKENS or cache.length + n > cache.max_len:
+            raise ValueError(f"{n} tokens do not fit one call at slot {cache.length} of {cache.max_len}")
+        step = self._step_for(cache)
+        at = np.arange(cache.length, cache.length + n, dtype=np.int64)
+        first = n - 1 if last_only else 0
+        logits, h, found = step.run_ids(np.asarray(ids, dtype=np.int64), np.zeros(n, np.int64), at, at, first, top)
+        cache.length += n
+        return logits, h[first:], found
+
+    def warm_up(self, cache: HostKVCache) -> float:
+        """One token through the step on `cache` (then forgotten): the C++ side's buffers and threads
+        made while the model loads, not while a user waits on a first token. -> seconds."""
+        t0 = time.perf_counter()
+        self([0], cache)
+        cache.truncate(0)
+        return time.perf_counter() - t0
+
+    def rescore(self, logits: np.ndarray, h: np.ndarray, ids) -> None:
+        """logits[ids] recomputed from the head's rows (dequantized, float64 sums) and the hidden state
+        `h` (hidden,), in place: near-tied candidates decided by exact arithmetic (decode/picker.py)."""
+        w = self.head
+        self.kernels.dot_rows_into(w.stored, w.type_id, w.K, np.asarray(ids, dtype=np.int64), h, logits)
+
+    def _step_for(self, cache: HostKVCache):
+        if cache is self._cache:
+            return self._step
+        if cache.max_len > TABLE_POSITIONS:
+            raise ValueError(f"a context of {cache.max_len} is past the RoPE tables")
+        a = self.args
+        step = self.kernels.step(a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rotary_dim, a.rms_norm_eps,
+                                 self.attn_scale, self.act, self.threads)
+        for i, layer in enumerate(self.layers):
+            nm = layer.norms
+            step.add_layer(nm["in_norm"], [w.spec() for w in layer.qkv], nm["q_norm"], nm["k_norm"],
+                           [w.spec() for w in layer.o], nm["post_norm"], [w.spec() for w in layer.gate_up],
+                           [w.spec() for w in layer.down], cache.k[i], cache.v[i], layer.window,
+                           attn_out_norm=nm["attn_out_norm"], mlp_out_norm=nm["mlp_out_norm"],
+                           local_rope=self.gemma and a.layer_types[i] == "sliding_attention")
+        step.set_head(self.head_norm, [self.head.spec()])
+        step.set_embedding(self.embedding[0], self.embedding[1], self.embed_scale)
+        if self._tables is None or self._tables[0].shape[0] < cache.max_len:
+            self._tables = self._make_tables(max(cache.max_len, 1024))
+        step.set_rope(self._tables)
+        self._step, self._cache = step, cache
+        return step
+
+    def _make_tables(self, L: int) -> list[np.ndarray]:
+        at = np.arange(min(L, TABLE_POSITIONS))
+        tables = list(rope.cos_sin(rope.inv_freq(self.args), at))
+        if self.gemma:
+            tables += rope.cos_sin(rope.inv_freq(self.args, theta=self.args.rope_local_base_freq, scaling={}), at)
+        return tables
+
+
+# ---------------------------------------------------------------------- reading the file
+
+
+def _read(tensors: dict, args, arch: str):
+    """(layers, head, head norm, (embedding table, type id or None)) from the file's tensors; None where
+    a matrix is of a type the step does not multiply or a tensor is missing."""
+    gemma = args.model_type == "gemma3_text"
+    permuted = gguf.permuted(arch)
+
+    def norm(name: str) -> np.ndarray | None:
+        t = tensors.get(name)
+        if t is None:
+            return None
+        v = np.asarray(t.data, dtype=np.float32).reshape(-1)
+        # gemma3's converter stores 1 + w; the torch path reads w (HF's) and gives the step 1 + w back
+        return (np.float32(1.0) + (v - np.float32(1.0))).astype(np.float32) if gemma else v
+
+    def matrix(name: str, heads: int | None = None) -> Weight | None:
+        t = tensors.get(name + ".weight")
+        if t is None or t.tensor_type.name not in TYPE_IDS:
+            return None
+        type_name = t.tensor_type.name
+        N, K = gguf.tensor_shape(t)
+        if K % 32:
+            return None
+        blocks = t.data if type_name != "F16" else t.data.view(np.uint8)
+        bias_t = tensors.get(name + ".bias")
+        bias = _EMPTY if bias_t is None else np.asarray(bias_t.data, dtype=np.float32).reshape(-1)
+        heads = heads if permuted else None
+        if heads is not None and bias.size:  # in HF order, as the rows will be
+            bias = bias[unpermuted_order(N, heads)]
+        return Weight(blocks, TYPE_IDS[type_name], K, N, bias, stored=blocks, heads=heads)
+
+    layers = []
+    for i in range(args.num_hidden_layers):
+        b = f"blk.{i}."
+        q, k, v = (matrix(b + "attn_q", args.num_attention_heads), matrix(b + "attn_k", args.num_key_value_heads),
+                   matrix(b + "attn_v"))
+        o, gate, up, down = matrix(b + "attn_output"), matrix(b + "ffn_gate"), matrix(b + "ffn_up"), matrix(b + "ffn_down")
+        if any(m is None for m in (q, k, v, o, gate, up, down)):
+            return None
+        norms = {"in_norm": norm(b + "attn_norm.weight"), "q_norm": norm(b + "attn_q_norm.weight"),
+                 "k_norm": norm(b + "attn_k_norm.weight"), "attn_out_norm": None, "mlp_out_norm": None}
+        if gemma:
+            norms.update(post_norm=norm(b + "ffn_norm.weight"), attn_out_norm=norm(b + "post_attention_norm.weight"),
+                         mlp_out_norm=norm(b + "post_ffw_norm.weight"))
+        else:
+            norms["post_norm"] = norm(b + "ffn_norm.weight")
+        if norms["in_norm"] is None or norms["post_norm"] is None or (args.qk_norm and norms["q_norm"] is None):
+            return None
+        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0))
+    embd = tensors.get("token_embd.weight")
+    head = matrix("output") if "output.weight" in tensors else matrix("token_embd")
+    head_norm = norm("output_norm.weight")
+    if embd is None or head is None or head_norm is None:
+        return None
+    if embd.tensor_type.name == "F32":
+        embedding = (np.asarray(embd.data), None)
+    elif embd.tensor_type.name in TYPE_IDS:
+        embedding = (embd.data if embd.tensor_type.name != "F16" else embd.data.view(np.uint8),
+                     TYPE_IDS[embd.tensor_type.name])
+    else:
+        return None
+    return layers, head, head_norm, embedding

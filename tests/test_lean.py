@@ -1,0 +1,147 @@
+"""The torch-free CPU path (runtime/lean.py, lean_step.py, decode/lean.py): the same numbers as the
+torch path's native step on tiny GGUF files of every family it takes, the same answers from `run` and
+`chat`, no torch imported on the way, and the torch path for whatever it does not take."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from llmcli import native
+
+pytestmark = pytest.mark.skipif(not native.int8_dot(), reason="no C++ compiler for the kernels, or only the portable ones")
+
+PROMPT, STEPS = [5, 17, 80, 3, 200, 41, 9, 150], [7, 99, 250, 31, 2, 64, 120, 8]
+LEAN_CASES = ["llama-q4_1", "llama-q4_0", "qwen2-q4_k_m", "qwen2-q5_k_m", "qwen3-q8_0", "gemma3-q4_k_m", "llama-f16",
+              "gemma3-bf16"]
+
+
+@pytest.fixture(scope="module", params=LEAN_CASES)
+def case_file(request, tmp_path_factory):
+    from test_native_step import CASES, _tiny
+    from tiny import k_mix, write_gguf
+
+    arch, qtype = CASES[request.param]
+    if qtype in ("Q4_K", "Q5_K"):
+        qtype = k_mix(3, tied=True, base=qtype)
+    path = tmp_path_factory.mktemp("lean") / f"{request.param}.gguf"
+    write_gguf(_tiny(arch), path, qtype)
+    return path
+
+
+def test_the_lean_model_gives_the_torch_native_step_s_logits_and_cache(case_file):
+    """Bit for bit: the same C++ step over the same weights (interleaved from the file, llama's Q/K
+    rows in HF order, gemma's norms, q/k/v biases), embeddings and RoPE tables."""
+    from llmcli.formats.open import open_model_file
+    from llmcli.runtime.lean_step import LeanModel
+    from llmcli.runtime.native_step import NativeStep
+    from llmcli.runtime.runtime import open_model
+
+    rt = open_model(str(case_file), device="cpu", ctx_size=64, threads=2)
+    step, cache = NativeStep(rt.loaded.model, threads=2), rt.new_cache()
+    lean = LeanModel.open(open_model_file(case_file), 2, native.module())
+    assert lean is not None
+    mine = lean.new_cache(64)
+    with torch.inference_mode():
+        want = step(torch.tensor([PROMPT]), cache, last_only=True)[0, -1].numpy()
+        got, _, _ = lean(PROMPT, mine)
+        np.testing.assert_array_equal(got[0], want)
+        for tok in STEPS:
+            want = step(torch.tensor([[tok]]), cache, last_only=True)[0, -1].numpy()
+            got, h, top = lean([tok], mine, top=8)
+            np.testing.assert_array_equal(got[0], want)
+            assert top[1][0].tolist() == np.argsort(-got[0], kind="stable")[:8].tolist() or \
+                np.array_equal(np.sort(got[0])[::-1][:8], top[0][0])  # (ties may order either way)
+    n = len(PROMPT) + len(STEPS)
+    assert mine.length == cache.length == n
+    for a, b in zip(mine.k + mine.v, cache.k + cache.v):
+        np.testing.assert_array_equal(a[:, :, :n], b[:, :, :n].numpy())
+
+
+def test_a_long_prompt_goes_in_several_calls_with_the_same_result(case_file):
+    from llmcli.formats.open import open_model_file
+    from llmcli.runtime import lean_step
+    from llmcli.runtime.lean_step import LeanModel
+
+    lean = LeanModel.open(open_model_file(case_file), 2, native.module())
+    ids = (PROMPT * 8)[:40]
+    whole, pieces = lean.new_cache(64), lean.new_cache(64)
+    want, _, _ = lean(ids, whole)
+    for i in range(0, len(ids), 16):
+        got, _, _ = lean(ids[i:i + 16], pieces)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    with pytest.raises(ValueError):
+        lean(list(range(lean_step.MAX_TOKENS + 1)), lean.new_cache(1024))
+
+
+def test_what_the_lean_path_does_not_take_goes_to_the_torch_path(tiny_gguf, tiny_folder, tmp_path, monkeypatch):
+    """None before anything loads: a folder, --quant, a GPU asked for, a quantized KV cache, a request
+    with a grammar, tools, beams; LongRoPE (phi3); LLMCLI_TORCH_PATH."""
+    from test_native_step import CASES, _tiny
+    from tiny import write_gguf
+
+    from llmcli.decode.constrained import from_json_schema
+    from llmcli.decode.request import Request
+    from llmcli.decode.sampling_plain import SamplingParams
+    from llmcli.runtime.flags import ModelFlags
+    from llmcli.runtime.lean import TORCH_PATH_ENV, LeanRuntime, open_lean
+
+    assert isinstance(open_lean(ModelFlags(str(tiny_gguf), ctx_size=64)), LeanRuntime)
+    for flags in (ModelFlags(str(tiny_folder), ctx_size=64), ModelFlags(str(tiny_gguf), quant="q8"),
+                  ModelFlags(str(tiny_gguf), device="cuda"), ModelFlags(str(tiny_gguf), kv_type="int8"),
+                  ModelFlags(str(tiny_gguf), dtype="bfloat16")):
+        assert open_lean(flags) is None, flags
+    schema = from_json_schema('{"type": "object"}')
+    for request in (Request(beams=2), Request(logprobs=2), Request(SamplingParams(temperature=0), guesses="lookup"),
+                    Request(context_shift=True), Request(grammar=schema)):
+        assert open_lean(ModelFlags(str(tiny_gguf), ctx_size=64), request) is None, request
+    phi3 = tmp_path / "phi3.gguf"
+    write_gguf(_tiny("phi3"), phi3, CASES["phi3-longrope-q8_0"][1])
+    assert open_lean(ModelFlags(str(phi3), ctx_size=64)) is None
+    monkeypatch.setenv(TORCH_PATH_ENV, "1")
+    assert open_lean(ModelFlags(str(tiny_gguf), ctx_size=64)) is None
+
+
+def _llmcli(args: list[str], stdin: str | None = None, env: dict | None = None) -> tuple[str, str, bool]:
+    """`llmcli ARGS` in a fresh process -> (stdout, stderr, whether torch was imported)."""
+    code = ("import sys\nfrom llmcli.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    code = e.code\nelse:\n    code = 0\nprint(json.dumps({'torch': 'torch' in sys.modules}), file=sys.stderr)\n"
+            "sys.exit(code)\n").replace("import sys", "import json, sys", 1)
+    out = subprocess.run([sys.executable, "-c", code, *args], input=stdin, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    return out.stdout, out.stderr, json.loads(last)["torch"]
+
+
+def test_run_and_chat_on_a_gguf_do_not_import_torch_and_answer_as_the_torch_path(tiny_gguf):
+    run = ["run", str(tiny_gguf), "hello there", "-n", "12", "--temp", "0", "--ignore-eos", "-c", "128"]
+    lean_out, lean_err, lean_torch = _llmcli(run + ["-v"])
+    torch_out, _, torch_torch = _llmcli(run, env={"LLMCLI_TORCH_PATH": "1"})
+    assert not lean_torch and torch_torch
+    assert lean_out == torch_out and lean_out.strip()
+    assert "torch not loaded" in lean_err
+    chat = ["chat", str(tiny_gguf), "--temp", "0", "-n", "8", "-c", "256"]
+    lean_chat, _, lean_torch = _llmcli(chat, stdin="hi\nand again\n")
+    torch_chat, _, _ = _llmcli(chat, stdin="hi\nand again\n", env={"LLMCLI_TORCH_PATH": "1"})
+    assert not lean_torch and lean_chat == torch_chat and len(lean_chat.strip().splitlines()) >= 2
+
+
+def test_a_request_the_lean_path_does_not_take_runs_on_the_torch_path(tiny_gguf):
+    out, _, imported = _llmcli(["run", str(tiny_gguf), "hello", "-n", "4", "--temp", "0", "--beams", "2", "-c", "64"])
+    assert imported and out.strip()
+
+
+def test_seeded_sampling_on_the_lean_path_repeats_and_seeds_differ(tiny_gguf):
+    args = ["run", str(tiny_gguf), "hello", "-n", "16", "--ignore-eos", "--temp", "1.5", "--top-k", "0", "-c", "64",
+            "--json"]
+    first, second, other = (json.loads(_llmcli(args + ["--seed", s])[0]) for s in ("7", "7", "8"))
+    assert first["text"] == second["text"] and first["timings"]["seed"] == 7
+    tokens = [json.loads(_llmcli(args[:-1] + ["--json", "--seed", str(s)])[0])["text"] for s in range(9, 12)]
+    assert len({first["text"], other["text"], *tokens}) > 1
