@@ -15,7 +15,11 @@ import signal
 import sys
 import warnings
 
-import typer
+# numpy's BLAS threads would spin beside the decode step's own; llmcli multiplies with its kernels
+# (or torch's), never numpy's BLAS (set before anything imports numpy)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import typer  # noqa: E402
 
 from .. import notices
 from ..errors import LlmcliError, LlmcliWarning
