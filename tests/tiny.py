@@ -208,13 +208,16 @@ _LAYER = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up", "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 _GEMMA3_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                  "post_feedforward_layernorm": "post_ffw_norm"}
 # HF model_type -> llama.cpp architecture
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-             "gemma3_text": "gemma3"}
+             "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe",
+             "mixtral": "llama"}
 
 
 def gguf_name(hf: str, arch: str = "llama") -> str:
@@ -283,6 +286,12 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
             w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(factor) / np.log(orig))))
             w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
             w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    if hasattr(cfg, "num_experts_per_tok"):  # a mixture of experts
+        w.add_expert_count(getattr(cfg, "num_experts", None) or cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size)
+        if getattr(cfg, "shared_expert_intermediate_size", 0):
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     w.add_vocab_size(cfg.vocab_size)
     tok = json.loads(tokenizer_json())
     vocab = tok["model"]["vocab"]
@@ -300,7 +309,14 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
     for name, t in model.state_dict().items():
         if cfg.tie_word_embeddings and name == "lm_head.weight":
             continue
+        if ".mlp.experts." in name:  # transformers' (E, 2I, H) gate_up and (E, H, I) down, as llama.cpp's 3-D tensors
+            held.update(_write_experts(w, name, t.detach().float().numpy(), type_of))
+            continue
         a = t.detach().float().numpy()
+        if name.endswith("shared_expert_gate.weight"):  # (1, hidden): llama.cpp stores a vector
+            w.add_tensor(gguf_name(name, arch), np.ascontiguousarray(a.reshape(-1), dtype=np.float32))
+            held[name] = a
+            continue
         if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
             a_file = _permute(a, cfg.num_attention_heads) if arch == "llama" else a
         elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
@@ -330,6 +346,32 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return held
+
+
+def _write_experts(w, name: str, a: np.ndarray, type_of) -> dict[str, np.ndarray]:
+    """One of transformers' 3-D expert tensors -> llama.cpp's ffn_{gate,up,down}_exps (each expert's
+    rows quantized as a matrix's); the per-expert HF-named values the file holds."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from benchmarks.shapes import quantize
+
+    layer = name.split(".")[2]
+    E = a.shape[0]
+    parts = {"gate": a[:, : a.shape[1] // 2], "up": a[:, a.shape[1] // 2:]} if name.endswith("gate_up_proj") else {"down": a}
+    held = {}
+    for kind, m in parts.items():
+        qt = gguf.GGMLQuantizationType[type_of(f"model.layers.{layer}.mlp.experts.0.{kind}_proj.weight", m.shape[1:])]
+        if qt == gguf.GGMLQuantizationType.F32:
+            q, back = np.ascontiguousarray(m, dtype=np.float32), m
+            w.add_tensor(f"blk.{layer}.ffn_{kind}_exps.weight", q)
+        else:
+            q = np.stack([quantize(np.ascontiguousarray(m[e]), qt.name) for e in range(E)])
+            w.add_tensor(f"blk.{layer}.ffn_{kind}_exps.weight", q, raw_dtype=qt)
+            back = np.stack([dequantize(q[e], qt).reshape(m.shape[1:]) for e in range(E)])
+        for e in range(E):
+            held[f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.weight"] = np.asarray(back[e], dtype=np.float32)
     return held
 
 

@@ -109,6 +109,8 @@ def show(
              ("path", out["path"] or f"not downloaded (`llmcli pull {out['name']}`)"),
              ("format", out.get("format") or reg.get("format")), ("architecture", out.get("architecture")),
              ("parameters", human_count(out.get("parameters")) if out.get("parameters") else reg.get("parameters")),
+             ("experts", f"{out['experts']}, {out['active_experts']} active a token" if out.get("experts") else None),
+             ("active params", human_count(out["active_parameters"]) if out.get("active_parameters") else None),
              ("context length", _context(out, reg)),
              ("quantization", out.get("quantization") or reg.get("quantization")),
              ("runs as", out["runs_as"]),

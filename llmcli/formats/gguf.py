@@ -16,26 +16,29 @@ import math
 import mmap
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import CorruptModelError, UnsupportedModelError
-from ..models.args import Gemma3Args, LlamaArgs, Phi3Args
+from ..models.args import (Gemma3Args, LlamaArgs, MixtralArgs, MoeArgs, OlmoeArgs, Phi3Args, Qwen2MoeArgs,
+                           Qwen3MoeArgs)
 
 if TYPE_CHECKING:
     import torch
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)  # what llama.cpp reads (version 1 had 32-bit counts; 3 added big-endian files)
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "qwen2moe", "olmoe")
 # llama.cpp's converter permutes Q and K rows for these (interleaved rotary pairs); qwen, phi3 and
 # gemma3 are stored in HF's half-split layout
 _PERMUTED_ARCHITECTURES = ("llama", "mistral")
 # GGUF architecture -> HF model_type
 _MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                "gemma3": "gemma3_text"}
+                "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe"}
+# a mixture of experts' matrices, all experts in one 3-D tensor (GGUF dims: K, N, experts)
+_EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 # tensors that are RoPE tables, not weights
 _ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -46,6 +49,9 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "attn_qkv": "self_attn.qkv_proj",  # phi3
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",  # qwen2moe
+    "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # gemma3: four norms per layer; `ffn_norm` is the one before the MLP
 _GEMMA3_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
@@ -309,6 +315,8 @@ def model_args(meta: dict, tensor_names: set[str], reader=None) -> LlamaArgs:
             return _gemma3_args(meta, common, get)
         if arch == "phi3":
             return _phi3_args(common, get, reader, n_heads)
+        if arch in ("qwen3moe", "qwen2moe", "olmoe") or (arch == "llama" and get("expert_count")):
+            return _moe_args(arch, common, get)
         args = LlamaArgs(model_type=_MODEL_TYPES[arch], **common)
     except CorruptModelError as e:
         raise CorruptModelError(f"the GGUF metadata is invalid ({arch}: {e}); the file is corrupt, "
@@ -316,6 +324,18 @@ def model_args(meta: dict, tensor_names: set[str], reader=None) -> LlamaArgs:
     if reader is not None:
         args.rope_freq_factors = rope_freq_factors(reader)
     return args
+
+
+def _moe_args(arch: str, common: dict, get) -> MoeArgs:
+    """A mixture of experts as llama.cpp reads it: every layer sparse; qwen3moe's and Mixtral's (a
+    llama with experts) top k renormalized, qwen2moe's and OLMoE's not; qwen2moe's shared expert."""
+    ff = get("expert_feed_forward_length") or common["intermediate_size"]
+    if common["intermediate_size"] is None:
+        common = {**common, "intermediate_size": ff}
+    kind = {"qwen3moe": Qwen3MoeArgs, "qwen2moe": Qwen2MoeArgs, "olmoe": OlmoeArgs, "llama": MixtralArgs}[arch]
+    extra = {"shared_expert_intermediate_size": get("expert_shared_feed_forward_length") or 0} if arch == "qwen2moe" else {}
+    return kind(**common, num_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"),
+                moe_intermediate_size=ff, norm_topk_prob=arch in ("qwen3moe", "llama"), **extra)
 
 
 def _gemma3_args(meta: dict, common: dict, get) -> LlamaArgs:
@@ -448,9 +468,18 @@ def iter_tensors(reader, args: LlamaArgs, arch: str):
     for t in reader.tensors:
         if t.name in _ROPE_TENSORS:
             continue
+        experts = _EXPERTS.match(t.name)
+        if experts:
+            yield from expert_tensors(t, experts.group(1), experts.group(2), args)
+            continue
         name = hf_name(t.name, arch)
         if name is None:
             raise UnsupportedModelError(f"unexpected tensor {t.name} in the GGUF file; this variant is not supported")
+        if name.endswith(".mlp.shared_expert_gate.weight"):  # llama.cpp's (hidden,): the HF Linear's (1, hidden)
+            t = replace(t, shape=np.array([*t.shape.tolist(), 1][:2]))
+        if name.endswith(".mlp.gate.weight") and tensor_shape(t) != (args.num_experts, args.hidden_size):
+            raise CorruptModelError(f"tensor {t.name} has shape {tensor_shape(t)}, but the metadata says "
+                                    f"{(args.num_experts, args.hidden_size)}; the file is corrupt, download it again")
         heads = None
         if arch in _PERMUTED_ARCHITECTURES:
             if ".q_proj." in name:
@@ -458,6 +487,23 @@ def iter_tensors(reader, args: LlamaArgs, arch: str):
             elif ".k_proj." in name:
                 heads = args.num_key_value_heads
         yield name, t, heads
+
+
+def expert_tensors(t: TensorInfo, layer: str, kind: str, args):
+    """A 3-D tensor of every expert's matrix -> (hf_name, that expert's matrix as a tensor of its own,
+    None) for each expert: the same bytes of the map, a slice of the rows. CorruptModelError where its
+    shape disagrees with the metadata."""
+    E, N, K = tensor_shape(t)
+    inter, hidden = getattr(args, "moe_intermediate_size", None), args.hidden_size
+    want = (getattr(args, "num_experts", None), hidden, inter) if kind == "down" else \
+        (getattr(args, "num_experts", None), inter, hidden)
+    if (E, N, K) != want or t.n_bytes % E:
+        raise CorruptModelError(f"tensor {t.name} has shape {(E, N, K)}, but the metadata says {want}; "
+                                "the file is corrupt, download it again")
+    for e in range(E):
+        part = replace(t, name=f"{t.name}[{e}]", shape=t.shape[:-1], n_elements=t.n_elements // E,
+                       n_bytes=t.n_bytes // E, data_offset=t.data_offset + e * (t.n_bytes // E))
+        yield f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.weight", part, None
 
 
 def load_state_dict(reader, args: LlamaArgs, arch: str, dtype: torch.dtype, device: torch.device) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Iterator
@@ -66,13 +67,29 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise ModelNotFoundError(f"{folder} has no *.safetensors weights")
 
 
+# checkpoint names -> the modules' (models/moe.py): Mixtral's experts are w1 (gate), w3 (up), w2 (down)
+# under block_sparse_moe on the Hub
+_RENAMES = [(re.compile(r"\.block_sparse_moe\.gate\."), ".mlp.gate."),
+            (re.compile(r"\.block_sparse_moe\.experts\.(\d+)\.w1\."), r".mlp.experts.\1.gate_proj."),
+            (re.compile(r"\.block_sparse_moe\.experts\.(\d+)\.w3\."), r".mlp.experts.\1.up_proj."),
+            (re.compile(r"\.block_sparse_moe\.experts\.(\d+)\.w2\."), r".mlp.experts.\1.down_proj.")]
+
+
+def module_name(name: str) -> str:
+    """A checkpoint's tensor name as llmcli's modules name it (most are the same)."""
+    if "block_sparse_moe" in name:
+        for pattern, repl in _RENAMES:
+            name = pattern.sub(repl, name)
+    return name
+
+
 def load_state_dict(files: list[Path], dtype: torch.dtype, device: torch.device) -> dict:
     """All tensors from the shards (memory-mapped), cast to `dtype` on `device`."""
     state = {}
     for name, t in read_tensors(files):
         if name.endswith("rotary_emb.inv_freq"):
             continue  # recomputed; older checkpoints stored it
-        state[name] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+        state[module_name(name)] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
     return state
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..errors import LlmcliError
 from .open import ModelFile
 
 
@@ -18,6 +19,9 @@ class ModelInfo:
     chat_template: str | None = None
     license: str | None = None
     files: list[dict] = field(default_factory=list)  # [{"name", "size"}]
+    experts: int | None = None  # a mixture of experts: experts per sparse layer
+    active_experts: int | None = None  # of them, the ones a token runs
+    active_parameters: int | None = None  # the parameters a token reads (the chosen experts' only)
 
     @property
     def size(self) -> int:
@@ -50,10 +54,25 @@ def inspect(model: ModelFile) -> ModelInfo:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else None
         plain = ", ".join(_DTYPE_NAMES.get(d, d) for d, _ in model.tensor_types().most_common())
         quantization = method or f"none ({plain})"
-    return ModelInfo(path=str(model.path), format=model.format, architecture=model.architecture,
-                     parameters=model.parameters(), context_length=model.context_length,
+    parameters = model.parameters()
+    info = ModelInfo(path=str(model.path), format=model.format, architecture=model.architecture,
+                     parameters=parameters, context_length=model.context_length,
                      quantization=quantization, chat_template=model.stored_chat_template, license=model.license,
                      files=model.files_on_disk())
+    args = _args(model)
+    if getattr(args, "num_experts", None):
+        idle = args.parameter_count() - args.active_parameter_count()  # the experts a token does not run
+        info.experts, info.active_experts = args.num_experts, args.num_experts_per_tok
+        info.active_parameters = parameters - idle
+    return info
+
+
+def _args(model: ModelFile):
+    """The model's args, or None where llmcli does not run its architecture (show still shows it)."""
+    try:
+        return model.args
+    except LlmcliError:  # an unsupported or broken header: show says what it can
+        return None
 
 
 _DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}

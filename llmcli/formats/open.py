@@ -166,7 +166,8 @@ class ModelFile:
     @cached_property
     def headers(self) -> dict[str, dict]:
         """Folders: every shard's tensors, {name: {"dtype", "shape", ...}} from the JSON headers."""
-        return {k: v for f in self.files for k, v in hf_folder.read_header(f).items() if k != "__metadata__"}
+        return {hf_folder.module_name(k): v for f in self.files for k, v in hf_folder.read_header(f).items()
+                if k != "__metadata__"}
 
     def tensor_types(self) -> Counter:
         """How many tensors of each stored type (GGUF names, or safetensors dtypes)."""

@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..errors import CorruptModelError
 from . import gguf as gguf_file
+from . import hf_folder
 
 if TYPE_CHECKING:
     import torch
@@ -83,6 +84,7 @@ def folder_sources(files: list[Path]) -> list[Source]:
 
                 return stored().contiguous().view(torch.uint8).numpy()
 
-            out.append(Source(name, shape, lambda stored=stored: stored().float(), dtype if dtype in _FLOATS else None,
+            out.append(Source(hf_folder.module_name(name), shape, lambda stored=stored: stored().float(),
+                              dtype if dtype in _FLOATS else None,
                               raw, stored_bytes=_ITEMSIZE.get(dtype, 4) * int(np.prod(shape)), stored=stored))
     return out

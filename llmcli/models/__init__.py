@@ -16,7 +16,8 @@ def family(model_type: str):
 
 
 _MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "phi3": "phi3",
-            "gemma3_text": "gemma3", "bert": "bert"}
+            "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "mixtral",
+            "olmoe": "olmoe", "bert": "bert"}
 
 
 def set_rope(model, args, device) -> None:

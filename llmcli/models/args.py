@@ -265,9 +265,109 @@ class BertArgs:
         return embeddings + self.num_hidden_layers * per_layer
 
 
+
+@dataclass
+class MoeArgs(LlamaArgs):
+    """A Llama-family decoder whose MLP, in its sparse layers (every `decoder_sparse_step`th, less
+    `mlp_only_layers`), is `num_experts` SwiGLU experts of `moe_intermediate_size` behind a router,
+    `num_experts_per_tok` of them a token (models/moe.py). `softmax_first`: the probabilities over
+    all experts, then the top k (renormalized with `norm_topk_prob`); else the top k logits' softmax.
+    `shared_expert_intermediate_size`: an expert every token runs too, behind a sigmoid gate (qwen2_moe)."""
+
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None  # None: intermediate_size
+    norm_topk_prob: bool = False
+    softmax_first: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] | None = None
+    shared_expert_intermediate_size: int = 0
+    whole_qk_norm: bool = False  # olmoe: q and k normed over all heads at once (else per head, qwen3's)
+    clip_qkv: float | None = None  # olmoe: q, k and v clamped to [-clip, clip]
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.moe_intermediate_size is None:
+            self.moe_intermediate_size = self.intermediate_size
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+            _check_count(name, getattr(self, name))
+        if self.num_experts_per_tok > self.num_experts:
+            raise CorruptModelError(f"num_experts_per_tok is {self.num_experts_per_tok}, more than the "
+                                    f"{self.num_experts} experts")
+        self.mlp_only_layers = list(self.mlp_only_layers or [])
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> "MoeArgs":
+        config = dict(config)
+        if "num_experts" not in config and "num_local_experts" in config:  # mixtral's (and transformers 5's) name
+            config["num_experts"] = config["num_local_experts"]
+        args = super().from_hf_config(config)
+        args.model_type = config.get("model_type", args.model_type)
+        return args
+
+    def sparse(self, i: int) -> bool:
+        """Whether layer i's MLP is the experts (else a dense MLP of intermediate_size)."""
+        return i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+
+    def _experts_size(self, count: int) -> int:
+        return count * 3 * self.hidden_size * self.moe_intermediate_size
+
+    def parameter_count(self) -> int:
+        h = self.hidden_size
+        sparse = sum(self.sparse(i) for i in range(self.num_hidden_layers))
+        moe = self._experts_size(self.num_experts) + self.num_experts * h
+        if self.shared_expert_intermediate_size:
+            moe += 3 * h * self.shared_expert_intermediate_size + h
+        return super().parameter_count() + sparse * (moe - 3 * h * self.intermediate_size)
+
+    def active_parameter_count(self) -> int:
+        """The parameters one token reads: the chosen experts' only."""
+        sparse = sum(self.sparse(i) for i in range(self.num_hidden_layers))
+        return self.parameter_count() - sparse * self._experts_size(self.num_experts - self.num_experts_per_tok)
+
+
+@dataclass
+class Qwen3MoeArgs(MoeArgs):
+    """Qwen3-MoE: Qwen3's attention (q/k norm per head); softmax, then the top k."""
+
+    model_type: str = "qwen3_moe"
+    qk_norm: bool = True
+
+
+@dataclass
+class Qwen2MoeArgs(MoeArgs):
+    """Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v bias, a shared expert behind a sigmoid gate."""
+
+    model_type: str = "qwen2_moe"
+    qkv_bias: bool = True
+
+
+@dataclass
+class MixtralArgs(MoeArgs):
+    """Mixtral: Mistral's attention; the top 2 of 8 logits' softmax (experts of intermediate_size)."""
+
+    model_type: str = "mixtral"
+    softmax_first: bool = False
+
+
+@dataclass
+class OlmoeArgs(MoeArgs):
+    """OLMoE: q and k normed over all heads, optionally clamped; 64 experts, the top 8 of the softmax."""
+
+    model_type: str = "olmoe"
+    qk_norm: bool = True
+    whole_qk_norm: bool = True
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> "OlmoeArgs":
+        args = super().from_hf_config(config)
+        args.qk_norm = args.whole_qk_norm = True
+        return args
+
 # model_type -> its ModelArgs (models/__init__.py's family(): the module with its Transformer)
 ARGS = {"llama": LlamaArgs, "mistral": LlamaArgs, "qwen2": LlamaArgs, "qwen3": LlamaArgs, "phi3": Phi3Args,
-        "gemma3_text": Gemma3Args, "bert": BertArgs}
+        "gemma3_text": Gemma3Args, "qwen3_moe": Qwen3MoeArgs, "qwen2_moe": Qwen2MoeArgs, "mixtral": MixtralArgs,
+        "olmoe": OlmoeArgs, "bert": BertArgs}
 SUPPORTED_ARCHITECTURES = tuple(ARGS)
 # encoders: no cache, no output head; they make vectors (llmcli embed), never text
 ENCODERS = ("bert",)

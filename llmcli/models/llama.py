@@ -85,6 +85,22 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache, start: int, mask) -> torch.Tensor:
         B, T, _ = x.shape
         H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.project(x, cos, sin)
+        k, v = cache.update(self.layer_idx, start, k, v)  # (B, KV, start+T, D): the valid part only
+        if self.window is not None and k.shape[2] > self.window:
+            mask = _window_mask(mask, start, T, k.shape[2], self.window, x.device)
+        if T == 1:
+            y = attend_one(q, k, v, mask, self.scale)
+        else:
+            is_causal = mask is None  # only when start == 0: queries and keys line up
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+                                               enable_gqa=H != KV)  # (B, H, T, D)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
+
+    def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, hidden) -> q (B, H, T, D), k and v (B, KV, T, D), q and k normed and rotated."""
+        B, T, _ = x.shape
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
         if hasattr(self, "qkv_proj"):
             qkv = self.qkv_proj(x).view(B, T, H + 2 * KV, D).transpose(1, 2)  # (B, H+2KV, T, D)
             if hasattr(self, "q_norm"):
@@ -100,16 +116,7 @@ class Attention(nn.Module):
             if hasattr(self, "q_norm"):
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = cache.update(self.layer_idx, start, k, v)  # (B, KV, start+T, D): the valid part only
-        if self.window is not None and k.shape[2] > self.window:
-            mask = _window_mask(mask, start, T, k.shape[2], self.window, x.device)
-        if T == 1:
-            y = attend_one(q, k, v, mask, self.scale)
-        else:
-            is_causal = mask is None  # only when start == 0: queries and keys line up
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
-                                               enable_gqa=H != KV)  # (B, H, T, D)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
+        return q, k, v
 
 
 def attend_one(q, k, v, mask, scale: float | None) -> torch.Tensor:

@@ -192,7 +192,8 @@ class Plan:
                 "rows": self.rows,
                 "kv_type": self.choice.kv_type or _dtype_name(self.dtype), "kv_device_layers": self.choice.device_layers,
                 "parts": [{"name": p.name, "where": p.where, "bytes": p.nbytes} for p in self.parts],
-                "device_bytes": self.device_bytes, "host_bytes": self.host_bytes, "notes": list(self.notes)}
+                "device_bytes": self.device_bytes, "host_bytes": self.host_bytes, "notes": list(self.notes),
+                **({"active_weight_bytes": self.active_weights()} if self.active_weights() is not None else {})}
 
     def table(self) -> str:
         b = self.budget
@@ -210,7 +211,20 @@ class Plan:
         if self.host_bytes:
             lines.append(f"  {'total in host memory':{width}}  {'host':5}  {human(self.host_bytes):>10}")
         lines.append(f"  {'left free (5% of free, at least 64 MiB)':{width}}  {b.device:5}  {human(margin_bytes(b)):>10}")
+        active = self.active_weights()
+        if active is not None:
+            lines.append(f"experts: all {self.args.num_experts} a layer are in memory (or mapped); a token reads "
+                         f"{self.args.num_experts_per_tok} of them, about {human(active)} of the weights")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def active_weights(self) -> int | None:
+        """A mixture of experts: the weights' bytes a token reads (its experts', and all the rest),
+        from the parameter counts; None for a dense model."""
+        count = getattr(self.args, "active_parameter_count", None)
+        weights = next((p.nbytes for p in self.parts if p.name.startswith("weights")), None)
+        if count is None or weights is None:
+            return None
+        return int(weights * count() / self.args.parameter_count())
 
 
 def human(n: int) -> str:
