@@ -64,6 +64,14 @@ def llamacpp_greedy(bin_dir: Path, path: Path, n: int) -> str:
     return out.stdout
 
 
+def _gap(rt, ids: list[int]) -> str:
+    """Where the engines part: llmcli's top two logits there, and their gap relative to the top."""
+    with torch.no_grad():
+        logits = rt.loaded.model(torch.tensor([ids]), rt.new_cache())[0, -1].float()
+    top = logits.topk(2).values.tolist()
+    return f"; where they part, llmcli's top two logits are {top[0]:.4f} and {top[1]:.4f} ({(top[0] - top[1]) / abs(top[0]):.2%} apart)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's source folder (built: build/bin)")
@@ -99,10 +107,13 @@ def main() -> None:
             prompt_ids, ours = llmcli_greedy(path, TOKENS)
             theirs = llamacpp_greedy(a.llama_cpp / "build/bin", path, TOKENS)
             rt = open_model(str(path), device="cpu", ctx_size=256)
-            text = rt.loaded.tokenizer.decode(ours)
-            same = theirs.strip().endswith(text.strip()) or text.strip() in theirs
-            print(f"{kind}: llmcli {text!r}\n{' ' * len(kind)}  llama.cpp {theirs.strip()[-len(text) - 40:]!r}\n"
-                  f"{' ' * len(kind)}  same continuation: {same}")
+            tok = rt.loaded.tokenizer
+            text = tok.decode(ours)
+            cont = theirs.strip()[len(PROMPT):] if theirs.strip().startswith(PROMPT) else ""
+            # llmcli's tokens whose text llama.cpp's continuation starts with (its text: no token ids printed)
+            agree = max(i for i in range(len(ours) + 1) if cont.startswith(tok.decode(ours[:i])))
+            print(f"{kind}: llmcli {text!r}\n{' ' * len(kind)}  llama.cpp {theirs.strip()!r}\n"
+                  f"{' ' * len(kind)}  the first {agree} of {TOKENS} tokens agree{_gap(rt, prompt_ids + ours[:agree]) if agree < TOKENS else ''}")
     sys.stdout.flush()
 
 
