@@ -145,3 +145,11 @@ def test_seeded_sampling_on_the_lean_path_repeats_and_seeds_differ(tiny_gguf):
     assert first["text"] == second["text"] and first["timings"]["seed"] == 7
     tokens = [json.loads(_llmcli(args[:-1] + ["--json", "--seed", str(s)])[0])["text"] for s in range(9, 12)]
     assert len({first["text"], other["text"], *tokens}) > 1
+
+
+def test_bench_on_a_gguf_times_the_lean_path_without_torch(tiny_gguf):
+    out, _, imported = _llmcli(["bench", str(tiny_gguf), "-p", "16", "-n", "4", "-r", "1", "-o", "json"])
+    results = json.loads(out)
+    assert not imported and [r["test"] for r in results] == ["pp16", "tg4"]
+    assert all(r["step"].startswith("native (one C++ call a step") and r["size_bytes"] > 0 and min(r["samples"]) > 0
+               for r in results)

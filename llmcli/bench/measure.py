@@ -10,16 +10,17 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import torch
+import numpy as np
 
 from .. import heap
-from ..decode.generate import generate
-from ..decode.prefill import prefill, prefill_runner
 from ..decode.request import Request
 from ..errors import InvalidParameterError
 from ..runtime.device import synchronize
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -77,6 +78,8 @@ def parse_sizes(text: str, flag: str) -> list[int]:
 
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
+        import torch
+
         torch.cuda.reset_peak_memory_stats(device)
     elif device.type == "cpu":
         try:  # Linux: "5" resets the peak resident set size (VmHWM) of this process
@@ -88,9 +91,11 @@ def reset_peak_memory(device: torch.device) -> None:
 
 def peak_memory(device: torch.device) -> int:
     """Peak bytes since the last reset: max allocated on CUDA, driver memory on MPS, peak RSS on CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    if device.type == "mps":
+    if device.type in ("cuda", "mps"):
+        import torch
+
+        if device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(device))
         return int(torch.mps.driver_allocated_memory())
     peak = heap.proc_bytes("/proc/self/status", "VmHWM")
     if peak is not None:
@@ -104,7 +109,11 @@ def peak_memory(device: torch.device) -> int:
 def weights_bytes(model: torch.nn.Module) -> int:
     """Bytes of the weights as held in memory: parameters and buffers, plus the tensors of packed
     quantized weights (plain attributes of their modules, in the device's layout), each shared
-    tensor counted once."""
+    tensor counted once. The torch-free path's model says its own (LeanModel.held_bytes)."""
+    if hasattr(model, "held_bytes"):
+        return model.held_bytes()
+    import torch
+
     seen: set[int] = set()
 
     def held(t: torch.Tensor) -> int:
@@ -135,40 +144,53 @@ def weights_bytes(model: torch.nn.Module) -> int:
 # ------------------------------------------------------------------------------ timing
 
 
-def _tokens(n: int, vocab: int, device, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(100, max(101, vocab - 100), (1, n), generator=g).to(device)
+def _tokens(n: int, vocab: int, seed: int) -> list[int]:
+    """n token ids away from the vocabulary's ends (its special tokens), the same for a seed."""
+    return np.random.default_rng(seed).integers(100, max(101, vocab - 100), n).tolist()
 
 
-@torch.inference_mode()
+def _prefill(model, ids: list[int], cache, device) -> int:
+    """Run ids into the cache as `run` prefills (the torch path's prefill, or the torch-free model's
+    calls of at most lean.MAX_TOKENS); the argmax of the last logits, as a first token's pick."""
+    if getattr(model, "torch_free", False):
+        from ..decode.lean import MAX_TOKENS
+
+        for i in range(0, len(ids), MAX_TOKENS):
+            logits, _, _ = model(ids[i:i + MAX_TOKENS], cache)
+        return int(logits[0].argmax())
+    import torch
+
+    from ..decode.prefill import prefill
+
+    with torch.inference_mode():
+        return int(prefill(model, ids, cache, device).argmax())
+
+
 def time_prefill(model, new_cache: Callable, n: int, depth: int, vocab: int, device) -> tuple[float, float]:
     """Seconds to prefill n tokens after `depth` tokens already in the cache; also the first-token time
     (the same prefill plus the argmax that picks the token)."""
     cache = new_cache()
     if depth:
-        prefill(model, _tokens(depth, vocab, device, 1)[0].tolist(), cache, device)
-    ids = _tokens(n, vocab, device, 2)[0].tolist()
+        _prefill(model, _tokens(depth, vocab, 1), cache, device)
+    ids = _tokens(n, vocab, 2)
     synchronize(device)
     t0 = time.perf_counter()
-    logits = prefill(model, ids, cache, device)
-    int(logits.argmax())
+    _prefill(model, ids, cache, device)
     synchronize(device)
     elapsed = time.perf_counter() - t0
     return elapsed, elapsed
 
 
-@torch.inference_mode()
 def time_decode(rt, step, n: int, depth: int, device, ignore_eos: bool = True) -> tuple[float, float, int]:
-    """Seconds for n decode steps made as `llmcli run` makes them: generate() with run's default
-    sampling (Request's default SamplingParams: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), the decode step
-    run takes and its text stream, going on past end-of-sequence tokens as llama-bench does; after
-    `depth` tokens (at least one) of prompt (`ignore_eos` False: an end token ends it early).
-    Returns the seconds, the first step's seconds, and the steps made."""
-    loaded = rt.loaded
-    prompt = _tokens(max(1, depth), loaded.args.vocab_size, device, 1)[0].tolist()
+    """Seconds for n decode steps made as `llmcli run` makes them: the runtime's generate() with run's
+    default sampling (Request's default SamplingParams: temperature 0.8, top-k 40, top-p 0.95, min-p
+    0.05), the decode step run takes and its text stream, going on past end-of-sequence tokens as
+    llama-bench does; after `depth` tokens (at least one) of prompt (`ignore_eos` False: an end token
+    ends it early). Returns the seconds, the first step's seconds, and the steps made."""
+    prompt = _tokens(max(1, depth), rt.loaded.args.vocab_size, 1)
     times, last = [], None
     request = Request(max_tokens=n + 1, ignore_eos=ignore_eos)  # run's default sampling
-    for chunk in generate(loaded.model, loaded.tokenizer, prompt, request, rt.new_cache(), step):
+    for chunk in rt.generate(prompt, request, rt.new_cache(), step):
         if chunk.tokens:
             times.append(time.perf_counter())  # the first token comes out of the prefill; n steps follow
         last = chunk
@@ -204,7 +226,7 @@ def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], d
 
         def once():  # (seconds, first-token seconds, tokens)
             if kind == "pp":
-                return (*time_prefill(prefill_runner(model, step), new_cache, n, depth, vocab, device), n)
+                return (*time_prefill(_prefill_runner(model, step), new_cache, n, depth, vocab, device), n)
             return time_decode(rt, step, n, depth, device, ignore_eos)
 
         once()  # warm-up: not counted
@@ -231,6 +253,15 @@ def run_tests(rt, label: str, quant: str, prompts: list[int], gens: list[int], d
             theirs.samples = their_samples
             theirs.ttft_ms = sorted(their_firsts)[len(their_firsts) // 2] * 1000 if their_firsts else 0.0
             yield "done", theirs
+
+
+def _prefill_runner(model, step):
+    """What prefills: the torch-free model itself, else decode/prefill.py's choice."""
+    if getattr(model, "torch_free", False):
+        return model
+    from ..decode.prefill import prefill_runner
+
+    return prefill_runner(model, step)
 
 
 # ------------------------------------------------------------------------------ output

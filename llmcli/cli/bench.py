@@ -32,7 +32,7 @@ def bench(
 ):
     """Measure prefill (ppN) and generation (tgN) speed, time to first token, load time and peak memory."""
     from ..bench import measure as b
-    from ..runtime.runtime import DEFAULT_MODEL
+    from ..runtime.flags import DEFAULT_MODEL
 
     prompts, gens = b.parse_sizes(n_prompt, "-p"), b.parse_sizes(n_gen, "-n")
     if repetitions < 1:
@@ -76,11 +76,15 @@ def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: in
              binary, baseline):
     """One model under one preset: its results (and the baseline's, interleaved), progress on stderr."""
     from ..bench import measure as b
-    from ..runtime.runtime import open_model
+    from ..runtime.lean import open_lean
     from .startup import opening
 
     with opening(err) as progress:
-        rt = open_model(flags, progress)
+        rt = None if compile else open_lean(flags, progress=progress)  # the path `run` takes, torch-free where it is
+        if rt is None:
+            from ..runtime.runtime import open_model
+
+            rt = open_model(flags, progress)
     step = rt.decode_step(compile)
     base = None
     if binary is not None:

@@ -156,6 +156,8 @@ def _check_threads(threads: int | None) -> int | None:
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels, so that host timings measure the work (no-op on CPU)."""
+    if device.type == "cpu":
+        return
     import torch
 
     if device.type == "cuda":

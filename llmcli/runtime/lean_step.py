@@ -62,6 +62,7 @@ class LeanModel:
     """A GGUF model on the CPU as one C++ call a step, without torch."""
 
     native = True
+    torch_free = True  # (bench's measurements and others ask)
 
     def __init__(self, args, kernels, threads: int, layers: list[Layer], head: Weight, head_norm: np.ndarray,
                  embedding: tuple[np.ndarray, int | None], scale: float, act: str):
@@ -116,6 +117,19 @@ class LeanModel:
                         release(w.stored.ctypes.data, w.stored.nbytes)
                 base += w.N
         return made
+
+    def held_bytes(self) -> int:
+        """The weights' bytes as the step reads them: each matrix's copy or blocks, the norms, the
+        embedding table (a tied head's blocks counted once)."""
+        seen, total = set(), 0
+        arrays = [w.data for layer in self.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down) for w in g]
+        arrays += [n for layer in self.layers for n in layer.norms.values() if n is not None]
+        arrays += [self.head.data, self.head_norm, self.embedding[0]]
+        for a in arrays:
+            if a.ctypes.data not in seen:
+                seen.add(a.ctypes.data)
+                total += a.nbytes
+        return total
 
     # ------------------------------------------------------------------ running
 
