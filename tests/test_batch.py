@@ -28,10 +28,15 @@ CPU = torch.device("cpu")
 CTX = 64
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3_text"])
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3_text", "qwen3_moe"])
 def loaded(request, tmp_path_factory):
-    """Tiny random models: llama, qwen2 (q/k/v biases) and gemma3 (sliding-window layers of 8)."""
-    folder = save_hf(hf_model(request.param, seed=1), tmp_path_factory.mktemp(request.param) / "m")
+    """Tiny random models: llama, qwen2 (q/k/v biases), gemma3 (sliding-window layers of 8) and
+    qwen3_moe (8 experts, 2 a token: rows routed to different experts in one step)."""
+    extra = MOE if request.param == "qwen3_moe" else {}
+    folder = save_hf(hf_model(request.param, seed=1, **extra), tmp_path_factory.mktemp(request.param) / "m")
     return load_model(folder, place("cpu", "float32"))
 
 

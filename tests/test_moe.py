@@ -167,3 +167,59 @@ def test_the_memory_plan_counts_every_expert_and_says_what_a_token_reads(tmp_pat
     assert weights >= path.stat().st_size * 0.9  # every expert's bytes
     assert 0 < plan["active_weight_bytes"] < weights
     assert "a token reads 2 of them" in run_cli("show", str(path), "--memory", "-c", "64").stdout
+
+
+def test_a_moe_model_serves_and_takes_grammars_guesses_and_tools(tmp_path):
+    """The same code paths as a dense model's: the server (4 rows, the openai client) answers as
+    generate() does, a JSON schema constrains the output, prompt-lookup guesses keep the greedy
+    answer, and --tool-choice required writes a call the tools' schemas accept."""
+    import json
+
+    import jsonschema
+    import openai
+    from tiny import save_hf
+    from tool_templates import TEMPLATES
+
+    from llmcli.decode.request import Request
+    from llmcli.decode.sampling_plain import SamplingParams
+    from llmcli.runtime.runtime import open_model
+    from llmcli.serve.http import Server
+    from llmcli.serve.listener import bind
+
+    template, bos, eos = TEMPLATES["qwen2.5"]
+    from tiny import hf_model
+
+    model = hf_model("qwen3_moe", seed=1, max_position_embeddings=2048, **CONFIGS["qwen3moe-top2-of-8-normalized"][1])
+    folder = save_hf(model, tmp_path / "m", template, tools=True, bos=bos, eos=eos)
+    rt = open_model(str(folder), device="cpu", dtype="float32", ctx_size=256)
+    ask = [{"role": "user", "content": "Say something."}]
+    want = "".join(c.text for c in rt.generate(rt.prompt_ids(ask), Request(SamplingParams(temperature=0), 12),
+                                                rt.new_cache()))
+    srv = Server(rt, bind("127.0.0.1", 0), model_id="moe", rows=4).start()
+    try:
+        client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0, timeout=60)
+        got = client.chat.completions.create(model="moe", messages=ask, max_tokens=12, temperature=0)
+        assert got.choices[0].message.content == want
+    finally:
+        srv.close()
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+                                  "additionalProperties": False}))
+    r = run_cli("run", str(folder), "Give JSON.", "--json-schema", str(schema), "--temp", "0", "-n", "200", "-c", "256")
+    assert r.returncode == 0, r.stderr
+    jsonschema.validate(json.loads(r.stdout), json.loads(schema.read_text()))
+    plain = run_cli("run", str(folder), "a b a b a b a b", "--temp", "0", "-n", "12", "-c", "256", "--ignore-eos")
+    guessed = run_cli("run", str(folder), "a b a b a b a b", "--temp", "0", "-n", "12", "-c", "256", "--ignore-eos",
+                      "--lookup")
+    assert plain.returncode == guessed.returncode == 0 and plain.stdout == guessed.stdout
+    tools = tmp_path / "tools.json"
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+        "additionalProperties": False}}}  # (a random model would write a free string on and on)
+    tools.write_text(json.dumps([weather]))
+    r = run_cli("run", str(folder), "Weather in Paris?", "--tools", str(tools), "--tool-choice", "required",
+                "--temp", "0", "-n", "120", "-c", "1024")
+    assert r.returncode == 0, r.stderr
+    calls = json.loads(r.stdout)
+    assert calls and calls[0]["name"] == "get_weather"
+    jsonschema.validate(calls[0]["arguments"], weather["function"]["parameters"])
