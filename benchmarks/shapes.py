@@ -148,6 +148,9 @@ LLAMA32_3B = dict(hidden=3072, intermediate=8192, layers=28, heads=24, kv_heads=
 LLAMA31_8B = dict(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=128256, ctx=131072,
                   rope_theta=500000.0, eps=1e-5, tied=False, rope_scaling=dict(LLAMA3_ROPE, factor=8.0))
 LLAMAS = {"llama3.2-3b": LLAMA32_3B, "llama3.1-8b": LLAMA31_8B}
+# Qwen3-30B-A3B (config.json): 48 layers of 128 experts of 768, 8 a token; heads of 128 (q is 4096 wide)
+QWEN3_30B_A3B = dict(hidden=2048, intermediate=6144, layers=48, heads=32, kv_heads=4, head_dim=128, vocab=151936,
+                     ctx=40960, rope_theta=1000000.0, eps=1e-6, experts=128, experts_used=8, expert_ff=768)
 OUT = Path.home() / ".cache" / "llmcli-bench"
 
 
@@ -203,13 +206,15 @@ class RandomF16:
     array (shape, dtype, nbytes, tofile), made a slice of rows at a time: an 8B model's 16 GB never
     sit in memory. `seed` makes the same values every time."""
 
-    def __init__(self, rows: int, cols: int, seed, std: float = 0.02, chunk_bytes: int = 64 << 20):
-        self.shape, self.dtype, self.nbytes = (rows, cols), np.dtype(np.float16), rows * cols * 2
+    def __init__(self, rows: int, cols: int, seed, std: float = 0.02, chunk_bytes: int = 64 << 20,
+                 experts: int | None = None):
+        self.shape = (rows, cols) if experts is None else (experts, rows, cols)  # (a 3-D stack of experts' matrices)
+        self.dtype, self.nbytes = np.dtype(np.float16), rows * cols * 2 * (experts or 1)
         self.seed, self.std, self.step = seed, std, max(1, chunk_bytes // (4 * cols))
 
     def tofile(self, fout) -> None:
         rng = np.random.default_rng(self.seed)
-        rows, cols = self.shape
+        rows, cols = int(np.prod(self.shape[:-1])), self.shape[-1]
         for r in range(0, rows, self.step):
             x = rng.standard_normal((min(self.step, rows - r), cols), dtype=np.float32)
             x *= self.std
@@ -293,6 +298,45 @@ def write_llama3_f16(out: Path, tokenizer_gguf: Path, name: str, s: dict, seed: 
     finish(w, tmp, out)
 
 
+def write_qwen3moe_f16(out: Path, tokenizer_gguf: Path, layers: int, s: dict = QWEN3_30B_A3B, seed: int = 0) -> None:
+    """Qwen3-30B-A3B's shapes, its first `layers` layers, in F16 as llama.cpp's converter writes them:
+    per layer q/k/v/o with q/k norms, the router (ffn_gate_inp, F32, as llama-quantize leaves it) and
+    the experts as 3-D tensors (ffn_{gate,up,down}_exps), an untied output head."""
+    import gguf
+
+    s = dict(s, layers=layers)
+    tmp = out.with_suffix(".partial")
+    w = start(tmp, "qwen3moe", f"qwen3-30b-a3b-{layers}-layers-shapes-random", s)
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_expert_count(s["experts"])
+    w.add_expert_used_count(s["experts_used"])
+    w.add_expert_feed_forward_length(s["expert_ff"])
+    w.add_vocab_size(s["vocab"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    add_bpe_vocab(w, tokenizer_gguf, s["vocab"], pre="qwen2", template=True)
+    seeds = iter(np.random.SeedSequence(seed).spawn(4 + 16 * layers))
+    hidden, D, E, ff = s["hidden"], s["head_dim"], s["experts"], s["expert_ff"]
+    q, kv = s["heads"] * D, s["kv_heads"] * D
+    w.add_tensor("token_embd.weight", RandomF16(s["vocab"], hidden, next(seeds)))
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        for part, rows in (("q", q), ("k", kv), ("v", kv)):
+            w.add_tensor(f"blk.{i}.attn_{part}.weight", RandomF16(rows, hidden, next(seeds)))
+        w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(D, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(D, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_output.weight", RandomF16(hidden, q, next(seeds)))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        router = np.random.default_rng(next(seeds)).standard_normal((E, hidden), dtype=np.float32) * 0.02
+        w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", router)
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", RandomF16(ff, hidden, next(seeds), experts=E))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.weight", RandomF16(ff, hidden, next(seeds), experts=E))
+        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", RandomF16(hidden, ff, next(seeds), experts=E))
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.add_tensor("output.weight", RandomF16(s["vocab"], hidden, next(seeds)))
+    finish(w, tmp, out)
+
+
 def f16_source(out: Path, type_name: str) -> Path:
     """NAME.q4_k_m.gguf -> NAME.f16.gguf (any other name: NAME.f16.gguf after the whole stem)."""
     tail = f".{type_name.lower()}.gguf"
@@ -351,18 +395,23 @@ def main() -> None:
     t.add_argument("--tokenizer", type=Path, help="a 32000-piece SentencePiece tokenizer.model")
     helps = {"qwen2": ("Qwen2.5-0.5B's shapes", OUT / "qwen2-0.5b-shapes-q4_k_m.gguf"),
              "llama3.2-3b": ("Llama-3.2-3B's shapes", OUT / "llama3.2-3b-shapes.q4_k_m.gguf"),
-             "llama3.1-8b": ("Llama-3.1-8B's shapes", OUT / "llama3.1-8b-shapes.q4_k_m.gguf")}
+             "llama3.1-8b": ("Llama-3.1-8B's shapes", OUT / "llama3.1-8b-shapes.q4_k_m.gguf"),
+             "qwen3moe": ("Qwen3-30B-A3B's shapes (--layers of its 48)", None)}
     for key, (what, default) in helps.items():
         q = sub.add_parser(key, help=f"{what}, F16 quantized by llama-quantize (Q4_K_M)")
         q.add_argument("--out", type=Path, default=default)
+        if key == "qwen3moe":
+            q.add_argument("--layers", type=int, default=8, help="layers of the 48 (default 8)")
         q.add_argument("--llama-quantize", type=Path, required=True, help="llama.cpp's llama-quantize executable")
         q.add_argument("--type", default="Q4_K_M", help="llama-quantize's target type (default: Q4_K_M)")
         q.add_argument("--threads", type=int, help="llama-quantize's threads (default: its own, all cores)")
         q.add_argument("--tokenizer-from", type=Path, required=True,
                        help="a GGUF with a byte-level BPE vocabulary (e.g. SmolLM2-135M-Instruct.Q4_1.gguf)")
-        if key in LLAMAS:
+        if key in LLAMAS or key == "qwen3moe":
             q.add_argument("--keep-f16", action="store_true", help="keep the F16 file llama-quantize read")
     a = ap.parse_args()
+    if a.model == "qwen3moe" and a.out is None:
+        a.out = OUT / f"qwen3-30b-a3b-{a.layers}l-shapes.{a.type.lower()}.gguf"
     if a.out.exists():
         print(f"{a.out} exists ({a.out.stat().st_size / 1e6:.0f} MB)")
         return
@@ -376,6 +425,8 @@ def main() -> None:
         if not f16.exists():
             if a.model == "qwen2":
                 write_qwen2_f16(f16, a.tokenizer_from)
+            elif a.model == "qwen3moe":
+                write_qwen3moe_f16(f16, a.tokenizer_from, a.layers)
             else:
                 write_llama3_f16(f16, a.tokenizer_from, a.model, LLAMAS[a.model])
             print(f"wrote {f16} ({f16.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s")

@@ -153,3 +153,16 @@ def test_bench_on_a_gguf_times_the_lean_path_without_torch(tiny_gguf):
     assert not imported and [r["test"] for r in results] == ["pp16", "tg4"]
     assert all(r["step"].startswith("native (one C++ call a step") and r["size_bytes"] > 0 and min(r["samples"]) > 0
                for r in results)
+
+
+def test_embed_on_a_gguf_pools_the_lean_step_s_states_without_torch(tiny_gguf):
+    """The step's final normed states, pooled in numpy, against the torch path's model (whose eager
+    layers round their activations otherwise: nearly the same vectors)."""
+    args = ["embed", str(tiny_gguf), "hello there, some words", "--pooling", "mean"]
+    lean_out, _, lean_torch = _llmcli(args)
+    torch_out, _, _ = _llmcli(args, env={"LLMCLI_TORCH_PATH": "1"})
+    a, b = (np.array(json.loads(o)["embedding"]) for o in (lean_out, torch_out))
+    assert not lean_torch and a.shape == b.shape
+    assert abs(np.linalg.norm(a) - 1) < 1e-5 and a @ b > 0.999  # unit length, the same direction
+    last, _, _ = _llmcli(["embed", str(tiny_gguf), "hello there", "--pooling", "last", "--no-normalize"])
+    assert json.loads(last)["tokens"] >= 2 and np.linalg.norm(json.loads(last)["embedding"]) > 0

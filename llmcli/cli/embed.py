@@ -36,7 +36,7 @@ def embed(
 ):
     """Write the embedding of TEXT as JSON: {"tokens": N, "embedding": [...]}. With --lines or --jsonl,
     one JSON object a line for each line of the input."""
-    from ..runtime.runtime import open_model
+    from ..runtime.lean import open_lean
     from .startup import opening
 
     if lines and jsonl:
@@ -48,8 +48,13 @@ def embed(
     source = _input(text, lines or jsonl)
     err = stderr_console()
     with opening(err) as progress:
-        rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
-                                    registry=registry, offline=offline, allow_encoder=True), progress)
+        flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
+                            registry=registry, offline=offline, allow_encoder=True)
+        rt = open_lean(flags, progress=progress)  # a causal GGUF on the CPU: without torch (runtime/lean.py)
+        if rt is None:
+            from ..runtime.runtime import open_model
+
+            rt = open_model(flags, progress)
     embedder = rt.embedder(pooling, normalize, batch_size)
     if verbose:
         err.print(f"{rt.loaded.name}: {embedder.dimensions} dimensions, {embedder.pooling.describe()}, at most "

@@ -50,3 +50,16 @@ def pool(hidden: torch.Tensor, lengths: torch.Tensor, pooling: Pooling) -> torch
     else:  # max
         out = h.masked_fill(~valid[..., None], float("-inf")).amax(1)
     return F.normalize(out, p=2, dim=1) if pooling.normalize else out
+
+
+def pool_one(hidden, pooling: Pooling):
+    """hidden (T, H) numpy float32 states of one text (no padding) -> (H,) float32: pool()'s result
+    for it, without torch (the torch-free path's embeddings)."""
+    import numpy as np
+
+    h = np.asarray(hidden, dtype=np.float32)
+    out = {"mean": lambda: h.mean(0), "cls": lambda: h[0], "last": lambda: h[-1], "max": lambda: h.max(0)}[pooling.mode]()
+    out = np.asarray(out, dtype=np.float32)
+    if pooling.normalize:  # F.normalize's: x / max(||x||, 1e-12)
+        out = out / max(float(np.linalg.norm(out)), 1e-12)
+    return out.astype(np.float32)

@@ -13,12 +13,12 @@ every other.
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from ..cache import new_cache
 from ..errors import InvalidParameterError, PromptTooLongError, UnsupportedModelError
 from ..models import is_encoder
-from ..models.pooling import Pooling, pool
+from ..models.pooling import Pooling, pool, pool_one
 
 BATCH_TEXTS = 32  # sentence-transformers' default batch size
 BATCH_TOKENS = 16384  # padded tokens a forward pass holds at most (bounds activation memory)
@@ -61,9 +61,22 @@ class Embedder:
             raise InvalidParameterError(f"{what} is empty; there is nothing to embed")
         return self.prefix + list(ids) + self.suffix
 
-    @torch.inference_mode()
-    def embed(self, texts: list[list[int]]) -> torch.Tensor:
-        """Framed ids (ids() / frame()) of N texts -> (N, dimensions) float32 on the CPU, in order."""
+    def embed(self, texts: list[list[int]]):
+        """Framed ids (ids() / frame()) of N texts -> (N, dimensions) float32 on the CPU, in order (a
+        torch tensor; a numpy array from the torch-free path's model, one text at a time)."""
+        if getattr(self.model, "torch_free", False):
+            out = np.empty((len(texts), self.dimensions), np.float32)
+            for i, ids in enumerate(texts):
+                out[i] = pool_one(self.model.hidden_states(ids), self.pooling)
+            return out
+        import torch
+
+        with torch.inference_mode():
+            return self._embed(texts)
+
+    def _embed(self, texts: list[list[int]]):
+        import torch
+
         out = torch.empty(len(texts), self.dimensions)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first: little padding
         start = 0
@@ -80,8 +93,10 @@ class Embedder:
             out[group] = pool(hidden, lengths, self.pooling).cpu()
         return out
 
-    def _hidden(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def _hidden(self, tokens, lengths):
         """(B, T, hidden) last hidden states of right-padded texts."""
+        import torch
+
         if self.encoder:
             mask = torch.arange(tokens.shape[1], device=self.device)[None, :] < lengths[:, None]
             return self.model(tokens, mask)
@@ -90,12 +105,32 @@ class Embedder:
         return self.model.hidden_states(tokens, cache)
 
 
-def floats(vector: torch.Tensor) -> list[float]:
-    """A float32 vector's values as the shortest decimals that read back as the same float32s (JSON
-    stays short: 0.0123457 rather than 0.012345679104328156)."""
-    return [float(x) for x in vector.float().numpy().astype(str)]
+def _float32(vector) -> np.ndarray:
+    return vector if isinstance(vector, np.ndarray) else vector.float().numpy()
 
 
-def floats_json(vector: torch.Tensor) -> str:
+def floats(vector) -> list[float]:
+    """A float32 vector's values (numpy or torch) as the shortest decimals that read back as the same
+    float32s (JSON stays short: 0.0123457 rather than 0.012345679104328156)."""
+    return [float(x) for x in _float32(vector).astype(np.float32).astype(str)]
+
+
+def floats_json(vector) -> str:
     """The same, as a JSON array."""
-    return "[" + ", ".join(vector.float().numpy().astype(str)) + "]"
+    return "[" + ", ".join(_float32(vector).astype(np.float32).astype(str)) + "]"
+
+
+def embedder_of(rt, pooling: str | None = None, normalize: bool | None = None, batch_size: int = BATCH_TEXTS) -> Embedder:
+    """What turns texts into vectors for a runtime (runtime.py's or lean.py's): the model's own
+    pooling (rt.pooling), or `pooling` (mean, cls, last, max) and `normalize` where given.
+    NoPoolingError for a causal model that declares none and was given none."""
+    chosen = rt.pooling
+    if pooling is not None:
+        default = rt.pooling.normalize if rt.pooling is not None else True
+        chosen = Pooling(pooling, default if normalize is None else normalize, "--pooling")
+    elif chosen is None:
+        raise NoPoolingError(f"{rt.loaded.path.name} is a text-generation model and its files declare no pooling; "
+                             "pass --pooling last (or mean) to embed with its last hidden states")
+    if normalize is not None and normalize != chosen.normalize:
+        chosen = Pooling(chosen.mode, normalize, chosen.source)
+    return Embedder(rt, chosen, batch_size)

@@ -9,7 +9,7 @@ open_lean says None, before anything is loaded, for whatever needs torch: a GPU 
 possibly there), --quant or a registry quant, a folder, an encoder, a family or block type the step
 does not run, a KV cache the planner would quantize or offload, and requests the lean generator does
 not take (a grammar, tools, logprobs, beams, guesses, a context shift: decode/lean.py's takes()).
-LeanRuntime answers what `run` and `chat` ask of a runtime.py Runtime.
+LeanRuntime answers what `run`, `chat`, `bench` and `embed` ask of a runtime.py Runtime.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..formats.prompt import conversation_ids
 from ..hub import fetch
 from .budget import detect_budget
 from .device import place_without_torch
+from .embedder import BATCH_TEXTS, embedder_of
 from .flags import ModelFlags, context_choice
 from .lean_step import ACTIVATIONS, TABLE_POSITIONS, LeanModel
 from .loaded import LoadedModel
@@ -44,8 +45,9 @@ class LeanRuntime:
     generates = True
     registry_quant = None
 
-    def __init__(self, loaded: LoadedModel, ctx_size: int, memory: Plan):
+    def __init__(self, loaded: LoadedModel, ctx_size: int, memory: Plan, pooling=None, max_text_tokens=None):
         self.loaded, self.ctx_size, self.plan = loaded, ctx_size, memory
+        self.pooling, self.max_text_tokens = pooling, max_text_tokens  # (embeddings: runtime.Runtime's)
         self.kv_type = "f16"
         self._cache = None  # the first cache, made (and warmed up on) at load
 
@@ -77,6 +79,9 @@ class LeanRuntime:
         if raw:
             return tok.encode(chat_template.plain_prompt(messages))
         return conversation_ids(tok, self.loaded.chat_template, messages)
+
+    def embedder(self, pooling: str | None = None, normalize: bool | None = None, batch_size: int = BATCH_TEXTS):
+        return embedder_of(self, pooling, normalize, batch_size)
 
     def grammar(self, request: Request):
         return request.grammar
@@ -137,7 +142,7 @@ def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) 
     loaded = LoadedModel(model, tokenizer, args, flags.chat_template or template, model_file.path, model_file.format,
                          model_file.nbytes, stored, placement, 0.0, metadata, runs_as(model_file.format, stored))
     loaded.interleaved = model.interleaved
-    rt = LeanRuntime(loaded, ctx, memory)
+    rt = LeanRuntime(loaded, ctx, memory, model_file.pooling, min(model_file.max_text_tokens or ctx, ctx))
     rt._cache = model.new_cache(ctx)
     model.warm_up(rt._cache)
     loaded.load_seconds = time.perf_counter() - t0

@@ -150,6 +150,21 @@ class LeanModel:
         cache.length += n
         return logits, h[first:], found
 
+    def hidden_states(self, ids: list[int]) -> np.ndarray:
+        """The final normed hidden states (n, hidden) of a text, run alone through a cache of its own
+        (no logits made): what an embedding pools."""
+        cache = self.new_cache(max(len(ids), 1))
+        step = self._step_for(cache)
+        out = []
+        for i in range(0, len(ids), MAX_TOKENS):
+            piece = np.asarray(ids[i:i + MAX_TOKENS], dtype=np.int64)
+            at = np.arange(cache.length, cache.length + len(piece), dtype=np.int64)
+            _, h, _ = step.run_ids(piece, np.zeros(len(piece), np.int64), at, at, len(piece), 0)
+            cache.length += len(piece)
+            out.append(h)
+        self._step = self._cache = None  # (the step held this cache's arrays)
+        return np.concatenate(out)
+
     def warm_up(self, cache: HostKVCache) -> float:
         """One token through the step on `cache` (then forgotten): the C++ side's buffers and threads
         made while the model loads, not while a user waits on a first token. -> seconds."""

@@ -38,7 +38,7 @@ from ..models import is_encoder
 from ..models.pooling import Pooling
 from .compiled_step import CompiledStep
 from .device import Placement, place
-from .embedder import BATCH_TEXTS, Embedder, NoPoolingError
+from .embedder import BATCH_TEXTS, Embedder, NoPoolingError, embedder_of  # noqa: F401 (NoPoolingError: re-exported)
 from .loader import LoadedModel, load_model
 from .native_step import NativeStep
 from .flags import DEFAULT_CONTEXT, DEFAULT_MODEL, ModelFlags, check_ctx_size, context_choice  # noqa: F401 (re-exported)
@@ -69,19 +69,8 @@ class Runtime:
 
     def embedder(self, pooling: str | None = None, normalize: bool | None = None,
                  batch_size: int = BATCH_TEXTS) -> Embedder:
-        """What turns texts into vectors: the model's own pooling, or `pooling` (mean, cls, last,
-        max) and `normalize` where given. NoPoolingError for a causal model that declares none and
-        was given none."""
-        chosen = self.pooling
-        if pooling is not None:
-            default = self.pooling.normalize if self.pooling is not None else True
-            chosen = Pooling(pooling, default if normalize is None else normalize, "--pooling")
-        elif chosen is None:
-            raise NoPoolingError(f"{self.loaded.path.name} is a text-generation model and its files declare no pooling; "
-                                 "pass --pooling last (or mean) to embed with its last hidden states")
-        if normalize is not None and normalize != chosen.normalize:
-            chosen = Pooling(chosen.mode, normalize, chosen.source)
-        return Embedder(self, chosen, batch_size)
+        """embedder.embedder_of: the model's own pooling, or `pooling` and `normalize` where given."""
+        return embedder_of(self, pooling, normalize, batch_size)
 
     @property
     def placement(self) -> Placement:
