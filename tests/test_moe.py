@@ -223,3 +223,51 @@ def test_a_moe_model_serves_and_takes_grammars_guesses_and_tools(tmp_path):
     calls = json.loads(r.stdout)
     assert calls and calls[0]["name"] == "get_weather"
     jsonschema.validate(calls[0]["arguments"], weather["function"]["parameters"])
+
+
+@pytest.mark.parametrize("name, qtype", [("qwen3moe-top2-of-8-normalized", "Q8_0"), ("mixtral", "Q4_0"),
+                                         ("qwen3moe-top3-of-6-raw", "Q4_K")])
+def test_the_native_step_runs_the_experts_as_the_model_does(name, qtype, tmp_path, monkeypatch):
+    """The one-call C++ step (llmcli_step_set_experts) against the model's own forward on the same
+    blocks: the router's float32 scores, the top k, each chosen expert's gate/up/down as stored, the
+    weighted sum; a prompt in one call, then single steps, then a batch of rows through pieces()."""
+    from tiny import hf_model, write_gguf
+
+    from llmcli import native
+    from llmcli.cache import new_cache
+    from llmcli.models import llama
+    from llmcli.runtime.native_step import NativeStep
+    from llmcli.runtime.runtime import open_model
+
+    if not native.int8_dot():
+        pytest.skip("no SIMD kernels here")
+
+    def forward(self, x):  # norms summed in float64, as the C++ step sums them (test_native_step's)
+        xf = x.float()
+        r = 1.0 / torch.sqrt((xf.double() ** 2).mean(-1, keepdim=True).float() + self.eps)
+        return self.weight * (xf * r).to(x.dtype)
+
+    monkeypatch.setattr(llama.RMSNorm, "forward", forward)
+    model_type, overrides = CONFIGS[name]
+    overrides = {**overrides, "moe_intermediate_size": 256} if "moe_intermediate_size" in overrides else \
+        {**overrides, "intermediate_size": 256}  # (rows of 256: K-quants)
+    path = tmp_path / "moe.gguf"
+    write_gguf(hf_model(model_type, seed=1, hidden_size=256, **overrides), path, qtype)
+    rt = open_model(str(path), device="cpu", ctx_size=64)
+    assert rt.native_decodes and isinstance(rt.decode_step(False), NativeStep)
+    model, step = rt.loaded.model, NativeStep(rt.loaded.model, threads=2)
+    caches = [new_cache(rt.loaded.args, 64, torch.device("cpu"), torch.float32) for _ in range(2)]
+    worst = 0.0
+    with torch.inference_mode():
+        got, want = step(torch.tensor([PROMPT[0][:8]]), caches[0]), model(torch.tensor([PROMPT[0][:8]]), caches[1])
+        worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+        for tok in (7, 99, 250, 31):
+            got = step(torch.tensor([[tok]]), caches[0], last_only=True)
+            want = model(torch.tensor([[tok]]), caches[1], last_only=True)
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+        assert worst < 1e-4, worst  # (an int8 code flip would show as a few percent)
+        batch = new_cache(rt.loaded.args, 64, torch.device("cpu"), torch.float32, batch=3)
+        logits, _ = step.pieces([(0, 0, [5, 17, 80]), (1, 0, [3, 200]), (2, 0, [41])], batch)
+        for row, ids in enumerate(([5, 17, 80], [3, 200], [41])):
+            alone = model(torch.tensor([ids]), new_cache(rt.loaded.args, 64, torch.device("cpu"), torch.float32))
+            assert (logits[row] - alone[0, -1]).abs().max() < 1e-4 * alone.abs().max()

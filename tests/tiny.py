@@ -326,6 +326,8 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
         else:
             a_file = a
         qt = gguf.GGMLQuantizationType[type_of(name, a.shape)]
+        if name.endswith(".mlp.gate.weight"):  # a router: llama-quantize leaves ffn_gate_inp in F32
+            qt = gguf.GGMLQuantizationType.F32
         if a.ndim == 2 and qt not in (gguf.GGMLQuantizationType.F32,):
             q = quantize(a_file, qt.name)
             w.add_tensor(gguf_name(name, arch), q, raw_dtype=qt)

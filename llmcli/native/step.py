@@ -40,6 +40,7 @@ def declare(lib) -> None:
                                     ctypes.c_int]
     lib.llmcli_step_add_layer.argtypes = [_P, ctypes.POINTER(Layer)]
     lib.llmcli_step_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
+    lib.llmcli_step_set_experts.argtypes = [_P, _I64, _P, _I64, _I64, _I64, ctypes.POINTER(Projection)]
     lib.llmcli_step_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
     lib.llmcli_step_set_embedding.argtypes = [_P, _P, ctypes.c_int, _I64, ctypes.c_float]
     lib.llmcli_step_set_rope.argtypes = [_P, _P, _P, _P, _P, _I64]
@@ -148,6 +149,24 @@ class Step:
         self.local |= bool(local_rope)
         if self._lib.llmcli_step_add_layer(self._h, ctypes.byref(layer)):
             raise ValueError("layers differ in shape, or an interleaved copy is not where a row group starts")
+
+    def set_experts(self, layer: int, router, experts, used: int, renormalize: bool) -> None:
+        """Layer `layer`'s MLP as a mixture of experts (after its add_layer): router (E, hidden) float32,
+        experts [(gate spec, up spec, down spec)] as _group takes specs, blocks as stored; a token
+        runs the `used` experts of highest softmax probability, weighted by them (renormalized to
+        sum to one where `renormalize`)."""
+        router = np.ascontiguousarray(array(router), dtype=np.float32)
+        if router.shape != (len(experts), self.hidden):
+            raise ValueError("the router does not match the experts and the hidden size")
+        arr = (Projection * (3 * len(experts)))()
+        for i, specs in enumerate(experts):
+            group, _, _ = self._group(list(specs[:2]))
+            down, _, _ = self._group([specs[2]])
+            arr[3 * i], arr[3 * i + 1], arr[3 * i + 2] = group[0], group[1], down[0]
+        self._keep += [router, arr]
+        if self._lib.llmcli_step_set_experts(self._h, layer, router.ctypes.data, len(experts), used, int(renormalize),
+                                             ctypes.cast(arr, ctypes.POINTER(Projection))):
+            raise ValueError("the experts do not match the layer, or one is an interleaved copy")
 
     def set_head(self, norm, head) -> None:
         arr, rows, K = self._group(head)

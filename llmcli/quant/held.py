@@ -142,8 +142,11 @@ def describe(specs) -> str:
     return ", ".join(name for name, _ in Counter(s.name() for s in specs).most_common())
 
 
+ROUTER = ".mlp.gate.weight"  # a mixture of experts' router: the native step reads it as float32
+
+
 def step_multiplies(formats: dict[str, QuantSpec], tied: bool, step_types) -> bool:
     """Whether every matrix the native step multiplies (all but an untied embedding, which it only
-    looks rows up in) is held as one of `step_types`."""
+    looks rows up in, and a router, which it reads as float32) is held as one of `step_types`."""
     return bool(formats) and all(spec.kind in step_types for name, spec in formats.items()
-                                 if name != EMBEDDING or tied)
+                                 if (name != EMBEDDING or tied) and not name.endswith(ROUTER))

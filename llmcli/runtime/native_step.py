@@ -30,13 +30,13 @@ import torch.nn.functional as F
 
 from .. import native
 from ..cache.static import StaticKVCache
-from ..models import gemma3, llama, phi3, rope
+from ..models import gemma3, llama, moe, phi3, rope
 from ..quant import float_rows
 from ..quant.gguf_blocks import STEP_TYPES, TYPE_IDS, GGUFBlockWeight
 from ..quant.held import model_formats, step_multiplies
 
 # the families it runs (GGUF's gemma3 is gemma3_text)
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 KV_DTYPES = (torch.float32, torch.float16)  # a cache the C++ step reads and writes
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
@@ -45,7 +45,8 @@ MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              phi3.Transformer: (llama.DecoderLayer, F.silu, "silu"),  # fused projections, LongRoPE's tables
-             gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh")}
+             gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh"),
+             moe.Transformer: (moe.DecoderLayer, F.silu, "silu")}  # (every layer's experts: qwen3moe, mixtral)
 
 
 class NativeStep:
@@ -136,7 +137,9 @@ class NativeStep:
         if model.inv_freq.device.type != "cpu" or model.model.norm.weight.dtype != torch.float32:
             return False
         for layer in model.model.layers:
-            if type(layer) is not layer_type or layer.mlp.act is not act:
+            if type(layer) is not layer_type or _act(layer.mlp) is not act:
+                return False
+            if layer_type is moe.DecoderLayer and not _takes_experts(layer.mlp):
                 return False
             projections = _projections(layer)
             if projections is None or not all(_is_blocks(m) for group in projections for m in group):
@@ -288,6 +291,10 @@ class NativeStep:
                 mlp_in, extra = layer.post_attention_layernorm, {}
             step.add_layer(norm(layer.input_layernorm), qkv, q_norm, k_norm, o, norm(mlp_in), gate_up, down,
                             cache.k[i], cache.v[i], a.window or 0, **extra)
+            if isinstance(layer.mlp, moe.SparseMoe):
+                m = layer.mlp
+                step.set_experts(i, _router(m.gate), [tuple(_spec(p) for p in (x.gate_proj, x.up_proj, x.down_proj))
+                                                      for x in m.experts], m.top_k, m.normalize or not m.softmax_first)
         step.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
         emb = self.model.model.embed_tokens  # as the model's embed gives its rows (Gemma: times its normalizer)
         scale = float(self.model.embed_scale(torch.float32)) if self._gemma else 1.0
@@ -308,9 +315,35 @@ def _norm_weight(gemma: bool):
     return lambda m: m.weight.detach()
 
 
+def _act(mlp):
+    """An MLP's activation (a mixture of experts: its experts')."""
+    return mlp.experts[0].act if isinstance(mlp, moe.SparseMoe) else mlp.act
+
+
+def _takes_experts(mlp) -> bool:
+    """Whether the C++ step runs this MLP as its experts: a SparseMoe without a shared expert, every
+    expert's matrices GGUF blocks (read as stored), a router it can read as float32."""
+    if not isinstance(mlp, moe.SparseMoe) or hasattr(mlp, "shared_expert"):
+        return False
+    experts = [p for x in mlp.experts for p in (x.gate_proj, x.up_proj, x.down_proj)]
+    return all(_is_blocks(p) for p in experts) and (_is_blocks(mlp.gate) or mlp.gate.weight.device.type == "cpu")
+
+
+def _router(gate) -> torch.Tensor:
+    """A router's (E, hidden) weight in float32 (its blocks dequantized: llama-quantize leaves it F32)."""
+    if _is_blocks(gate):
+        p = gate.packed
+        return native.module().dequantize(p.blocks, TYPE_IDS[p.type_name], p.shape[1])
+    return gate.weight.detach().float().contiguous()
+
+
 def _projections(layer):
-    """The layer's projection modules in four groups (q/k/v, o, gate/up, down), fused or not."""
+    """The layer's projection modules in four groups (q/k/v, o, gate/up, down), fused or not (a
+    mixture of experts: its first expert's gate/up and down, which add_layer checks the shapes of;
+    set_experts gives them all)."""
     a, m = layer.self_attn, layer.mlp
+    if isinstance(m, moe.SparseMoe):
+        m = m.experts[0]
     qkv = [a.qkv_proj] if hasattr(a, "qkv_proj") else [getattr(a, n, None) for n in ("q_proj", "k_proj", "v_proj")]
     gate_up = [m.gate_up_proj] if hasattr(m, "gate_up_proj") else [getattr(m, n, None) for n in ("gate_proj", "up_proj")]
     groups = (qkv, [a.o_proj], gate_up, [m.down_proj])
@@ -318,9 +351,11 @@ def _projections(layer):
 
 
 def _groups(model):
-    """The model's projections in the groups the step reads them in: each layer's four, then the head."""
+    """The model's projections in the groups the step reads them in: each layer's four, then the head
+    (a mixture of experts: attention's two; its experts are read as stored)."""
     for layer in model.model.layers:
-        yield from (_projections(layer) or ())
+        groups = _projections(layer) or ()
+        yield from (groups[:2] if isinstance(layer.mlp, moe.SparseMoe) else groups)
     yield [model.lm_head]
 
 

@@ -84,6 +84,12 @@ LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_d
                                  float scale, int64_t act, int threads, int refined);
 LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer);
 LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliProjection* head, int64_t n_head);
+// Layer `layer`'s MLP as a mixture of experts (after its add_layer, whose gate_up and down then go
+// unread): router (n_experts, hidden) float32 scores, softmax over them, the `used` largest,
+// renormalized to sum to one where `renormalize`; experts: 3 x n_experts projections, each expert's
+// gate, up and down, blocks as stored (not interleaved). The caller keeps them alive.
+LLMCLI_API int llmcli_step_set_experts(void* step, int64_t layer, const float* router, int64_t n_experts,
+                                       int64_t used, int64_t renormalize, const LlmcliProjection* experts);
 // n tokens at once, x (n, hidden) their embeddings: token i's keys and values go to cache row
 // rows[i], slot slots[i], and it attends to that row's slots up to its own (tokens of one row at
 // consecutive slots see each other causally; rows never see each other). cos, sin (n, rotary_dim):

@@ -21,7 +21,9 @@
 // same operations whatever rows come with it, so a batch never changes what a row decodes. F16 and
 // BF16 projections read the float activations (the norm's output) as they are, with the same promise
 // (half_rows.h); their rows are read as stored, never copied.
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -89,10 +91,21 @@ struct Activation {
     float* row(int64_t m) { return x.data() + m * width; }
 };
 
+// A mixture of experts in place of a layer's MLP (llmcli_step_set_experts): a float32 router, each
+// expert's gate and up (one group, outputs side by side, as a dense gate_up) and its down
+struct Experts {
+    const float* router = nullptr;  // (E, hidden)
+    int64_t used = 0;               // experts a token runs
+    bool renormalize = false;       // the chosen experts' probabilities rescaled to sum to one
+    std::vector<Group> gate_up, down;
+    int64_t inter = 0;
+};
+
 struct Layer {
     LlmcliLayer spec;
     Group qkv, o, gate_up, down;
     unsigned qkv_in, o_in, gate_up_in, down_in;  // the activation layouts each group's weights read
+    std::shared_ptr<Experts> experts;  // null: a dense MLP
 };
 
 class Step {
@@ -101,11 +114,11 @@ class Step {
                 int64_t act, int threads, bool refined)
         : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), QKV((heads + 2 * kv_heads) * head_dim), act(act),
           eps(eps), scale(scale), team(threads), threads_used(threads) {
-        a.q.refined = a_attn.q.refined = a_mlp.q.refined = refined;
+        a.q.refined = a_attn.q.refined = a_mlp.q.refined = a_moe.q.refined = refined;
     }
 
     bool add_layer(const LlmcliLayer& s) {
-        Layer l{s, {}, {}, {}, {}, 0, 0, 0, 0};
+        Layer l{s, {}, {}, {}, {}, 0, 0, 0, 0, nullptr};
         if (!own(s.qkv, s.n_qkv, l.qkv) || !own(s.o, s.n_o, l.o) || !own(s.gate_up, s.n_gate_up, l.gate_up) ||
             !own(s.down, s.n_down, l.down))
             return false;
@@ -117,6 +130,33 @@ class Step {
         cache_rows = layers.empty() ? s.rows : std::min(cache_rows, s.rows);
         local |= s.local_rope != 0;
         layers.push_back(std::move(l));
+        return true;
+    }
+
+    // See llmcli_step_set_experts (api.h)
+    bool set_experts(int64_t layer, const float* router, int64_t n_experts, int64_t used, int64_t renormalize,
+                     const LlmcliProjection* ps) {
+        if (layer < 0 || layer >= (int64_t)layers.size() || !router || n_experts < 1 || used < 1 || used > n_experts)
+            return false;
+        Layer& l = layers[layer];
+        auto e = std::make_shared<Experts>();
+        e->router = router, e->used = used, e->renormalize = renormalize != 0;
+        unsigned gu_in = 0, down_in = 0;
+        for (int64_t i = 0; i < n_experts; ++i) {
+            Group gu, dn;
+            const LlmcliProjection* p = ps + 3 * i;
+            if (p[0].grouped || p[1].grouped || p[2].grouped || !own(p, 2, gu) || !own(p + 2, 1, dn)) return false;
+            const int64_t inter_e = p[0].N;
+            if (p[1].N != inter_e || p[0].K != hidden || p[1].K != hidden || p[2].N != hidden || p[2].K != inter_e ||
+                (i > 0 && inter_e != e->inter))
+                return false;
+            e->inter = inter_e;
+            gu_in |= layouts_of(gu), down_in |= layouts_of(dn);
+            e->gate_up.push_back(std::move(gu));
+            e->down.push_back(std::move(dn));
+        }
+        l.gate_up_in = gu_in, l.down_in = down_in;  // (the experts' blocks as stored: row layouts)
+        l.experts = std::move(e);
         return true;
     }
 
@@ -225,13 +265,17 @@ class Step {
             }, {}});
             per_token(stages, [this, &l](int64_t m) { add_residual(m, l.spec.attn_out_norm); norm_in(m, l.spec.post_norm, l.gate_up_in); },
                       &a, l.gate_up_in);
-            stages.push_back({2 * inter, 16, [this, &l](int, int64_t lo, int64_t hi) {
-                project_rows(l.gate_up, a.q, a.x.data(), 0, N, gu.data(), 2 * inter, lo, hi);
-            }, {}});
-            per_token(stages, [this, &l](int64_t m) { gate(m, l.down_in); }, &a_mlp, l.down_in);
-            stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
-                project_rows(l.down, a_mlp.q, a_mlp.x.data(), 0, N, y.data(), hidden, lo, hi);
-            }, {}});
+            if (l.experts) {
+                moe_stages(stages, l);
+            } else {
+                stages.push_back({2 * inter, 16, [this, &l](int, int64_t lo, int64_t hi) {
+                    project_rows(l.gate_up, a.q, a.x.data(), 0, N, gu.data(), 2 * inter, lo, hi);
+                }, {}});
+                per_token(stages, [this, &l](int64_t m) { gate(m, l.down_in); }, &a_mlp, l.down_in);
+                stages.push_back({hidden, 16, [this, &l](int, int64_t lo, int64_t hi) {
+                    project_rows(l.down, a_mlp.q, a_mlp.x.data(), 0, N, y.data(), hidden, lo, hi);
+                }, {}});
+            }
             per_token(stages, [this, &l, next_norm, next_in](int64_t m) {
                 add_residual(m, l.spec.mlp_out_norm);
                 norm_in(m, next_norm, next_in);
@@ -294,6 +338,12 @@ class Step {
     const float *cs = nullptr, *sn = nullptr, *cs_l = nullptr, *sn_l = nullptr;
     std::vector<float> x, qkv, gu, y;  // (N, hidden), (N, QKV), (N, 2 inter), (N, hidden)
     Activation a, a_attn, a_mlp;
+    // a mixture of experts' run: each (token, choice) pair's expert and weight, gate/up outputs and
+    // activation row; each thread's down outputs
+    std::vector<int64_t> moe_ids;
+    std::vector<float> moe_w, moe_gu;
+    Activation a_moe;
+    std::vector<std::vector<float>> moe_out;
     std::vector<std::vector<float>> scores;  // each thread's
     // each thread's finders of the k largest logits of each row (a thread's chunks of the head come
     // in any order: its own range's, then those it takes from another's), merged after the head: a
@@ -355,6 +405,79 @@ class Step {
     void quantize(Activation& act, int64_t m, unsigned layouts) {
         if (!layouts) return;
         act.q.quantize(act.x.data(), m, m + 1, cols_apart ? layouts & ~kColsLayout : layouts);
+    }
+
+    // A mixture of experts in place of the MLP's three stages, for the N tokens: each token's router
+    // scores and its chosen experts (the `then` of the stage before, as a per_token step: E dot
+    // products of the normed input); then the chosen experts' gate and up rows, one (token, choice)
+    // pair an activation row (alone: the numbers each token gets alone); act(gate) * up into a
+    // quantized row a pair; then down over the hidden rows, each token's pairs weighted and summed
+    // into y. Experts' blocks are read as stored, each pair's rows once.
+    void moe_stages(std::vector<Stage>& stages, const Layer& l) {
+        const Experts& e = *l.experts;
+        const int64_t k = e.used, I = e.inter, P = N * k;
+        moe_ids.resize(P), moe_w.resize(P), moe_gu.resize(P * 2 * I);
+        a_moe.resize(P, I);
+        moe_out.resize(team.size());
+        for (auto& o : moe_out) o.resize(hidden);
+        per_token(stages, [this, &e](int64_t m) { route(e, m); });
+        stages.push_back({P * 2 * I, 16, [this, &e, I](int, int64_t lo, int64_t hi) {
+            for (int64_t p = lo / (2 * I); p * 2 * I < hi; ++p) {
+                const int64_t b = std::max(lo, p * 2 * I) - p * 2 * I, end = std::min(hi, (p + 1) * 2 * I) - p * 2 * I;
+                project_rows(e.gate_up[moe_ids[p]], a.q, a.x.data(), p / e.used, 1, moe_gu.data() + p * 2 * I, 2 * I,
+                             b, end);
+            }
+        }, {}});
+        stages.push_back({P, 1, [this, &l, I](int, int64_t lo, int64_t hi) {
+            for (int64_t p = lo; p < hi; ++p) {
+                const float* g = moe_gu.data() + p * 2 * I;
+                float* o = a_moe.row(p);
+                std::copy(g, g + I, o);
+                if (act == 1) gelu_tanh_mul(o, g + I, I);
+                else silu_mul(o, g + I, I);
+                if (l.down_in) a_moe.q.quantize(a_moe.x.data(), p, p + 1, l.down_in & ~kColsLayout);
+            }
+        }, {}});
+        stages.push_back({hidden, 16, [this, &e](int t, int64_t lo, int64_t hi) {
+            float* out = moe_out[t].data();
+            for (int64_t m = 0; m < N; ++m) {
+                float* ym = y.data() + m * hidden;
+                std::fill(ym + lo, ym + hi, 0.f);
+                for (int64_t s = 0; s < e.used; ++s) {
+                    const int64_t p = m * e.used + s;
+                    project_rows(e.down[moe_ids[p]], a_moe.q, a_moe.x.data(), p, 1, out, hidden, lo, hi);
+                    const float w = moe_w[p];
+                    for (int64_t i = lo; i < hi; ++i) ym[i] += w * out[i];
+                }
+            }
+        }, {}});
+    }
+
+    // token m's router: softmax over the experts of the normed input's scores, the `used` largest
+    // (of equals, the lower index), renormalized where the model says so
+    void route(const Experts& e, int64_t m) {
+        const int64_t E = (int64_t)e.gate_up.size(), k = e.used;
+        const float* xm = a.row(m);
+        std::vector<float> score(E);
+        for (int64_t i = 0; i < E; ++i) {
+            const float* w = e.router + i * hidden;
+            float s = 0.f;
+            for (int64_t j = 0; j < hidden; ++j) s += w[j] * xm[j];
+            score[i] = s;
+        }
+        const float top = *std::max_element(score.begin(), score.end());
+        float total = 0.f;
+        for (auto& s : score) total += (s = std::exp(s - top));
+        std::vector<int64_t> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int64_t i, int64_t j) { return score[i] > score[j] || (score[i] == score[j] && i < j); });
+        float chosen = 0.f;
+        for (int64_t s = 0; s < k; ++s) chosen += score[order[s]];
+        for (int64_t s = 0; s < k; ++s) {
+            moe_ids[m * k + s] = order[s];
+            moe_w[m * k + s] = score[order[s]] / (e.renormalize ? chosen : total);
+        }
     }
 
     // token m's state normed into the next projections' input, quantized in the layouts they read
@@ -437,6 +560,11 @@ LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_d
 
 LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer) {
     return static_cast<Step*>(step)->add_layer(*layer) ? 0 : 1;
+}
+
+LLMCLI_API int llmcli_step_set_experts(void* step, int64_t layer, const float* router, int64_t n_experts,
+                                       int64_t used, int64_t renormalize, const LlmcliProjection* experts) {
+    return static_cast<Step*>(step)->set_experts(layer, router, n_experts, used, renormalize, experts) ? 0 : 1;
 }
 
 LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliProjection* head, int64_t n_head) {
