@@ -114,7 +114,7 @@ class Step {
                 int64_t act, int threads, bool refined)
         : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), QKV((heads + 2 * kv_heads) * head_dim), act(act),
           eps(eps), scale(scale), team(threads), threads_used(threads) {
-        a.q.refined = a_attn.q.refined = a_mlp.q.refined = a_moe.q.refined = refined;
+        a.q.refined = a_attn.q.refined = a_mlp.q.refined = a_moe.q.refined = a_sorted.q.refined = refined;
     }
 
     bool add_layer(const LlmcliLayer& s) {
@@ -340,10 +340,9 @@ class Step {
     Activation a, a_attn, a_mlp;
     // a mixture of experts' run: each (token, choice) pair's expert and weight, gate/up outputs and
     // activation row; each thread's down outputs
-    std::vector<int64_t> moe_ids;
-    std::vector<float> moe_w, moe_gu;
-    Activation a_moe;
-    std::vector<std::vector<float>> moe_out;
+    std::vector<int64_t> moe_ids, moe_order, moe_start;  // each pair's expert; pairs by expert; expert x's first
+    std::vector<float> moe_w, moe_gu, moe_dn;  // each pair's weight; gate/up outputs; down outputs (a row a pair)
+    Activation a_moe, a_sorted;  // act(gate) * up a pair; several tokens' inputs copied to their pairs' rows
     std::vector<std::vector<float>> scores;  // each thread's
     // each thread's finders of the k largest logits of each row (a thread's chunks of the head come
     // in any order: its own range's, then those it takes from another's), merged after the head: a
@@ -415,42 +414,102 @@ class Step {
     // into y. Experts' blocks are read as stored, each pair's rows once.
     void moe_stages(std::vector<Stage>& stages, const Layer& l) {
         const Experts& e = *l.experts;
-        const int64_t k = e.used, I = e.inter, P = N * k;
-        moe_ids.resize(P), moe_w.resize(P), moe_gu.resize(P * 2 * I);
+        const int64_t k = e.used, I = e.inter, P = N * k, E = (int64_t)e.gate_up.size();
+        moe_ids.resize(P), moe_w.resize(P), moe_gu.resize(P * 2 * I), moe_dn.resize(P * hidden);
         a_moe.resize(P, I);
-        moe_out.resize(team.size());
-        for (auto& o : moe_out) o.resize(hidden);
         per_token(stages, [this, &e](int64_t m) { route(e, m); });
-        stages.push_back({P * 2 * I, 16, [this, &e, I](int, int64_t lo, int64_t hi) {
-            for (int64_t p = lo / (2 * I); p * 2 * I < hi; ++p) {
-                const int64_t b = std::max(lo, p * 2 * I) - p * 2 * I, end = std::min(hi, (p + 1) * 2 * I) - p * 2 * I;
-                project_rows(e.gate_up[moe_ids[p]], a.q, a.x.data(), p / e.used, 1, moe_gu.data() + p * 2 * I, 2 * I,
-                             b, end);
+        if (N == 1) {  // a decode step: its k pairs are k experts, each read once
+            stages.push_back({P * 2 * I, 16, [this, &e, I](int, int64_t lo, int64_t hi) {
+                for (int64_t p = lo / (2 * I); p * 2 * I < hi; ++p) {
+                    const int64_t b = std::max(lo, p * 2 * I) - p * 2 * I, end = std::min(hi, (p + 1) * 2 * I) - p * 2 * I;
+                    project_rows(e.gate_up[moe_ids[p]], a.q, a.x.data(), p / e.used, 1, moe_gu.data() + p * 2 * I,
+                                 2 * I, b, end);
+                }
+            }, {}});
+            moe_gate(stages, l, I, P);
+            stages.push_back({hidden, 16, [this, &e, P](int, int64_t lo, int64_t hi) {
+                for (int64_t p = 0; p < P; ++p)
+                    project_rows(e.down[moe_ids[p]], a_moe.q, a_moe.x.data(), p, 1, moe_dn.data() + p * hidden, hidden,
+                                 lo, hi);
+                moe_sum(lo, hi);
+            }, {}});
+            return;
+        }
+        // Several tokens: the pairs sorted by expert (counting sort, one thread), each token's normed
+        // input copied to its pairs' rows in that order and quantized; then each expert's rows are
+        // read once for all its pairs, and the numbers are each pair's alone (project's `alone`)
+        a_sorted.resize(P, hidden);
+        moe_order.resize(P), moe_start.assign(E + 1, 0);
+        stages.push_back({1, 1, [this, E, P](int, int64_t, int64_t) {  // (the buffers are every layer's: counted afresh)
+            std::fill(moe_start.begin(), moe_start.end(), 0);
+            for (int64_t p = 0; p < P; ++p) ++moe_start[moe_ids[p] + 1];
+            for (int64_t i = 0; i < E; ++i) moe_start[i + 1] += moe_start[i];
+            std::vector<int64_t> at(moe_start.begin(), moe_start.end() - 1);
+            for (int64_t p = 0; p < P; ++p) moe_order[at[moe_ids[p]]++] = p;
+        }, {}});
+        stages.push_back({P, 16, [this, &l, &e](int, int64_t lo, int64_t hi) {
+            for (int64_t r = lo; r < hi; ++r) {
+                const float* from = a.row(moe_order[r] / e.used);
+                std::copy(from, from + hidden, a_sorted.row(r));
+                if (l.gate_up_in) a_sorted.q.quantize(a_sorted.x.data(), r, r + 1, l.gate_up_in & ~kColsLayout);
             }
         }, {}});
+        stages.push_back({E * 2 * I, 16, [this, &e, I](int, int64_t lo, int64_t hi) {
+            for (int64_t x = lo / (2 * I); x * 2 * I < hi; ++x) {  // expert x's rows of [lo, hi)
+                const int64_t s0 = moe_start[x], s1 = moe_start[x + 1];
+                if (s0 == s1) continue;
+                const int64_t b = std::max(lo, x * 2 * I) - x * 2 * I, end = std::min(hi, (x + 1) * 2 * I) - x * 2 * I;
+                project_rows(e.gate_up[x], a_sorted.q, a_sorted.x.data(), s0, s1 - s0, moe_gu.data() + s0 * 2 * I,
+                             2 * I, b, end);
+            }
+        }, {}});
+        moe_gate(stages, l, I, P);
+        stages.push_back({hidden, 16, [this, &e, E](int, int64_t lo, int64_t hi) {
+            for (int64_t x = 0; x < E; ++x) {
+                const int64_t s0 = moe_start[x], s1 = moe_start[x + 1];
+                if (s0 < s1)
+                    project_rows(e.down[x], a_moe.q, a_moe.x.data(), s0, s1 - s0, moe_dn.data() + s0 * hidden, hidden,
+                                 lo, hi);
+            }
+            moe_sum(lo, hi);
+        }, {}});
+    }
+
+    // act(gate) * up of each of the P rows of moe_gu (in pair order for one token, expert order for
+    // several) into a_moe's row, quantized for the experts' down
+    void moe_gate(std::vector<Stage>& stages, const Layer& l, int64_t I, int64_t P) {
         stages.push_back({P, 1, [this, &l, I](int, int64_t lo, int64_t hi) {
-            for (int64_t p = lo; p < hi; ++p) {
-                const float* g = moe_gu.data() + p * 2 * I;
-                float* o = a_moe.row(p);
+            for (int64_t r = lo; r < hi; ++r) {
+                const float* g = moe_gu.data() + r * 2 * I;
+                float* o = a_moe.row(r);
                 std::copy(g, g + I, o);
                 if (act == 1) gelu_tanh_mul(o, g + I, I);
                 else silu_mul(o, g + I, I);
-                if (l.down_in) a_moe.q.quantize(a_moe.x.data(), p, p + 1, l.down_in & ~kColsLayout);
+                if (l.down_in) a_moe.q.quantize(a_moe.x.data(), r, r + 1, l.down_in & ~kColsLayout);
             }
         }, {}});
-        stages.push_back({hidden, 16, [this, &e](int t, int64_t lo, int64_t hi) {
-            float* out = moe_out[t].data();
-            for (int64_t m = 0; m < N; ++m) {
-                float* ym = y.data() + m * hidden;
-                std::fill(ym + lo, ym + hi, 0.f);
-                for (int64_t s = 0; s < e.used; ++s) {
-                    const int64_t p = m * e.used + s;
-                    project_rows(e.down[moe_ids[p]], a_moe.q, a_moe.x.data(), p, 1, out, hidden, lo, hi);
-                    const float w = moe_w[p];
-                    for (int64_t i = lo; i < hi; ++i) ym[i] += w * out[i];
-                }
+    }
+
+    // y's columns [lo, hi) of every token: its pairs' down outputs weighted, summed in its choices'
+    // order (a token's numbers whatever tokens came with it). moe_dn holds a row a pair: in pair
+    // order for one token, in expert order (moe_order) for several
+    void moe_sum(int64_t lo, int64_t hi) {
+        const int64_t k = (int64_t)moe_ids.size() / N;
+        std::vector<int64_t> row_of;
+        if (N > 1) {
+            row_of.resize(moe_order.size());
+            for (int64_t r = 0; r < (int64_t)moe_order.size(); ++r) row_of[moe_order[r]] = r;
+        }
+        for (int64_t m = 0; m < N; ++m) {
+            float* ym = y.data() + m * hidden;
+            std::fill(ym + lo, ym + hi, 0.f);
+            for (int64_t s = 0; s < k; ++s) {
+                const int64_t p = m * k + s;
+                const float* d = moe_dn.data() + (N > 1 ? row_of[p] : p) * hidden;
+                const float w = moe_w[p];
+                for (int64_t i = lo; i < hi; ++i) ym[i] += w * d[i];
             }
-        }, {}});
+        }
     }
 
     // token m's router: softmax over the experts of the normed input's scores, the `used` largest
