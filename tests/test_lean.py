@@ -166,3 +166,34 @@ def test_embed_on_a_gguf_pools_the_lean_step_s_states_without_torch(tiny_gguf):
     assert abs(np.linalg.norm(a) - 1) < 1e-5 and a @ b > 0.999  # unit length, the same direction
     last, _, _ = _llmcli(["embed", str(tiny_gguf), "hello there", "--pooling", "last", "--no-normalize"])
     assert json.loads(last)["tokens"] >= 2 and np.linalg.norm(json.loads(last)["embedding"]) > 0
+
+
+@pytest.mark.parametrize("model_type, overrides, qtype", [
+    ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True), "Q8_0"),
+    ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=256), "Q4_K")])
+def test_the_lean_model_runs_a_mixture_of_experts_as_the_torch_path_s_step(model_type, overrides, qtype, tmp_path):
+    """The experts of a GGUF (3-D tensors, a router) given to the step as the torch path gives them:
+    bit for bit, a prompt then single tokens; `run` answers the same without torch."""
+    from tiny import hf_model, write_gguf
+
+    from llmcli.formats.open import open_model_file
+    from llmcli.runtime.lean_step import LeanModel
+    from llmcli.runtime.native_step import NativeStep
+    from llmcli.runtime.runtime import open_model
+
+    path = tmp_path / "moe.gguf"
+    write_gguf(hf_model(model_type, seed=2, hidden_size=256, **overrides), path, qtype)
+    rt = open_model(str(path), device="cpu", ctx_size=64, threads=2)
+    step, cache = NativeStep(rt.loaded.model, threads=2), rt.new_cache()
+    lean = LeanModel.open(open_model_file(path), 2, native.module())
+    assert lean is not None and lean.held_bytes() > 0
+    mine = lean.new_cache(64)
+    with torch.inference_mode():
+        np.testing.assert_array_equal(lean(PROMPT, mine)[0][0], step(torch.tensor([PROMPT]), cache, last_only=True)[0, -1].numpy())
+        for tok in STEPS[:4]:
+            np.testing.assert_array_equal(lean([tok], mine)[0][0],
+                                          step(torch.tensor([[tok]]), cache, last_only=True)[0, -1].numpy())
+    run = ["run", str(path), "hello there", "-n", "8", "--temp", "0", "--ignore-eos", "-c", "64"]
+    lean_out, _, lean_torch = _llmcli(run)
+    torch_out, _, _ = _llmcli(run, env={"LLMCLI_TORCH_PATH": "1"})
+    assert not lean_torch and lean_out == torch_out and lean_out.strip()

@@ -477,9 +477,8 @@ def iter_tensors(reader, args: LlamaArgs, arch: str):
             raise UnsupportedModelError(f"unexpected tensor {t.name} in the GGUF file; this variant is not supported")
         if name.endswith(".mlp.shared_expert_gate.weight"):  # llama.cpp's (hidden,): the HF Linear's (1, hidden)
             t = replace(t, shape=np.array([*t.shape.tolist(), 1][:2]))
-        if name.endswith(".mlp.gate.weight") and tensor_shape(t) != (args.num_experts, args.hidden_size):
-            raise CorruptModelError(f"tensor {t.name} has shape {tensor_shape(t)}, but the metadata says "
-                                    f"{(args.num_experts, args.hidden_size)}; the file is corrupt, download it again")
+        if name.endswith(".mlp.gate.weight"):
+            check_router(t, args)
         heads = None
         if arch in _PERMUTED_ARCHITECTURES:
             if ".q_proj." in name:
@@ -487,6 +486,14 @@ def iter_tensors(reader, args: LlamaArgs, arch: str):
             elif ".k_proj." in name:
                 heads = args.num_key_value_heads
         yield name, t, heads
+
+
+def check_router(t: TensorInfo, args) -> None:
+    """CorruptModelError where a router's shape is not (experts, hidden) as the metadata says."""
+    want = (getattr(args, "num_experts", None), args.hidden_size)
+    if tensor_shape(t) != want:
+        raise CorruptModelError(f"tensor {t.name} has shape {tensor_shape(t)}, but the metadata says {want}; "
+                                "the file is corrupt, download it again")
 
 
 def expert_tensors(t: TensorInfo, layer: str, kind: str, args):

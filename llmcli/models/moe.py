@@ -43,7 +43,7 @@ class SparseMoe(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (T, hidden) -> (weights (T, k) in x's dtype, expert ids (T, k))."""
-        logits = self.gate(x)
+        logits = self.gate(x.to(self.gate.weight.dtype))  # (a router is kept in float32: quant/convert.py)
         if self.softmax_first:
             weights, ids = torch.softmax(logits, dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1)
             if self.normalize:
@@ -63,7 +63,8 @@ class SparseMoe(nn.Module):
             y = self.experts[e](x[rows]) * weights[rows, slot, None]
             out.index_add_(0, rows, y.to(out.dtype))
         if hasattr(self, "shared_expert"):
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            gate = self.shared_expert_gate(x.to(self.shared_expert_gate.weight.dtype)).to(x.dtype)
+            out = out + torch.sigmoid(gate) * self.shared_expert(x)
         return out.view(shape)
 
     def fuse(self) -> None:

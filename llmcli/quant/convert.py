@@ -22,6 +22,9 @@ from .presets import KEEP, ROW_KINDS, Preset, QuantSpec
 from .primitives import SCALE_DTYPE, pack_int4, quantize
 
 EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+# a mixture of experts' routers and shared-expert gates: kept in float32 whatever the preset (llama.cpp
+# keeps ffn_gate_inp F32: a rounded router picks other experts where scores are close)
+ROUTERS = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
 Progress = Callable[[int, int, str], None]  # (elements done, elements in all, tensor name)
 
 
@@ -71,7 +74,8 @@ def stronger(a: QuantSpec, b: QuantSpec) -> QuantSpec:
 def plan(sources: list[Source], preset: Preset, n_layers: int, tied: bool) -> dict[str, QuantSpec]:
     """Each source tensor's format. A tied embedding is also the output head: it takes the more
     precise of the two rules."""
-    specs = {s.name: preset.spec_for(s.name, s.shape, n_layers) for s in sources}
+    specs = {s.name: KEEP if s.name.endswith(ROUTERS) else preset.spec_for(s.name, s.shape, n_layers)
+             for s in sources}
     if tied and EMBEDDING in specs:
         shape = next(s.shape for s in sources if s.name == EMBEDDING)
         specs[EMBEDDING] = stronger(specs[EMBEDDING], preset.spec_for(HEAD, shape, n_layers))
@@ -92,7 +96,7 @@ def convert(sources: list[Source], preset: Preset, n_layers: int, tied: bool, *,
         spec = specs[s.name]
         if spec == KEEP:
             w = s.values()
-            out.floats[s.name] = w.to(keep_dtype) if w.dim() == 2 else w.float()
+            out.floats[s.name] = w.to(keep_dtype) if w.dim() == 2 and not s.name.endswith(ROUTERS) else w.float()
         else:
             out.quantized[s.name] = quantize_source(s, spec, search)
         done += s.numel

@@ -15,7 +15,8 @@ from torch import nn
 from .. import heap, models
 from ..errors import CorruptModelError
 from .bnb_formats import LLMInt8Weight, NF4Weight
-from .convert import EMBEDDING, HEAD, KEEP, Converted, Progress, QuantizedTensor, Source, convert, plan, quantize_source
+from .convert import (EMBEDDING, HEAD, KEEP, ROUTERS, Converted, Progress, QuantizedTensor, Source, convert, plan,
+                      quantize_source)
 from .gguf_blocks import BLOCKS, GGUFBlockWeight
 from .held import as_held, held_spec, quantized_as_held
 from .modules import QuantEmbedding, QuantLinear, linear_class
@@ -95,6 +96,9 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
 
 def _take(model, s: Source, spec, floats: dict, keep_dtype, args, device, dtype, search) -> bool:
     """Source tensor `s` (a matrix) into `model` as `spec` says; whether it quantized the embedding."""
+    if spec == KEEP and s.name.endswith(ROUTERS):  # float32, as the file (or llama.cpp) holds it
+        floats[s.name] = s.values().to(device=device, dtype=torch.float32)
+        return False
     if spec == KEEP:  # rounded as a saved checkpoint would hold it, then to the compute dtype
         floats[s.name] = s.values().to(keep_dtype).to(device=device, dtype=dtype)
         return False

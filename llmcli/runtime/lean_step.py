@@ -25,7 +25,8 @@ from ..models import rope
 from ..native.checks import TYPE_IDS
 from ..native.interleave import interleave_rows, unpermute_blocks, unpermuted_order
 
-ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh"}
+ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh",
+               "qwen3_moe": "silu", "mixtral": "silu"}  # (mixtures of experts: every layer's, no shared expert)
 MAX_TOKENS = 512  # tokens of one call (native_step.MAX_TOKENS): a longer prompt goes in several
 TABLE_POSITIONS = 1 << 16  # RoPE rows made once (native_step.TABLE_POSITIONS); a longer context: not this path
 _EMPTY = np.empty(0, np.float32)
@@ -56,6 +57,8 @@ class Layer:
     down: list[Weight]
     norms: dict  # in_norm, post_norm, q_norm, k_norm, attn_out_norm, mlp_out_norm: float32 vectors or None
     window: int
+    router: np.ndarray | None = None  # a mixture of experts: (E, hidden) float32
+    experts: list | None = None  # [(gate, up, down) Weights], each expert's rows of the file's 3-D tensors
 
 
 class LeanModel:
@@ -102,7 +105,9 @@ class LeanModel:
         """Interleave what the row-group kernels take (a projection starting a row group of its
         group), un-permute llama's Q/K rows read as stored; -> bytes copied."""
         made, R = 0, self.kernels.group_rows
-        groups = [g for layer in self.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [[self.head]]
+        groups = [g for layer in self.layers
+                  for g in ((layer.qkv, layer.o) if layer.experts else (layer.qkv, layer.o, layer.gate_up, layer.down))]
+        groups.append([self.head])  # (experts are read as the file stores them: native_step.py's choice)
         for group in groups:
             base = 0
             for w in group:
@@ -123,6 +128,8 @@ class LeanModel:
         embedding table (a tied head's blocks counted once)."""
         seen, total = set(), 0
         arrays = [w.data for layer in self.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down) for w in g]
+        arrays += [w.data for layer in self.layers for x in (layer.experts or ()) for w in x]
+        arrays += [layer.router for layer in self.layers if layer.router is not None]
         arrays += [n for layer in self.layers for n in layer.norms.values() if n is not None]
         arrays += [self.head.data, self.head_norm, self.embedding[0]]
         for a in arrays:
@@ -194,6 +201,9 @@ class LeanModel:
                            [w.spec() for w in layer.down], cache.k[i], cache.v[i], layer.window,
                            attn_out_norm=nm["attn_out_norm"], mlp_out_norm=nm["mlp_out_norm"],
                            local_rope=self.gemma and a.layer_types[i] == "sliding_attention")
+            if layer.experts:
+                step.set_experts(i, layer.router, [tuple(w.spec() for w in x) for x in layer.experts],
+                                 a.num_experts_per_tok, a.norm_topk_prob or not a.softmax_first)
         step.set_head(self.head_norm, [self.head.spec()])
         step.set_embedding(self.embedding[0], self.embedding[1], self.embed_scale)
         if self._tables is None or self._tables[0].shape[0] < cache.max_len:
@@ -243,12 +253,38 @@ def _read(tensors: dict, args, arch: str):
             bias = bias[unpermuted_order(N, heads)]
         return Weight(blocks, TYPE_IDS[type_name], K, N, bias, stored=blocks, heads=heads)
 
+    def experts(b: str):
+        """A layer's router (float32) and each expert's (gate, up, down), rows of the 3-D tensors."""
+        router = tensors.get(b + "ffn_gate_inp.weight")
+        parts = [tensors.get(f"{b}ffn_{kind}_exps.weight") for kind in ("gate", "up", "down")]
+        if router is None or any(t is None or t.tensor_type.name not in TYPE_IDS for t in parts):
+            return None, None
+        gguf.check_router(router, args)  # (shapes against the metadata: one error line naming the tensor)
+        for kind, t in zip(("gate", "up", "down"), parts):
+            next(gguf.expert_tensors(t, b, kind, args))
+        stacks = [(t.data if t.tensor_type.name != "F16" else t.data.view(np.uint8), t) for t in parts]
+        out = []
+        for e in range(args.num_experts):
+            ws = []
+            for data, t in stacks:
+                _, N, K = gguf.tensor_shape(t)
+                if K % 32:
+                    return None, None
+                ws.append(Weight(data[e], TYPE_IDS[t.tensor_type.name], K, N, stored=data[e]))
+            out.append(tuple(ws))
+        return np.ascontiguousarray(gguf.dequantize(router), dtype=np.float32), out
+
     layers = []
+    moe = getattr(args, "num_experts", None) is not None
     for i in range(args.num_hidden_layers):
         b = f"blk.{i}."
         q, k, v = (matrix(b + "attn_q", args.num_attention_heads), matrix(b + "attn_k", args.num_key_value_heads),
                    matrix(b + "attn_v"))
-        o, gate, up, down = matrix(b + "attn_output"), matrix(b + "ffn_gate"), matrix(b + "ffn_up"), matrix(b + "ffn_down")
+        router, chosen = experts(b) if moe else (None, None)
+        if moe and chosen is None:
+            return None
+        o = matrix(b + "attn_output")
+        gate, up, down = chosen[0] if moe else (matrix(b + "ffn_gate"), matrix(b + "ffn_up"), matrix(b + "ffn_down"))
         if any(m is None for m in (q, k, v, o, gate, up, down)):
             return None
         norms = {"in_norm": norm(b + "attn_norm.weight"), "q_norm": norm(b + "attn_q_norm.weight"),
@@ -260,7 +296,7 @@ def _read(tensors: dict, args, arch: str):
             norms["post_norm"] = norm(b + "ffn_norm.weight")
         if norms["in_norm"] is None or norms["post_norm"] is None or (args.qk_norm and norms["q_norm"] is None):
             return None
-        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0))
+        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen))
     embd = tensors.get("token_embd.weight")
     head = matrix("output") if "output.weight" in tensors else matrix("token_embd")
     head_norm = norm("output_norm.weight")
