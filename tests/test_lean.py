@@ -24,15 +24,9 @@ LEAN_CASES = ["llama-q4_1", "llama-q4_0", "qwen2-q4_k_m", "qwen2-q5_k_m", "qwen3
 
 @pytest.fixture(scope="module", params=LEAN_CASES)
 def case_file(request, tmp_path_factory):
-    from test_native_step import CASES, _tiny
-    from tiny import k_mix, write_gguf
+    from test_native_step import write_case
 
-    arch, qtype = CASES[request.param]
-    if qtype in ("Q4_K", "Q5_K"):
-        qtype = k_mix(3, tied=True, base=qtype)
-    path = tmp_path_factory.mktemp("lean") / f"{request.param}.gguf"
-    write_gguf(_tiny(arch), path, qtype)
-    return path
+    return write_case(request.param, tmp_path_factory.mktemp("lean"))
 
 
 def test_the_lean_model_gives_the_torch_native_step_s_logits_and_cache(case_file):

@@ -44,17 +44,23 @@ PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary
                  "long_factor": [2.0 + i for i in range(16)]}
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def loaded(request, tmp_path_factory):
+def write_case(name: str, folder):
+    """CASES[name]'s tiny model written as a GGUF into `folder` (test_lean.py's files too)."""
     from tiny import k_mix, write_gguf
 
-    from llmcli.runtime.runtime import open_model
-
-    arch, qtype = CASES[request.param]
+    arch, qtype = CASES[name]
     if qtype in ("Q4_K", "Q5_K"):
         qtype = k_mix(3, tied=True, base=qtype)
-    path = tmp_path_factory.mktemp("native") / f"{request.param}.gguf"
+    path = folder / f"{name}.gguf"
     write_gguf(_tiny(arch), path, qtype)
+    return path
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def loaded(request, tmp_path_factory):
+    from llmcli.runtime.runtime import open_model
+
+    path = write_case(request.param, tmp_path_factory.mktemp("native"))
     rt = open_model(str(path), device="cpu", ctx_size=64)  # default flags: as stored, and float32 for the step
     assert rt.placement.dtype == torch.float32  # auto picks it on every CPU where the step runs
     assert rt.kv_type == "f16" and rt.new_cache().k[0].dtype == torch.float16  # and a float16 cache

@@ -150,14 +150,10 @@ def _tokens(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def _prefill(model, ids: list[int], cache, device) -> int:
-    """Run ids into the cache as `run` prefills (the torch path's prefill, or the torch-free model's
-    calls of at most lean.MAX_TOKENS); the argmax of the last logits, as a first token's pick."""
+    """Run ids into the cache as `run` prefills (the torch path's prefill, or the torch-free model's);
+    the argmax of the last logits, as a first token's pick."""
     if getattr(model, "torch_free", False):
-        from ..decode.lean import MAX_TOKENS
-
-        for i in range(0, len(ids), MAX_TOKENS):
-            logits, _, _ = model(ids[i:i + MAX_TOKENS], cache)
-        return int(logits[0].argmax())
+        return int(model.prefill(ids, cache)[0][0].argmax())
     import torch
 
     from ..decode.prefill import prefill

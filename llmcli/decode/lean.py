@@ -17,25 +17,13 @@ import numpy as np
 from ..cache import reuse_prefix
 from ..formats.tokenizer import Tokenizer
 from .request import Request
-from .sampling_plain import MOST_TOP, RESCORED, SamplingParams, make_rng, near_tie, penalizes, sample_array
+from .sampling_plain import RESCORED, SamplingParams, largest, make_rng, near_tie, sample_array, wanted_top
 from .stream import Generation, Stats, limit_reason, output_limit, text_stream
-
-MAX_TOKENS = 512  # tokens of a prompt one call of the step takes (lean_step.MAX_TOKENS)
-
 
 def takes(request: Request) -> bool:
     """Whether this path generates what `request` asks (else the torch path does)."""
     return (request.grammar is None and not request.tools and request.logprobs is None and request.beams == 1
             and request.guesses is None and not request.context_shift)
-
-
-def wanted_top(params: SamplingParams) -> int:
-    """The k largest logits the step finds for a pick (Picker.wants_top's): 0 where it looks at all."""
-    if penalizes(params):
-        return 0
-    if params.greedy:
-        return RESCORED
-    return params.top_k if 0 < params.top_k <= MOST_TOP else 0
 
 
 def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int, stats: Stats) -> Iterator[int]:
@@ -44,8 +32,7 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
     t0 = time.perf_counter()
     reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
     rest, top = prompt[reuse:], wanted_top(params)
-    for i in range(0, len(rest), MAX_TOKENS):
-        logits, h, found = model(rest[i:i + MAX_TOKENS], cache, last_only=True, top=top)
+    logits, h, found = model.prefill(rest, cache, top)
     cache.token_ids.extend(rest)
     history = list(prompt)
     for i in range(max_new):
@@ -69,9 +56,7 @@ def _pick(model, logits: np.ndarray, h: np.ndarray, found, params: SamplingParam
     if params.greedy:
         k = min(RESCORED, logits.shape[-1])
         if top is None or len(top[1]) < k:
-            ids = np.argpartition(-logits, k - 1)[:k]
-            ids = ids[np.argsort(-logits[ids], kind="stable")]
-            top = (logits[ids].tolist(), ids.tolist())
+            top = largest(logits, k)
         if len(top[1]) < 2 or near_tie(top[0][0], top[0][1]):
             model.rescore(logits, h, top[1][:k])
             top = None

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling_plain import MOST_TOP, NEAR_TIE, RESCORED, near_tie  # noqa: F401 (re-exported)
+from .sampling_plain import RESCORED, near_tie, wanted_top
 from .stream import Stats  # noqa: F401 (re-exported)
-from .sampling import SamplingParams, make_generator, penalizes, penalty_history, sample, token_logprobs, top_k
+from .sampling import SamplingParams, make_generator, penalty_history, sample, token_logprobs, top_k
 
 
 @dataclass
@@ -92,12 +92,7 @@ class Picker:
     def wants_top(self) -> int:
         """The k largest logits a pick can take from the decode step instead of looking at all of
         them (NativeStep's top=k): 0 where it looks at all (a grammar, penalties, top-k off)."""
-        p = self.params
-        if self.constraint is not None or penalizes(p):
-            return 0
-        if p.greedy:
-            return RESCORED
-        return p.top_k if 0 < p.top_k <= MOST_TOP else 0
+        return wanted_top(self.params, self.constraint is not None)
 
     def pick(self, logits: torch.Tensor, h: torch.Tensor | None = None, top=None) -> int:
         """The next token for logits (V,); `h` (H,) the hidden state they came from (greedy); `top`:

@@ -133,6 +133,23 @@ def draw_from_top(values: list[float], noise: list[float], params: SamplingParam
     return max(range(kept), key=scores.__getitem__)  # (the first of equals, as argmax)
 
 
+def wanted_top(params: SamplingParams, constrained: bool = False) -> int:
+    """The k largest logits a pick can take from the decode step instead of looking at all of them
+    (the step's top=k): 0 where it looks at all (a grammar, penalties, top-k off)."""
+    if constrained or penalizes(params):
+        return 0
+    if params.greedy:
+        return RESCORED
+    return params.top_k if 0 < params.top_k <= MOST_TOP else 0
+
+
+def largest(logits: np.ndarray, k: int) -> tuple[list[float], list[int]]:
+    """(values, indices) of the k largest of logits (V,), largest first, of equals the earlier."""
+    idx = np.argpartition(-logits, k - 1)[:k]
+    idx = idx[np.argsort(-logits[idx], kind="stable")]
+    return logits[idx].tolist(), idx.tolist()
+
+
 def make_rng(seed: int) -> tuple[np.random.Generator, int]:
     """numpy's generator seeded with `seed`, or with a fresh random seed when seed is -1."""
     if seed is None or seed < 0:
@@ -155,9 +172,7 @@ def sample_array(logits: np.ndarray, history: list[int], params: SamplingParams,
     V, k = logits.shape[-1], params.top_k
     if 0 < k < V:
         if top is None or len(top[1]) < k:
-            idx = np.argpartition(-logits, k - 1)[:k]
-            idx = idx[np.argsort(-logits[idx], kind="stable")]
-            top = (logits[idx].tolist(), idx.tolist())
+            top = largest(logits, k)
         values, idx = top[0][:k], top[1][:k]
         if math.isfinite(values[0]) and not any(math.isnan(v) for v in values):
             return int(idx[draw_from_top(values, rng.exponential(1.0, len(values)).tolist(), params)])

@@ -37,8 +37,6 @@ def inv_freq(args, theta: float | None = None, scaling: dict | None = None) -> n
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
         f = np.where(medium, smoothed, scaled)
-    elif kind == "longrope":
-        return longrope_inv_freq(args)
     elif kind != "default":
         raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, linear, llama3")
     return f.astype(np.float32)

@@ -106,8 +106,9 @@ def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) 
             or flags.kv_offload == "on":
         return None
     placement = place_without_torch(flags.device, flags.dtype, flags.threads)
-    kernels = native.module() if placement is not None else None
-    if kernels is None or not kernels.group_rows:
+    # the kernels with integer dot products (not the portable ones, where the torch path decodes eagerly)
+    kernels = native.module() if placement is not None and native.int8_dot() else None
+    if kernels is None:
         return None
     found = fetch.locate(flags.model, registry_file=flags.registry, offline=flags.offline, progress=progress)
     entry = found.entry

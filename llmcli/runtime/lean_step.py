@@ -84,7 +84,7 @@ class LeanModel:
     def open(cls, model_file, threads: int, kernels, release=None) -> "LeanModel | None":
         """The model of a GGUF file, its weights copied for the kernels (`release(address, nbytes)`:
         the file's pages under what was copied are dropped); None where this path does not run it."""
-        if not model_file.is_gguf or kernels is None or not kernels.group_rows:
+        if not model_file.is_gguf or kernels is None:
             return None
         args, arch = model_file.args, model_file.architecture
         if args.model_type not in ACTIVATIONS or (args.rope_scaling or {}).get("rope_type") == "longrope":
@@ -112,7 +112,7 @@ class LeanModel:
             base = 0
             for w in group:
                 heads, copy = w.heads, None
-                if base % R == 0:
+                if R and base % R == 0:  # (a variant without row-group kernels reads every weight as stored)
                     copy = interleave_rows(self.kernels, w.data, w.type_id, w.K, heads, self.threads, release)
                 if copy is not None:
                     w.data, made = copy, made + copy.nbytes
@@ -156,6 +156,13 @@ class LeanModel:
         logits, h, found = step.run_ids(np.asarray(ids, dtype=np.int64), np.zeros(n, np.int64), at, at, first, top)
         cache.length += n
         return logits, h[first:], found
+
+    def prefill(self, ids: list[int], cache: HostKVCache, top: int = 0):
+        """A prompt of any length into the cache, MAX_TOKENS a call -> the last call's outputs (the
+        last token's logits, hidden state and top)."""
+        for i in range(0, len(ids), MAX_TOKENS):
+            out = self(ids[i:i + MAX_TOKENS], cache, last_only=True, top=top)
+        return out
 
     def hidden_states(self, ids: list[int]) -> np.ndarray:
         """The final normed hidden states (n, hidden) of a text, run alone through a cache of its own

@@ -340,7 +340,8 @@ class Step {
     Activation a, a_attn, a_mlp;
     // a mixture of experts' run: each (token, choice) pair's expert and weight, gate/up outputs and
     // activation row; each thread's down outputs
-    std::vector<int64_t> moe_ids, moe_order, moe_start;  // each pair's expert; pairs by expert; expert x's first
+    // each pair's expert; the pairs by expert, and each pair's place in that order; expert x's first place
+    std::vector<int64_t> moe_ids, moe_order, moe_row, moe_start;
     std::vector<float> moe_w, moe_gu, moe_dn;  // each pair's weight; gate/up outputs; down outputs (a row a pair)
     Activation a_moe, a_sorted;  // act(gate) * up a pair; several tokens' inputs copied to their pairs' rows
     std::vector<std::vector<float>> scores;  // each thread's
@@ -439,13 +440,16 @@ class Step {
         // input copied to its pairs' rows in that order and quantized; then each expert's rows are
         // read once for all its pairs, and the numbers are each pair's alone (project's `alone`)
         a_sorted.resize(P, hidden);
-        moe_order.resize(P), moe_start.assign(E + 1, 0);
+        moe_order.resize(P), moe_row.resize(P), moe_start.assign(E + 1, 0);
         stages.push_back({1, 1, [this, E, P](int, int64_t, int64_t) {  // (the buffers are every layer's: counted afresh)
             std::fill(moe_start.begin(), moe_start.end(), 0);
             for (int64_t p = 0; p < P; ++p) ++moe_start[moe_ids[p] + 1];
             for (int64_t i = 0; i < E; ++i) moe_start[i + 1] += moe_start[i];
             std::vector<int64_t> at(moe_start.begin(), moe_start.end() - 1);
-            for (int64_t p = 0; p < P; ++p) moe_order[at[moe_ids[p]]++] = p;
+            for (int64_t p = 0; p < P; ++p) {
+                moe_row[p] = at[moe_ids[p]]++;
+                moe_order[moe_row[p]] = p;
+            }
         }, {}});
         stages.push_back({P, 16, [this, &l, &e](int, int64_t lo, int64_t hi) {
             for (int64_t r = lo; r < hi; ++r) {
@@ -495,17 +499,12 @@ class Step {
     // order for one token, in expert order (moe_order) for several
     void moe_sum(int64_t lo, int64_t hi) {
         const int64_t k = (int64_t)moe_ids.size() / N;
-        std::vector<int64_t> row_of;
-        if (N > 1) {
-            row_of.resize(moe_order.size());
-            for (int64_t r = 0; r < (int64_t)moe_order.size(); ++r) row_of[moe_order[r]] = r;
-        }
         for (int64_t m = 0; m < N; ++m) {
             float* ym = y.data() + m * hidden;
             std::fill(ym + lo, ym + hi, 0.f);
             for (int64_t s = 0; s < k; ++s) {
                 const int64_t p = m * k + s;
-                const float* d = moe_dn.data() + (N > 1 ? row_of[p] : p) * hidden;
+                const float* d = moe_dn.data() + (N > 1 ? moe_row[p] : p) * hidden;
                 const float w = moe_w[p];
                 for (int64_t i = lo; i < hi; ++i) ym[i] += w * d[i];
             }
