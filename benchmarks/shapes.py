@@ -73,9 +73,10 @@ def _asymmetric(x: np.ndarray, levels: int):
     d = np.maximum(scale.max(-1), 1e-12) / 63
     dmin = np.maximum(mins.max(-1), 1e-12) / 63
     d, dmin = d.astype(np.float16).astype(np.float32), dmin.astype(np.float16).astype(np.float32)
-    sc = np.clip(np.round(scale / d[:, None]), 1, 63).astype(np.uint8)
-    m = np.clip(np.round(mins / dmin[:, None]), 0, 63).astype(np.uint8)
-    step = (d[:, None] * sc)[..., None]
+    nonzero = lambda v: np.where(v > 0, v, 1.0)  # a block of zeros rounds d to 0 in half precision
+    sc = np.clip(np.round(scale / nonzero(d)[:, None]), 1, 63).astype(np.uint8)
+    m = np.clip(np.round(mins / nonzero(dmin)[:, None]), 0, 63).astype(np.uint8)
+    step = nonzero(d[:, None] * sc)[..., None]
     q = np.clip(np.round((x + (dmin[:, None] * m)[..., None]) / step), 0, levels).astype(np.uint8)
     return d, dmin, sc, m, q
 
