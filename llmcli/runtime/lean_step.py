@@ -75,7 +75,9 @@ class LeanModel:
         self.gemma = args.model_type == "gemma3_text"
         self.attn_scale = args.query_pre_attn_scalar ** -0.5 if self.gemma else args.head_dim ** -0.5
         self.interleaved = (0, 0.0)  # bytes copied for the kernels at load, seconds
-        self._step, self._cache = None, None  # the C++ step and the cache it was built on
+        # (the cache, the C++ step built on it), replaced whole: a server's embedding thread builds
+        # steps of its own beside the decoding thread's (each step has its own team of threads)
+        self._built = (None, None)
         self._tables: list[np.ndarray] | None = None  # cos, sin (and the local pair) of positions [0, L)
 
     # ------------------------------------------------------------------ building
@@ -157,6 +159,23 @@ class LeanModel:
         cache.length += n
         return logits, h[first:], found
 
+    def pieces(self, pieces: list[tuple[int, int, list[int]]], cache: HostKVCache, top: int = 0):
+        """Several rows of several tokens in one call: pieces (row, slot, token ids), each row's tokens
+        at consecutive slots from `slot`, which are their positions too (batched.py's rows) -> (logits
+        (P, vocab), final normed hidden states (P, hidden), (values, indices) (P, top) or None) of each
+        piece's last token. Each token's numbers are those it gets alone."""
+        n = sum(len(ids) for _, _, ids in pieces)
+        if not pieces or n > MAX_TOKENS or any(not ids or not 0 <= row < cache.k[0].shape[0]
+                                               or at < 0 or at + len(ids) > cache.max_len for row, at, ids in pieces):
+            raise ValueError("pieces that do not fit one call or the cache")
+        # the pieces' earlier tokens first, then each one's last: the logits are the last P rows'
+        order = [(row, at + i, t) for row, at, ids in pieces for i, t in enumerate(ids[:-1])]
+        order += [(row, at + len(ids) - 1, ids[-1]) for row, at, ids in pieces]
+        rows, at, ids = (np.asarray(c, dtype=np.int64) for c in zip(*order))
+        first = n - len(pieces)
+        logits, h, found = self._step_for(cache).run_ids(ids, rows, at, at, first, top)
+        return logits, h[first:], found
+
     def prefill(self, ids: list[int], cache: HostKVCache, top: int = 0):
         """A prompt of any length into the cache, MAX_TOKENS a call -> the last call's outputs (the
         last token's logits, hidden state and top)."""
@@ -168,7 +187,7 @@ class LeanModel:
         """The final normed hidden states (n, hidden) of a text, run alone through a cache of its own
         (no logits made): what an embedding pools."""
         cache = self.new_cache(max(len(ids), 1))
-        step = self._step_for(cache)
+        step = self._build(cache)  # (its own step: it may run beside another thread's decode step)
         out = []
         for i in range(0, len(ids), MAX_TOKENS):
             piece = np.asarray(ids[i:i + MAX_TOKENS], dtype=np.int64)
@@ -176,7 +195,6 @@ class LeanModel:
             _, h, _ = step.run_ids(piece, np.zeros(len(piece), np.int64), at, at, len(piece), 0)
             cache.length += len(piece)
             out.append(h)
-        self._step = self._cache = None  # (the step held this cache's arrays)
         return np.concatenate(out)
 
     def warm_up(self, cache: HostKVCache) -> float:
@@ -194,8 +212,14 @@ class LeanModel:
         self.kernels.dot_rows_into(w.stored, w.type_id, w.K, np.asarray(ids, dtype=np.int64), h, logits)
 
     def _step_for(self, cache: HostKVCache):
-        if cache is self._cache:
-            return self._step
+        built, step = self._built
+        if built is cache:
+            return step
+        step = self._build(cache)
+        self._built = (cache, step)
+        return step
+
+    def _build(self, cache: HostKVCache):
         if cache.max_len > TABLE_POSITIONS:
             raise ValueError(f"a context of {cache.max_len} is past the RoPE tables")
         a = self.args
@@ -216,7 +240,6 @@ class LeanModel:
         if self._tables is None or self._tables[0].shape[0] < cache.max_len:
             self._tables = self._make_tables(max(cache.max_len, 1024))
         step.set_rope(self._tables)
-        self._step, self._cache = step, cache
         return step
 
     def _make_tables(self, L: int) -> list[np.ndarray]:
