@@ -122,7 +122,7 @@ def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) 
     label = "/".join(sorted(model_file.block_types())) + " as stored"
     memory = plan(args, weights, label, detect_budget("cpu"), np.dtype(np.float32), ctx, ctx_source=source,
                   ctx_given=flags.ctx_size is not None, kv_type=None if flags.kv_type == "auto" else flags.kv_type,
-                  kv_offload=flags.kv_offload, rows=flags.rows, float_kv="f16")
+                  kv_offload=flags.kv_offload, rows=flags.rows, float_kv="f16", lean=True)
     if memory.choice.kv_type != "f16" or memory.choice.device_layers is not None:
         return None  # the planner quantizes or offloads the cache: the torch path's caches
     model = LeanModel.open(model_file, placement.threads, kernels, model_file.release_pages)
