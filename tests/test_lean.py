@@ -167,7 +167,9 @@ def test_embed_on_a_gguf_pools_the_lean_step_s_states_without_torch(tiny_gguf):
 
 @pytest.mark.parametrize("model_type, overrides, qtype", [
     ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True), "Q8_0"),
-    ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=256), "Q4_K")])
+    ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=256), "Q4_K"),
+    ("qwen2_moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=512,
+                       norm_topk_prob=False), "Q8_0")])
 def test_the_lean_model_runs_a_mixture_of_experts_as_the_torch_path_s_step(model_type, overrides, qtype, tmp_path):
     """The experts of a GGUF (3-D tensors, a router) given to the step as the torch path gives them:
     bit for bit, a prompt then single tokens; `run` answers the same without torch."""

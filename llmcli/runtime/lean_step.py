@@ -26,7 +26,7 @@ from ..native.checks import TYPE_IDS
 from ..native.interleave import interleave_rows, unpermute_blocks, unpermuted_order
 
 ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh",
-               "qwen3_moe": "silu", "mixtral": "silu"}  # (mixtures of experts: every layer's, no shared expert)
+               "qwen3_moe": "silu", "mixtral": "silu", "qwen2_moe": "silu"}  # (mixtures of experts: every layer's)
 MAX_TOKENS = 512  # tokens of one call (native_step.MAX_TOKENS): a longer prompt goes in several
 TABLE_POSITIONS = 1 << 16  # RoPE rows made once (native_step.TABLE_POSITIONS); a longer context: not this path
 _EMPTY = np.empty(0, np.float32)
@@ -59,6 +59,7 @@ class Layer:
     window: int
     router: np.ndarray | None = None  # a mixture of experts: (E, hidden) float32
     experts: list | None = None  # [(gate, up, down) Weights], each expert's rows of the file's 3-D tensors
+    shared: tuple | None = None  # qwen2moe's shared expert: (its gate (hidden,) float32, (gate, up, down) Weights)
 
 
 class LeanModel:
@@ -131,6 +132,7 @@ class LeanModel:
         seen, total = set(), 0
         arrays = [w.data for layer in self.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down) for w in g]
         arrays += [w.data for layer in self.layers for x in (layer.experts or ()) for w in x]
+        arrays += [a for layer in self.layers if layer.shared for a in (layer.shared[0], *(w.data for w in layer.shared[1]))]
         arrays += [layer.router for layer in self.layers if layer.router is not None]
         arrays += [n for layer in self.layers for n in layer.norms.values() if n is not None]
         arrays += [self.head.data, self.head_norm, self.embedding[0]]
@@ -235,6 +237,8 @@ class LeanModel:
             if layer.experts:
                 step.set_experts(i, layer.router, [tuple(w.spec() for w in x) for x in layer.experts],
                                  a.num_experts_per_tok, a.norm_topk_prob or not a.softmax_first)
+            if layer.shared:
+                step.set_shared_expert(i, layer.shared[0], tuple(w.spec() for w in layer.shared[1]))
         step.set_head(self.head_norm, [self.head.spec()])
         step.set_embedding(self.embedding[0], self.embedding[1], self.embed_scale)
         if self._tables is None or self._tables[0].shape[0] < cache.max_len:
@@ -326,7 +330,12 @@ def _read(tensors: dict, args, arch: str):
             norms["post_norm"] = norm(b + "ffn_norm.weight")
         if norms["in_norm"] is None or norms["post_norm"] is None or (args.qk_norm and norms["q_norm"] is None):
             return None
-        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen))
+        shared = None
+        if getattr(args, "shared_expert_intermediate_size", 0):
+            shared = (norm(b + "ffn_gate_inp_shexp.weight"), tuple(matrix(f"{b}ffn_{kind}_shexp") for kind in ("gate", "up", "down")))
+            if shared[0] is None or shared[0].size != args.hidden_size or any(w is None for w in shared[1]):
+                return None
+        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen, shared))
     embd = tensors.get("token_embd.weight")
     head = matrix("output") if "output.weight" in tensors else matrix("token_embd")
     head_norm = norm("output_norm.weight")
