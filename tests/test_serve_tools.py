@@ -211,3 +211,28 @@ def test_smollm2_with_a_tools_template_calls_from_the_first_token(smollm2_loaded
         jsonschema.validate(calls[0][1], SCHEMAS["get_weather"])
     finally:
         srv.close()
+
+
+def test_each_family_calls_a_tool_through_anthropic_messages(family):
+    """The same call through /v1/messages (the real anthropic client): a tool_use block whose input
+    validates, stop_reason tool_use, streamed as a block of its own; its result goes back as a
+    tool_result block."""
+    import anthropic
+
+    name, srv, _ = family
+    client = anthropic.Anthropic(base_url=srv.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=120)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    ask = dict(model="tiny", max_tokens=100, messages=ASK, tools=tools, extra_body={"temperature": 0},
+               tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    r = client.messages.create(**ask)
+    assert r.stop_reason == "tool_use", (name, r)
+    (use,) = [b for b in r.content if b.type == "tool_use"]
+    jsonschema.validate(use.input, SCHEMAS[use.name])
+    with client.messages.stream(**ask) as stream:
+        final = stream.get_final_message()
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [(use.name, use.input)]
+    turn = [*ASK, {"role": "assistant", "content": [b.model_dump() for b in r.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": '{"forecast": "sunny"}'}]}]
+    again = client.messages.create(**{**ask, "messages": turn})
+    assert again.usage.input_tokens > r.usage.input_tokens

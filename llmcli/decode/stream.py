@@ -52,6 +52,7 @@ class Chunk:
     finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
     stats: Stats | None = None
     stopped_by: str | None = None  # with finish_reason "length": "max_tokens" or "context"
+    stop: str | None = None  # with finish_reason "stop" by a stop string (not an end token): which one
 
 
 def _partial_stop(text: str, stops: Iterable[str]) -> int:
@@ -77,10 +78,11 @@ def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, .
             yield Chunk(pending, [token], "stop", stats)
             return
         pending += decoder.push(token)
-        hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
+        hits = [(i, s) for i, s in ((pending.find(s), s) for s in stops) if i >= 0]
         if hits:
             tokens.close()
-            yield Chunk(pending[: min(hits)], [token], "stop", stats)
+            at, stop = min(hits, key=lambda hit: hit[0])
+            yield Chunk(pending[:at], [token], "stop", stats, stop=stop)
             return
         keep = _partial_stop(pending, stops)
         out, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")

@@ -116,10 +116,13 @@ async def _disconnect(receive) -> None:
 
 class EventStream(Response):
     """Server-sent events: `data: {json}` for each object `events` yields, then `data: [DONE]`. An
-    error once the headers are out goes as an event (the openai client raises it)."""
+    error once the headers are out goes as an event (the openai client raises it). With `named`
+    (an error's body as that API shapes it), the events are (name, object) pairs, each sent as
+    `event: name` and its data, and no [DONE] follows (Anthropic's stream)."""
 
-    def __init__(self, events, run: EngineRun, request: Request, write_s: float):
+    def __init__(self, events, run: EngineRun, request: Request, write_s: float, named=None):
         self.events, self.run, self.request, self.write_s = events, run, request, write_s
+        self.named = named
         self.status_code, self.background = 200, None
 
     async def __call__(self, scope, receive, send) -> None:
@@ -136,14 +139,15 @@ class EventStream(Response):
                         "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
             try:
                 async for event in self.events:
-                    await write(sse_event(event))
+                    await write(sse_event(event[1], event[0]) if self.named else sse_event(event))
             except ClientGone:
                 raise
             except Exception as e:
                 err = as_api_error(e, self.request)
                 self.request.state.note = err.message
-                await write(sse_event(err.body()))
-            await write(b"data: [DONE]\n\n")
+                await write(sse_event(self.named(err), "error") if self.named else sse_event(err.body()))
+            if not self.named:
+                await write(b"data: [DONE]\n\n")
             await write(b"", more=False)
 
         try:
@@ -228,5 +232,6 @@ def json_response(status: int, obj: dict, headers: dict | None = None) -> Respon
     return Response(data, status, headers, media_type="application/json")
 
 
-def sse_event(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n\n"
+def sse_event(obj: dict, name: str | None = None) -> bytes:
+    event = b"event: " + name.encode() + b"\n" if name else b""
+    return event + b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n\n"

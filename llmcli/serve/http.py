@@ -41,6 +41,7 @@ from starlette.routing import Route
 from ..errors import PromptTooLongError
 from ..json_input import load_json
 from ..runtime.embedder import NoPoolingError
+from . import anthropic_api as anthropic
 from . import embeddings_api
 from . import openai_api as api
 from .access import cors, require_key
@@ -120,7 +121,9 @@ class Server:
                   Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
                   Route("/chat/completions", self.chat, methods=["POST"]),
                   Route("/completions", self.completion, methods=["POST"]),
-                  Route("/embeddings", self.embeddings, methods=["POST"])]
+                  Route("/embeddings", self.embeddings, methods=["POST"]),
+                  Route("/messages", self.messages, methods=["POST"]),
+                  Route("/messages/count_tokens", self.count_tokens, methods=["POST"])]
         app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
         if self.api_key:
             app = require_key(app, self.api_key)
@@ -179,6 +182,60 @@ class Server:
             return json_response(200, response(head, [c.body() for c in choices], [c.last.stats for c in choices]))
         except Exception as e:
             return _failure(e, request)
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API (anthropic_api.py) through the chat endpoint's machinery."""
+        try:
+            self._check_generates()
+            with self._admitted():
+                job, reqs, choices = await run_in_threadpool(self._messages_request, await self._read_body(request))
+                run = self._submit(reqs, "messages")
+            msg_id = anthropic.new_id()
+            if job.stream:
+                events = self._message_events(run, msg_id, len(reqs[0].prompt), choices[0], request)
+                return EventStream(events, run, request, self.timeouts.write, named=anthropic.error_body)
+            try:
+                await unless_gone(request.receive, collect(run, choices))
+            finally:
+                run.close()
+            request.state.note = _note(choices)
+            return json_response(200, anthropic.message(msg_id, self.model_id, choices[0]))
+        except Exception as e:
+            return _failure(e, request, anthropic.error_body)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's token count of a Messages request: its prompt's tokens, as the template makes them."""
+        try:
+            job, reqs, _ = await run_in_threadpool(self._messages_request, await self._read_body(request), True)
+            return json_response(200, {"input_tokens": len(reqs[0].prompt)})
+        except Exception as e:
+            return _failure(e, request, anthropic.error_body)
+
+    def _messages_request(self, data: bytes, counting: bool = False):
+        body = _parse(data)
+        if counting:
+            body = {**body, "max_tokens": body.get("max_tokens", 1), "stream": False}
+        job = anthropic.messages_job(body, self.defaults)
+        self._check_model(job.model)
+        return (job, *self.prepare.chat(job))
+
+    async def _message_events(self, run, msg_id: str, prompt_tokens: int, choice, request: Request):
+        stream = anthropic.StreamEvents(msg_id, self.model_id, prompt_tokens)
+        for event in stream.start():
+            yield event
+        async for _, chunk in run:
+            sent = len(choice.calls)
+            for delta, _ in choice.push(chunk):
+                if delta.get("content"):
+                    for event in stream.text(delta["content"]):
+                        yield event
+            for call in choice.calls[sent:]:
+                for event in stream.call(call):
+                    yield event
+            if chunk.finish_reason is not None:
+                for event in stream.finish(choice):
+                    yield event
+        request.state.note = _note([choice])
 
     async def embeddings(self, request: Request) -> Response:
         try:
@@ -335,7 +392,8 @@ def _parse(data: bytes) -> dict:
     return body
 
 
-def _failure(e: Exception, request: Request) -> Response:
+def _failure(e: Exception, request: Request, shape=None) -> Response:
+    """The error answer, in OpenAI's shape or as `shape(ApiError)` makes it (another API's)."""
     if isinstance(e, ClientGone):
         request.state.note = "client went away"
         return Silence()
@@ -347,7 +405,7 @@ def _failure(e: Exception, request: Request) -> Response:
         request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers)
     if unread:  # the body would be read as the next request: this connection cannot go on
         headers["Connection"] = "close"
-    return json_response(err.status, err.body(), headers)
+    return json_response(err.status, shape(err) if shape else err.body(), headers)
 
 
 def _note(choices: list) -> str:
