@@ -26,8 +26,10 @@ def takes(request: Request) -> bool:
             and request.guesses is None and not request.context_shift)
 
 
-def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int, stats: Stats) -> Iterator[int]:
-    """Up to `max_new` token ids after `prompt`, reusing what the cache holds of it."""
+def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_new: int, stats: Stats,
+                 reasoning=None) -> Iterator[int]:
+    """Up to `max_new` token ids after `prompt`, reusing what the cache holds of it; where
+    `reasoning` (reasoning.Reasoning) forces a token (its budget closing the thinking), that one."""
     rng, stats.seed = make_rng(params.seed)
     t0 = time.perf_counter()
     reuse = stats.cached_tokens = reuse_prefix(cache, prompt)
@@ -36,7 +38,8 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
     cache.token_ids.extend(rest)
     history = list(prompt)
     for i in range(max_new):
-        token = _pick(model, logits[0], h[0], found, params, history, rng)
+        forced = reasoning.forced() if reasoning is not None else None
+        token = forced if forced is not None else _pick(model, logits[0], h[0], found, params, history, rng)
         history.append(token)
         now = time.perf_counter()
         if stats.completion_tokens == 0:
@@ -63,15 +66,17 @@ def _pick(model, logits: np.ndarray, h: np.ndarray, found, params: SamplingParam
     return sample_array(logits, history, params, rng, top)
 
 
-def generate_lean(model, tokenizer: Tokenizer, prompt: list[int], request: Request, cache) -> Generation:
-    """generate.generate's chunks for a request this path takes."""
+def generate_lean(model, tokenizer: Tokenizer, prompt: list[int], request: Request, cache,
+                  reasoning=None) -> Generation:
+    """generate.generate's chunks for a request this path takes; `reasoning` (reasoning.Reasoning,
+    one per sequence) splits a reasoning model's thinking off and keeps its budget."""
     if not prompt:
         raise ValueError("empty prompt")
     if not takes(request):
         raise ValueError("this request needs the torch path")
     limit = output_limit(len(prompt), cache.max_len, request.max_tokens)
     stats = Stats(prompt_tokens=len(prompt))
-    tokens = token_stream(model, prompt, cache, request.sampling, limit, stats)
+    tokens = token_stream(model, prompt, cache, request.sampling, limit, stats, reasoning)
     chunks = text_stream(tokens, tokenizer, tuple(s for s in request.stop if s), prompt, stats,
-                         limit_reason(limit, request.max_tokens), request.ignore_eos)
+                         limit_reason(limit, request.max_tokens), request.ignore_eos, reasoning)
     return Generation(chunks, None, None)

@@ -168,7 +168,11 @@ def _special_ids(backend: Backend) -> frozenset[int]:
 
 def _end_ids(backend: Backend, declared: list[int]) -> frozenset[int]:
     special = backend.get_added_tokens_decoder()
-    known = {i for i, tok in special.items() if tok.special and tok.content in END_OF_TURN_TEXTS}
+    texts = {tok.content for tok in special.values()}
+    # gpt-oss's harmony format ends each message of one reply (its thinking, then its answer) with
+    # <|end|>: there only the declared ids (<|return|>, <|call|>) end the reply
+    known_texts = set(END_OF_TURN_TEXTS) - ({"<|end|>"} if "<|channel|>" in texts else set())
+    known = {i for i, tok in special.items() if tok.special and tok.content in known_texts}
     return frozenset(i for i in declared if i is not None) | known
 
 

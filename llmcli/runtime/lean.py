@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import heap, native
 from ..decode.lean import generate_lean, takes
+from ..decode.reasoning import reasoning_format, reasoning_variables, sequence_reasoning
 from ..decode.request import Request
 from ..formats import chat_template
 from ..formats.info import runs_as
@@ -71,14 +72,24 @@ class LeanRuntime:
     def describe_step(self, step) -> str:
         return f"native (one C++ call a step, {native.describe()} kernels, f16 KV cache)"  # (Runtime's words)
 
-    def prompt_ids(self, messages: list[dict], raw: bool = False, tools=None) -> list[int]:
+    def prompt_ids(self, messages: list[dict], raw: bool = False, tools=None, request: Request | None = None,
+                   variables: dict | None = None) -> list[int]:
         """Runtime.prompt_ids for messages without tools."""
         if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             raise ValueError("tools need the torch path's runtime")
         tok = self.loaded.tokenizer
         if raw:
             return tok.encode(chat_template.plain_prompt(messages))
-        return conversation_ids(tok, self.loaded.chat_template, messages)
+        return conversation_ids(tok, self.loaded.chat_template, messages,
+                                **reasoning_variables(self.reasoning_format, request, variables))
+
+    @property
+    def reasoning_format(self):
+        return reasoning_format(self.loaded.chat_template)
+
+    def reasoning(self, prompt: list[int], request: Request):
+        return sequence_reasoning(self.reasoning_format, self.loaded.tokenizer, prompt, request.think,
+                                  request.reasoning_budget, request.reasoning_format)
 
     def embedder(self, pooling: str | None = None, normalize: bool | None = None, batch_size: int = BATCH_TEXTS):
         return embedder_of(self, pooling, normalize, batch_size)
@@ -95,7 +106,8 @@ class LeanRuntime:
     def generate(self, prompt: list[int], request: Request, cache, step=None, *, shift=None, draft=None):
         if shift is not None or draft is not None:
             raise ValueError("a context shift or a draft model needs the torch path")
-        return generate_lean(self.model, self.loaded.tokenizer, prompt, request, cache)
+        return generate_lean(self.model, self.loaded.tokenizer, prompt, request, cache,
+                             self.reasoning(prompt, request))
 
 
 def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) -> LeanRuntime | None:

@@ -23,8 +23,10 @@ from ..cache.context_shift import ContextShift, prefix_length
 from ..decode.batched import BatchEngine
 from ..decode.constrained import Grammar, GrammarCompiler, TokenConstraint
 from ..decode.generate import Generation, generate
+from ..decode.reasoning import Reasoning, ReasoningFormat, reasoning_format, reasoning_variables, sequence_reasoning
 from ..decode.request import Request
 from ..decode.speculative import DraftModel
+from ..decode.think_first import think_first
 from ..decode.tool_grammar import opener_id, tool_grammar
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..formats import chat_template
@@ -160,30 +162,47 @@ class Runtime:
         keep = prefix_length(lambda m: self.prompt_ids(m, raw=raw), messages)
         return ContextShift(keep, self.loaded.model.inv_freq_for(self.ctx_size))
 
-    def prompt_ids(self, messages: list[dict], raw: bool = False, tools: list[Tool] | None = None) -> list[int]:
+    def prompt_ids(self, messages: list[dict], raw: bool = False, tools: list[Tool] | None = None,
+                   request: Request | None = None, variables: dict | None = None) -> list[int]:
         """Token ids for a conversation: through the model's chat template, where only the
         template's structure makes control tokens (formats/prompt.py). `raw`: the messages' text as
         it is, special tokens written in it included (the user writes the whole prompt). `tools`:
         offered to the model through its template (ToolsUnsupportedError if it takes none); past
-        tool calls and results (OpenAI's shape) are rendered as the template renders them."""
+        tool calls and results (OpenAI's shape) are rendered as the template renders them.
+        `request`: its thinking switch and effort go to the template (enable_thinking,
+        reasoning_effort); `variables`: more for the template (a server's chat_template_kwargs)."""
         tok, template = self.loaded.tokenizer, self.loaded.chat_template
         if raw:
             return tok.encode(chat_template.plain_prompt(messages))
+        extra = reasoning_variables(self.reasoning_format, request, variables)
         if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-            return conversation_ids(tok, template, messages)
+            return conversation_ids(tok, template, messages, **extra)
         support = self.tool_support() if tools else template_support(template)
         messages = history(messages)
         if support is None:  # past calls for a template that takes no tools: as it renders them
-            return conversation_ids(tok, template, messages)
-        messages, variables = support.prepare(messages, tools)
-        return conversation_ids(tok, template, messages, **variables)
+            return conversation_ids(tok, template, messages, **extra)
+        messages, more = support.prepare(messages, tools)
+        return conversation_ids(tok, template, messages, **extra, **more)
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """How the model thinks, read from its chat template (None: it does not)."""
+        return reasoning_format(self.loaded.chat_template)
+
+    def reasoning(self, prompt: list[int], request: Request) -> Reasoning | None:
+        """One sequence's thinking after `prompt` (decode/reasoning.py), None for a model that does not think."""
+        return sequence_reasoning(self.reasoning_format, self.loaded.tokenizer, prompt, request.think,
+                                  request.reasoning_budget, request.reasoning_format)
 
     def generate(self, prompt: list[int], request: Request, cache, step=None, *, shift=None,
                  draft: DraftModel | None = None) -> Generation:
         """decode.generate() on this model: `prompt` (token ids) completed as `request` asks, the
-        constraint of its grammar or tools bound to this tokenizer."""
+        constraint of its grammar or tools bound to this tokenizer; a reasoning model's thinking
+        split off, free of the grammar and within the request's budget."""
+        reasoning = self.reasoning(prompt, request)
+        constraint = think_first(reasoning, self.constraint(request), self.loaded.tokenizer.eos_ids)
         return generate(self.loaded.model, self.loaded.tokenizer, prompt, request, cache, step,
-                        constraint=self.constraint(request), shift=shift, draft=draft)
+                        constraint=constraint, shift=shift, draft=draft, reasoning=reasoning)
 
     def grammar(self, request: Request) -> Grammar | None:
         """What the output follows: the request's grammar, or its tools' calls in the syntax of this
