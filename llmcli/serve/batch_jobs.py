@@ -141,6 +141,11 @@ def _request_fields(obj: dict, request: Request, n: int) -> dict:
             sampling[name] = value
     if sampling:
         fields["sampling"] = request.sampling.with_(**sampling)
+    budget = obj.get("reasoning_budget")
+    if budget is not None:  # a reasoning model's thinking tokens (-1: no limit, as llama-server's)
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+            raise InvalidParameterError(f'"reasoning_budget" must be a whole number >= -1, got {id_key(budget)}')
+        fields["reasoning_budget"] = None if budget == -1 else budget
     schema = obj.get("json_schema")
     if schema is not None:
         if not isinstance(schema, (dict, bool)):
