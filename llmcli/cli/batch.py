@@ -17,8 +17,8 @@ import typer
 
 from ..errors import InvalidParameterError
 from .options import (CacheRam, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP, Offline, PresencePenalty,
-                      Quant, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK,
-                      TopP, Verbose, cache_ram_bytes, check_text_options, model_flags, read_grammar, sampling_params,
+                      Quant, ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp,
+                      Think, Threads, TopK, TopP, Verbose, cache_ram_bytes, check_text_options, model_flags, read_grammar, sampling_params,
                       stderr_console)
 
 
@@ -38,7 +38,7 @@ def batch(
     json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     quant: Quant = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
-    cache_ram: CacheRam = None,
+    cache_ram: CacheRam = None, think: Think = None, reasoning_budget: ReasoningBudget = None,
 ):
     """Answer every request in INPUT (JSONL) into --output (JSONL), several sequences at a time."""
     from ..decode.request import Request
@@ -47,7 +47,8 @@ def batch(
     _check_numbers(rows, retries)
     request = Request(sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                       frequency_penalty, seed),
-                      max_tokens, tuple(stop or ()), grammar=read_grammar(json_schema, regex, grammar))
+                      max_tokens, tuple(stop or ()), grammar=read_grammar(json_schema, regex, grammar), think=think,
+                      reasoning_budget=reasoning_budget)
     prompt_cache = cache_ram_bytes(cache_ram)
     fallback_value = _fallback(fallback)
     check_text_options(system)
