@@ -136,3 +136,26 @@ def test_gpt_oss_channels_and_effort(gpt_oss):
                                             skip_special=False)
     assert "Reasoning: low" in prompt
     assert streamed(client, reasoning_budget=3)[1] == "Paris."
+
+
+def test_batch_lines_carry_the_reasoning(qwen3):
+    from llmcli.serve import batch_jobs as bj
+    from llmcli.serve.batch_runner import BatchRunner
+
+    rt = qwen3[0].rt
+    lines = [json.dumps({"id": 1, "prompt": ASK[0]["content"], "temperature": 0}),
+             json.dumps({"id": 2, "prompt": ASK[0]["content"], "temperature": 0, "reasoning_budget": 3})]
+    jobs = list(bj.read_jobs(lines))
+
+    class Writer:
+        results = []
+
+        def write(self, result):
+            self.results.append(result)
+
+    runner = BatchRunner(rt, rt.batch_engine(1, prompt_cache=0), raw=False, retries=0, fallback=None)
+    written = [what for kind, what in runner.run(jobs, Writer()) if kind == "written"]
+    by_id = {r["id"]: r for r in written}
+    assert (by_id[1]["reasoning"], by_id[1]["text"]) == (THOUGHT, "Paris.")
+    assert by_id[2]["text"] == "Paris." and THOUGHT.startswith(by_id[2]["reasoning"]) and by_id[2]["reasoning"] != THOUGHT
+    assert by_id[1]["usage"]["reasoning_tokens"] > by_id[2]["usage"]["reasoning_tokens"] > 0

@@ -230,6 +230,13 @@ def _print_result(err, rt, request, answer: _Answer, json_out: bool, verbose: bo
     elif answer.grammar is not None and answer.generation.constraint is not None:  # checked before anything is printed
         problem = check_constrained(answer.grammar, answer.generation.constraint, answer.text, last.finish_reason,
                                     stats, request.max_tokens)
+        thinking = getattr(answer.generation.constraint, "reasoning", None)  # (think_first.ThinkFirst)
+        if problem is not None and thinking is not None and thinking.thinking:
+            from ..errors import IncompleteOutputError
+
+            problem = IncompleteOutputError(
+                f"the output was cut at {stats.completion_tokens} tokens while the model was still thinking, before "
+                f"{answer.grammar.what} began; raise -n/--max-tokens or cap the thinking with --reasoning-budget")
     if json_out:
         sys.stdout.write(json.dumps(result_json(rt, answer), ensure_ascii=False) + "\n")
     elif problem is None and calls:  # the answer is the calls; text the model wrote before them goes aside

@@ -34,9 +34,10 @@ from ..json_input import JsonInputError, jsonl_lines, load_json
 SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                    "seed": "seed", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
                    "frequency_penalty": "frequency_penalty"}
-KNOWN_FIELDS = {"id", "prompt", "messages", "system", "max_tokens", "stop", "json_schema", *SAMPLING_FIELDS}
+KNOWN_FIELDS = {"id", "prompt", "messages", "system", "max_tokens", "stop", "json_schema", "reasoning_budget",
+                *SAMPLING_FIELDS}
 ROLES = ("system", "user", "assistant")
-SPELLING = {"stop": '"stop"', "max_tokens": '"max_tokens"',
+SPELLING = {"stop": '"stop"', "max_tokens": '"max_tokens"', "reasoning_budget": '"reasoning_budget"',
             "grammar": '"json_schema" (or --json-schema, --regex, --grammar)'}  # how a line's checks name fields
 
 
