@@ -159,3 +159,15 @@ def test_batch_lines_carry_the_reasoning(qwen3):
     assert (by_id[1]["reasoning"], by_id[1]["text"]) == (THOUGHT, "Paris.")
     assert by_id[2]["text"] == "Paris." and THOUGHT.startswith(by_id[2]["reasoning"]) and by_id[2]["reasoning"] != THOUGHT
     assert by_id[1]["usage"]["reasoning_tokens"] > by_id[2]["usage"]["reasoning_tokens"] > 0
+
+
+def test_serve_flags_are_defaults_a_request_overrides():
+    from llmcli.serve.openai_api import Defaults, chat_job
+
+    assert chat_job({"messages": ASK}, Defaults(think=False)).request.think is False
+    assert chat_job({"messages": ASK}, Defaults(reasoning_budget=3)).request.reasoning_budget == 3
+    job = chat_job({"messages": ASK, "reasoning_budget": -1, "chat_template_kwargs": {"enable_thinking": True}},
+                   Defaults(think=False, reasoning_budget=3))
+    assert (job.request.think, job.request.reasoning_budget, job.template_kwargs) == (True, None, {"enable_thinking": True})
+    job = chat_job({"messages": ASK, "reasoning": {"effort": "minimal"}, "reasoning_format": "none"})
+    assert (job.request.reasoning_effort, job.request.reasoning_format) == ("low", "none")

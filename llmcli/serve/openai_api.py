@@ -61,6 +61,8 @@ class Defaults:
     max_tokens: int | None = None  # both endpoints (else chat: the context; completions: 16)
     system: str | None = None  # chat: a system message for conversations that have none
     grammar: object = None  # constrained.Grammar (--json-schema, --grammar) for requests that ask for no format
+    think: bool | None = None  # a reasoning model thinks or not (--think/--no-think), unless the request says
+    reasoning_budget: int | None = None  # its thinking tokens at most (--reasoning-budget), unless the request says
 
 
 @dataclass
@@ -103,7 +105,7 @@ def chat_job(body: dict, defaults: Defaults = Defaults()) -> Job:
     grammar = defaults.grammar if asks_no_format else _schema(schema) if schema is not None else _grammar(grammar)
     kwargs = _template_kwargs(body)
     request = _request(_params(body, defaults), max_tokens, _stop(body), grammar, logprobs, body, **tools,
-                       **_reasoning(body, kwargs))
+                       **_reasoning(body, kwargs, defaults))
     return Job(request, *_streaming(body), _model(body), messages=messages, n=_integer(body, "n", 1, MAX_N, 1),
                template_kwargs=kwargs)
 
@@ -164,15 +166,15 @@ def _template_kwargs(body: dict) -> dict:
     return kwargs
 
 
-def _reasoning(body: dict, kwargs: dict) -> dict:
+def _reasoning(body: dict, kwargs: dict, defaults: Defaults = Defaults()) -> dict:
     """The thinking a request asks for: reasoning_format (none: the tags stay in content),
     reasoning_budget (llama-server's; -1: no limit), reasoning_effort (gpt-oss), and the switch
     chat_template_kwargs.enable_thinking (which the template reads as it is)."""
     fmt = body.get("reasoning_format")
     if fmt is not None and not isinstance(fmt, str):
         raise ApiError(400, "reasoning_format must be a string: auto, deepseek or none", "reasoning_format")
-    budget = _integer(body, "reasoning_budget", -1, None, None)
-    think = kwargs.get("enable_thinking")
+    budget = _integer(body, "reasoning_budget", -1, None, defaults.reasoning_budget)
+    think = kwargs.get("enable_thinking", defaults.think)
     effort = body.get("reasoning_effort")
     if effort is None and isinstance(body.get("reasoning"), dict):  # the Responses API's shape
         effort = body["reasoning"].get("effort")
