@@ -27,7 +27,8 @@ TEMPLATES = Path(__file__).parent / "data" / "templates"
 # says); SmolLM3's are made special here so that the parser must see tokens decoding drops, as
 # gpt-oss's channel markers are.
 FAMILIES = {
-    "qwen3": ("qwen3.jinja", ["<|im_start|>", "<|im_end|>"], ["<think>", "</think>"], None, "<|im_end|>"),
+    "qwen3": ("qwen3.jinja", ["<|im_start|>", "<|im_end|>"], ["<think>", "</think>", "<tool_call>", "</tool_call>"],
+              None, "<|im_end|>"),
     "deepseek-r1": ("deepseek-r1-distill-qwen.jinja",
                     ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"],
                     ["<think>", "</think>"], "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),

@@ -171,3 +171,27 @@ def test_serve_flags_are_defaults_a_request_overrides():
     assert (job.request.think, job.request.reasoning_budget, job.template_kwargs) == (True, None, {"enable_thinking": True})
     job = chat_job({"messages": ASK, "reasoning": {"effort": "minimal"}, "reasoning_format": "none"})
     assert (job.request.reasoning_effort, job.request.reasoning_format) == ("low", "none")
+
+
+def test_a_tool_call_after_the_thinking(tmp_path):
+    """The tools' grammar waits for the answer; the thinking's own mention of a call is no call."""
+    thinking = "<think>\nI could write <tool_call> here, but first: the weather in Paris.\n</think>"
+    call = '\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    folder = save_hf(hf_model("llama", vocab_size=340, max_position_embeddings=2048), tmp_path / "m", None)
+    family_folder("qwen3", folder)
+    rt = open_model(str(folder), device="cpu", dtype="float32", threads=1)
+    tok = rt.loaded.tokenizer
+    rt.loaded.model = ScriptedTorch(Script(tok, thinking, call, "</think>"), tok.vocab_size, inner=rt.loaded.model)
+    srv = Server(rt, bind("127.0.0.1", 0), model_id="q", rows=1, prompt_cache=0).start()
+    try:
+        client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0, timeout=60)
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                                  "required": ["city"]}}}]
+        r = client.chat.completions.create(model="", messages=ASK, temperature=0, tools=tools)
+        m = r.choices[0].message
+        assert m.reasoning_content.startswith("I could write <tool_call> here")
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls] == [("get_weather", {"city": "Paris"})]
+        assert r.choices[0].finish_reason == "tool_calls"
+    finally:
+        srv.close()

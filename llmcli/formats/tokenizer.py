@@ -326,8 +326,10 @@ def from_hf_folder(folder: Path, config: dict) -> Tokenizer:
         raise UnsupportedModelError(f"{folder} has no tokenizer.json or tokenizer.model")
     # tokens declared in tokenizer_config (added_tokens_decoder) that the backend lacks
     for _id, spec in sorted(tok_config.get("added_tokens_decoder", {}).items(), key=lambda kv: int(kv[0])):
-        if backend.token_to_id(spec["content"]) is None:
-            backend.add_special_tokens([AddedToken(spec["content"], special=spec.get("special", True), normalized=False)])
+        if backend.token_to_id(spec["content"]) is None:  # (special false: a plain added token, kept when decoding)
+            special = spec.get("special", True)
+            token = AddedToken(spec["content"], special=special, normalized=False)
+            (backend.add_special_tokens if special else backend.add_tokens)([token])
     bos_token = _token_content(tok_config.get("bos_token"))
     eos_token = _token_content(tok_config.get("eos_token"))
     bos_id = backend.token_to_id(bos_token) if bos_token else config.get("bos_token_id")
