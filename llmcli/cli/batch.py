@@ -18,8 +18,8 @@ import typer
 from ..errors import InvalidParameterError
 from .options import (CacheRam, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP, Offline, PresencePenalty,
                       Quant, ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp,
-                      Think, Threads, TopK, TopP, Verbose, cache_ram_bytes, check_text_options, model_flags, read_grammar, sampling_params,
-                      stderr_console)
+                      Think, Threads, TopK, TopP, Verbose, cache_ram_bytes, check_text_options, check_thinks,
+                      model_flags, read_grammar, sampling_params, stderr_console)
 
 
 def batch(
@@ -66,7 +66,7 @@ def batch(
         if jobs:
             flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
                                 registry=registry, offline=offline, rows=min(rows, len(jobs)))
-            bad += _run(err, flags, jobs, output, verbose, prompt_cache, raw=raw, retries=retries,
+            bad += _run(err, flags, jobs, output, verbose, prompt_cache, request, raw=raw, retries=retries,
                         fallback=fallback_value)
         if bad:
             err.print(f"error: {len(bad)} input lines were skipped (see the warnings above); fix them and run again "
@@ -88,7 +88,7 @@ def _fallback(text: str):
         raise InvalidParameterError(f"--fallback must be JSON (null, \"text\", {{...}}), got {text!r} ({e.msg})") from None
 
 
-def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, **settings) -> list:
+def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, request, **settings) -> list:
     """Load the model, answer the jobs into `output`; returns the lines that could not start.
     `settings`: BatchRunner's (raw, retries, fallback)."""
     from ..runtime.runtime import open_model
@@ -98,6 +98,7 @@ def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None
 
     with opening(err) as progress:
         rt = open_model(flags, progress)
+    check_thinks(rt, request)  # the command's --think and --reasoning-budget
     engine = rt.batch_engine(flags.rows, prompt_cache=prompt_cache)  # retries and shared system prompts reuse KV
     runner = BatchRunner(rt, engine, **settings)
     t0, bad = time.perf_counter(), []
