@@ -144,3 +144,6 @@ class ScriptedLean:
     def __call__(self, ids, cache, top=0):
         self.generated += list(ids)
         return self._out(cache, len(ids))
+
+    def rescore(self, logits, h, ids) -> None:  # (its logits are exact)
+        pass

@@ -134,7 +134,8 @@ def run_lean(tok, template, request, script, messages=ASK):
     reasoning = sequence_reasoning(reasoning_format(template), tok, prompt, request.think, request.reasoning_budget,
                                    request.reasoning_format)
     model = ScriptedLean(script, tok.vocab_size)
-    return list(generate_lean(model, tok, prompt, request, LeanCache(), reasoning))
+    constraint = think_first(reasoning, None, tok.eos_ids)
+    return list(generate_lean(model, tok, prompt, request, LeanCache(), constraint, reasoning))
 
 
 def run_torch(tok, template, request, script, grammar=None, messages=ASK):

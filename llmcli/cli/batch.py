@@ -91,13 +91,17 @@ def _fallback(text: str):
 def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, request, **settings) -> list:
     """Load the model, answer the jobs into `output`; returns the lines that could not start.
     `settings`: BatchRunner's (raw, retries, fallback)."""
-    from ..runtime.runtime import open_model
+    from ..runtime.lean import open_lean
     from ..serve.batch_jobs import ResultWriter
     from ..serve.batch_runner import BatchRunner
     from .startup import opening
 
-    with opening(err) as progress:
-        rt = open_model(flags, progress)
+    with opening(err) as progress:  # (the torch-free path where it runs the model: runtime/lean.py)
+        rt = open_lean(flags, None, progress)
+        if rt is None:
+            from ..runtime.runtime import open_model
+
+            rt = open_model(flags, progress)
     check_thinks(rt, request)  # the command's --think and --reasoning-budget
     engine = rt.batch_engine(flags.rows, prompt_cache=prompt_cache)  # retries and shared system prompts reuse KV
     runner = BatchRunner(rt, engine, **settings)

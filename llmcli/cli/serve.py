@@ -75,7 +75,7 @@ def serve(
 ):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics)."""
     from ..decode.request import Request
-    from ..runtime.runtime import open_model
+    from ..runtime.lean import open_lean
     from ..serve.http import Server
     from ..serve.listener import Timeouts, bind
     from .startup import opening
@@ -107,10 +107,15 @@ def serve(
               "(--api-key)", file=sys.stderr)
     listener = bind(host, port)  # a busy port fails now, before the model loads
     try:
-        with opening(err) as progress:
-            rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
-                                        quant=quant, registry=registry, offline=offline, rows=rows,
-                                        ctx_cap=DEFAULT_CTX, allow_encoder=True, chat_template=template), progress)
+        flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
+                            registry=registry, offline=offline, rows=rows, ctx_cap=DEFAULT_CTX, allow_encoder=True,
+                            chat_template=template)
+        with opening(err) as progress:  # (the torch-free path where it runs the model: runtime/lean.py)
+            rt = open_lean(flags, None, progress)
+            if rt is None:
+                from ..runtime.runtime import open_model
+
+                rt = open_model(flags, progress)
         report_plan(err, rt, verbose)
         check_thinks(rt, Request(think=think, reasoning_budget=reasoning_budget))
         server = Server(rt, listener, model_id=model, rows=rows, queue=queue,

@@ -133,11 +133,24 @@ def limit_reason(limit: int, max_tokens: int | None) -> str:
     return "max_tokens" if max_tokens is not None and limit == max_tokens else "context"
 
 
+@dataclass
+class Logprobs:
+    """Per sampled token: (id, logprob, [(id, logprob) of the `top` most likely]), from the model's own
+    distribution: before penalties, temperature, truncation and any grammar mask (as OpenAI reports).
+    The pickers add the entries (picker.py in torch, picker_plain.py in numpy)."""
+
+    top: int = 0
+    entries: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+
+    def add(self, token: int, logprob: float, alternatives: list[tuple[int, float]]) -> None:
+        self.entries.append((token, logprob, alternatives))
+
+
 class Generation:
     """The chunks of one completion (iterate; close() stops between two tokens), and what rode along:
     `constraint` (None without a grammar) and `logprobs` (None unless the request asks)."""
 
-    def __init__(self, chunks: Iterator[Chunk], constraint, logprobs):  # logprobs: picker.Logprobs or None
+    def __init__(self, chunks: Iterator[Chunk], constraint, logprobs):  # logprobs: Logprobs or None
         self._chunks, self.constraint, self.logprobs = chunks, constraint, logprobs
 
     def __iter__(self) -> "Generation":

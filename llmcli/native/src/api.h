@@ -90,6 +90,10 @@ LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliP
 // gate, up and down, blocks as stored (not interleaved). The caller keeps them alive.
 LLMCLI_API int llmcli_step_set_experts(void* step, int64_t layer, const float* router, int64_t n_experts,
                                        int64_t used, int64_t renormalize, const LlmcliProjection* experts);
+// Layer `layer`'s shared expert (after its set_experts): every token runs it beside its chosen
+// experts and adds its output times sigmoid(gate . the normed input); gate (hidden) float32; expert:
+// its gate, up and down projections, blocks as stored. The caller keeps them alive.
+LLMCLI_API int llmcli_step_set_shared_expert(void* step, int64_t layer, const float* gate, const LlmcliProjection* expert);
 // n tokens at once, x (n, hidden) their embeddings: token i's keys and values go to cache row
 // rows[i], slot slots[i], and it attends to that row's slots up to its own (tokens of one row at
 // consecutive slots see each other causally; rows never see each other). cos, sin (n, rotary_dim):
