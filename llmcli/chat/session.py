@@ -98,7 +98,8 @@ class ChatSession:
         if self.rt.reasoning_format is None:
             raise InvalidParameterError(f"{self.rt.loaded.name} does not think (its chat template has no <think> tags "
                                         "or analysis channel)")
-        self.request = self.request.with_(think=on, reasoning_budget=None if not on else self.request.reasoning_budget)
+        budget = self.request.reasoning_budget
+        self.request = self.request.with_(think=on, reasoning_budget=None if not on or budget == 0 else budget)
         return "thinking on" if on else "thinking off"
 
     def context_used(self) -> int:
