@@ -17,7 +17,7 @@ import typer
 
 from ..errors import InvalidParameterError
 from .options import (CacheRam, ChatTemplateFile, Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads,
-                      cache_ram_bytes, check_text_options, model_flags, read_chat_template,
+                      cache_ram_bytes, check_text_options, check_thinks, model_flags, read_chat_template,
                       read_grammar, report_plan, stderr_console)
 from .signals import Terminated
 
@@ -68,10 +68,13 @@ def serve(
     max_tokens: MaxTokens = None, system: System = None,
     json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Requests that ask for no format (response_format, grammar, tools) get output valid under this JSON Schema file.", show_default=False, rich_help_panel="Request defaults")] = None,
     grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Requests that ask for no format get output in this grammar (GBNF or Lark, as run's --grammar).", show_default=False, rich_help_panel="Request defaults")] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="A reasoning model thinks before it answers, or not, for requests that do not say (chat_template_kwargs.enable_thinking).", show_default=False, rich_help_panel="Request defaults")] = None,
+    reasoning_budget: Annotated[Optional[int], typer.Option("--reasoning-budget", help="Most thinking tokens of a reasoning model, for requests that do not say (reasoning_budget); 0: no thinking.", show_default=False, rich_help_panel="Request defaults")] = None,
     api_key: ApiKey = None, cors: Cors = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
 ):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics)."""
+    from ..decode.request import Request
     from ..runtime.lean import open_lean
     from ..serve.http import Server
     from ..serve.listener import Timeouts, bind
@@ -93,7 +96,7 @@ def serve(
     defaults = _defaults(dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                               repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, seed=seed),
-                         max_tokens, system, read_grammar(json_schema, None, grammar))
+                         max_tokens, system, read_grammar(json_schema, None, grammar), think, reasoning_budget)
     if api_key is not None and not api_key.strip():
         raise InvalidParameterError("--api-key (or LLMCLI_API_KEY) is empty; give a key, or leave it out")
     origins = _origins(cors or [])
@@ -114,6 +117,7 @@ def serve(
 
                 rt = open_model(flags, progress)
         report_plan(err, rt, verbose)
+        check_thinks(rt, Request(think=think, reasoning_budget=reasoning_budget))
         server = Server(rt, listener, model_id=model, rows=rows, queue=queue,
                         timeouts=Timeouts(head=timeout, body=timeout, write=timeout), defaults=defaults,
                         api_key=api_key, cors_origins=origins, pooling=pooling, prompt_cache=prompt_cache)
@@ -158,16 +162,18 @@ def _details(rt, server) -> str:
     return "; ".join(parts)
 
 
-def _defaults(sampling: dict, max_tokens: int | None, system: str | None, grammar):
+def _defaults(sampling: dict, max_tokens: int | None, system: str | None, grammar, think: bool | None = None,
+              reasoning_budget: int | None = None):
     """openai_api.Defaults from the flags given (checked as run checks them)."""
     from ..decode.request import Request
     from ..decode.sampling_plain import SamplingParams
     from ..serve.openai_api import Defaults
 
     given = {k: v for k, v in sampling.items() if v is not None}
-    Request(SamplingParams(**given), max_tokens)  # InvalidParameterError naming the flag, as for run
+    # InvalidParameterError naming the flag, as for run
+    Request(SamplingParams(**given), max_tokens, think=think, reasoning_budget=reasoning_budget)
     check_text_options(system)
-    return Defaults(given, max_tokens, system, grammar)
+    return Defaults(given, max_tokens, system, grammar, think, reasoning_budget)
 
 
 def _origins(origins: list[str]) -> tuple[str, ...]:

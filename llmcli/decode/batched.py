@@ -56,6 +56,7 @@ class Sequence:
     request: Request = field(default_factory=Request)
     constraint: object = None
     tag: object = None
+    reasoning: object = None  # reasoning.Reasoning: a reasoning model's thinking split off its answer
     logprobs: Logprobs | None = field(default=None, init=False)
 
     def __post_init__(self):
@@ -75,7 +76,8 @@ class _Running:
         self.last = -1  # the token the next step feeds
         self.pending: int | None = None  # the token text_stream reads next
         self.text = text_stream(self._feed(), tokenizer, tuple(s for s in req.request.stop if s), req.prompt,
-                                self.stats, limit_reason(limit, req.request.max_tokens), req.request.ignore_eos)
+                                self.stats, limit_reason(limit, req.request.max_tokens), req.request.ignore_eos,
+                                req.reasoning)
 
     def _feed(self) -> Iterator[int]:
         while self.pending is not None:

@@ -42,9 +42,11 @@ def token_stream(model, prompt: list[int], cache, picker: PlainPicker, max_new: 
 
 
 def generate_lean(model, tokenizer: Tokenizer, prompt: list[int], request: Request, cache,
-                  constraint=None) -> Generation:
+                  constraint=None, reasoning=None) -> Generation:
     """generate.generate's chunks for a request this path takes; `constraint` (one per sequence) where
-    the request is constrained (its grammar or its tools')."""
+    the request is constrained (its grammar or its tools'); `reasoning` (reasoning.Reasoning, one per
+    sequence) splits a reasoning model's thinking off (its budget and a grammar that waits for the
+    answer ride in `constraint`: think_first.py)."""
     if not prompt:
         raise ValueError("empty prompt")
     if not takes(request):
@@ -58,5 +60,5 @@ def generate_lean(model, tokenizer: Tokenizer, prompt: list[int], request: Reque
                          stats=stats)
     chunks = text_stream(token_stream(model, prompt, cache, picker, limit), tokenizer,
                          tuple(s for s in request.stop if s), prompt, stats, limit_reason(limit, request.max_tokens),
-                         request.ignore_eos)
+                         request.ignore_eos, reasoning)
     return Generation(chunks, constraint, recorder)

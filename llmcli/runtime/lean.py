@@ -23,6 +23,7 @@ from .. import heap, native
 from ..decode.batched import BatchEngine
 from ..decode.lean import generate_lean, takes
 from ..decode.rows_lean import LeanRows
+from ..decode.think_first import think_first
 from ..decode.request import Request
 from ..formats.info import runs_as
 from ..formats.open import open_model_file
@@ -82,7 +83,9 @@ class LeanRuntime(Prompting):
     def generate(self, prompt: list[int], request: Request, cache, step=None, *, shift=None, draft=None):
         if shift is not None or draft is not None:
             raise ValueError("a context shift or a draft model needs the torch path")
-        return generate_lean(self.model, self.loaded.tokenizer, prompt, request, cache, self.constraint(request))
+        reasoning = self.reasoning(prompt, request)
+        constraint = think_first(reasoning, self.constraint(request), self.loaded.tokenizer.eos_ids)
+        return generate_lean(self.model, self.loaded.tokenizer, prompt, request, cache, constraint, reasoning)
 
     def batch_engine(self, rows: int, max_len: int | None = None, prompt_cache: int | None = None) -> BatchEngine:
         """Runtime.batch_engine on this path: the rows in a host cache, every step one C++ call."""

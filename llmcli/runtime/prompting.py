@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 from ..cache.prompt_cache import PromptCache
 from ..decode.constrained import Grammar, GrammarCompiler, TokenConstraint
+from ..decode.reasoning import Reasoning, ReasoningFormat, reasoning_format, reasoning_variables, sequence_reasoning
 from ..decode.request import Request
 from ..decode.tool_grammar import opener_id, tool_grammar
 from ..formats import chat_template
@@ -25,29 +26,43 @@ _LOCK = threading.Lock()  # the grammar caches' (short sections; a server's thre
 
 
 class Prompting:
-    """prompt_ids, grammar, constraint, compiler, call_reader and tool_support of a runtime's `loaded`
-    model, and the prompt cache its batch engine keeps (its `plan`: a memory plan or None)."""
+    """prompt_ids, reasoning, grammar, constraint, compiler, call_reader and tool_support of a
+    runtime's `loaded` model, and the prompt cache its batch engine keeps (its `plan`: a memory plan or None)."""
 
     _compiler: GrammarCompiler | None = None  # bound to the tokenizer, built on first use
     _tool_grammars: OrderedDict | None = None  # (format, tools, choice, parallel) -> Grammar, least recent first
 
-    def prompt_ids(self, messages: list[dict], raw: bool = False, tools: list[Tool] | None = None) -> list[int]:
+    def prompt_ids(self, messages: list[dict], raw: bool = False, tools: list[Tool] | None = None,
+                   request: Request | None = None, variables: dict | None = None) -> list[int]:
         """Token ids for a conversation: through the model's chat template, where only the
         template's structure makes control tokens (formats/prompt.py). `raw`: the messages' text as
         it is, special tokens written in it included (the user writes the whole prompt). `tools`:
         offered to the model through its template (ToolsUnsupportedError if it takes none); past
-        tool calls and results (OpenAI's shape) are rendered as the template renders them."""
+        tool calls and results (OpenAI's shape) are rendered as the template renders them.
+        `request`: its thinking switch and effort go to the template (enable_thinking,
+        reasoning_effort); `variables`: more for the template (a server's chat_template_kwargs)."""
         tok, template = self.loaded.tokenizer, self.loaded.chat_template
         if raw:
             return tok.encode(chat_template.plain_prompt(messages))
+        extra = reasoning_variables(self.reasoning_format, request, variables)
         if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-            return conversation_ids(tok, template, messages)
+            return conversation_ids(tok, template, messages, **extra)
         support = self.tool_support() if tools else template_support(template)
         messages = history(messages)
         if support is None:  # past calls for a template that takes no tools: as it renders them
-            return conversation_ids(tok, template, messages)
-        messages, variables = support.prepare(messages, tools)
-        return conversation_ids(tok, template, messages, **variables)
+            return conversation_ids(tok, template, messages, **extra)
+        messages, more = support.prepare(messages, tools)
+        return conversation_ids(tok, template, messages, **extra, **more)
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """How the model thinks, read from its chat template (None: it does not)."""
+        return reasoning_format(self.loaded.chat_template)
+
+    def reasoning(self, prompt: list[int], request: Request) -> Reasoning | None:
+        """One sequence's thinking after `prompt` (decode/reasoning.py), None for a model that does not think."""
+        return sequence_reasoning(self.reasoning_format, self.loaded.tokenizer, prompt, request.think,
+                                  request.reasoning_budget, request.reasoning_format)
 
     def grammar(self, request: Request) -> Grammar | None:
         """What the output follows: the request's grammar, or its tools' calls in the syntax of this

@@ -20,6 +20,7 @@ from ..decode.batched import BatchEngine
 from ..decode.generate import Generation, generate
 from ..decode.request import Request
 from ..decode.speculative import DraftModel
+from ..decode.think_first import think_first
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..formats.open import ModelFile, open_model_file
 from ..hub import fetch
@@ -138,9 +139,12 @@ class Runtime(Prompting):
     def generate(self, prompt: list[int], request: Request, cache, step=None, *, shift=None,
                  draft: DraftModel | None = None) -> Generation:
         """decode.generate() on this model: `prompt` (token ids) completed as `request` asks, the
-        constraint of its grammar or tools bound to this tokenizer."""
+        constraint of its grammar or tools bound to this tokenizer; a reasoning model's thinking
+        split off, free of the grammar and within the request's budget."""
+        reasoning = self.reasoning(prompt, request)
+        constraint = think_first(reasoning, self.constraint(request), self.loaded.tokenizer.eos_ids)
         return generate(self.loaded.model, self.loaded.tokenizer, prompt, request, cache, step,
-                        constraint=self.constraint(request), shift=shift, draft=draft)
+                        constraint=constraint, shift=shift, draft=draft, reasoning=reasoning)
 
     def draft(self, ctx_size: int, compile: bool = False) -> DraftModel:
         """This model as another's draft (speculative decoding): its own cache of `ctx_size` tokens."""
