@@ -195,3 +195,26 @@ def test_a_tool_call_after_the_thinking(tmp_path):
         assert r.choices[0].finish_reason == "tool_calls"
     finally:
         srv.close()
+
+
+def test_anthropic_messages_give_the_thinking_its_own_block(qwen3):
+    """/v1/messages with the real anthropic client: a thinking block before the text (whole and
+    streamed), `thinking` disabled or with a budget as the chat fields' switch and budget."""
+    import anthropic
+
+    srv, _ = qwen3
+    client = anthropic.Anthropic(base_url=srv.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=60)
+    ask = dict(model="qwen3", max_tokens=200, messages=ASK, extra_body={"temperature": 0})
+    r = client.messages.create(**ask)
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in r.content] == \
+        [("thinking", THOUGHT), ("text", "Paris.")] and r.stop_reason == "end_turn"
+    with client.messages.stream(**ask) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == THOUGHT
+    off = client.messages.create(**ask, thinking={"type": "disabled"})
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text == "Paris."
+    cut = client.messages.create(**ask, thinking={"type": "enabled", "budget_tokens": 4})
+    assert cut.content[0].type == "thinking" and THOUGHT.startswith(cut.content[0].thinking) and \
+        cut.content[0].thinking != THOUGHT and cut.content[-1].text == "Paris."
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(**ask, thinking={"type": "enabled"})

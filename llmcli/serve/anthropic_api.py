@@ -4,9 +4,9 @@ shape, so templates and tool calls go as they go there), and the answer -> Anthr
 or its stream of named events. No HTTP and no model here (http.py has those).
 
     messages_job(body, defaults)   system, content blocks (text, tool_use, tool_result), tools and
-                                   tool_choice, stop_sequences, max_tokens (required), sampling
-    message(...), StreamEvents     the message object; message_start, content_block_start/delta/stop,
-                                   message_delta, message_stop
+                                   tool_choice, stop_sequences, max_tokens (required), sampling, thinking
+    message(...), StreamEvents     the message object (thinking, text, tool_use blocks); message_start,
+                                   content_block_start/delta/stop, message_delta, message_stop
     error_body(ApiError)           {"type": "error", "error": {"type", "message"}}
 """
 
@@ -49,7 +49,23 @@ def messages_job(body: dict, defaults: api.Defaults = api.Defaults()) -> api.Job
     if stops:
         chat["stop"] = stops
     chat.update(_tools(body))
+    chat.update(_thinking(body.get("thinking")))
     return api.chat_job(chat, defaults)
+
+
+def _thinking(thinking) -> dict:
+    """thinking {"type": "enabled", "budget_tokens": N} or {"type": "disabled"} as the chat fields of a
+    reasoning model (its template's switch, a budget); absent: as the server's defaults say."""
+    if thinking is None:
+        return {}
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "disabled":
+        return {"chat_template_kwargs": {"enable_thinking": False}}
+    budget = thinking.get("budget_tokens") if kind == "enabled" else None
+    if kind != "enabled" or isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ApiError(400, 'thinking must be {"type": "enabled", "budget_tokens": N} (N >= 1) or {"type": "disabled"}',
+                       "thinking")
+    return {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_budget": budget}
 
 
 def _system(system) -> list[dict]:
@@ -170,9 +186,10 @@ def usage(stats) -> dict:
 
 
 def message(msg_id: str, model: str, choice) -> dict:
-    """The whole answer: text, then tool_use blocks."""
-    text = "".join(choice.pieces)
-    blocks = [{"type": "text", "text": text}] if text.strip() or not choice.calls else []
+    """The whole answer: a reasoning model's thinking, its text, then tool_use blocks."""
+    text, thought = "".join(choice.pieces), "".join(choice.thoughts)
+    blocks = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
+    blocks += [{"type": "text", "text": text}] if text.strip() or not choice.calls else []
     blocks += [tool_use(c) for c in choice.calls]
     reason, sequence = stop_reason(choice)
     return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": blocks,
@@ -185,7 +202,7 @@ class StreamEvents:
 
     def __init__(self, msg_id: str, model: str, prompt_tokens: int):
         self.msg_id, self.model, self.prompt_tokens = msg_id, model, prompt_tokens
-        self.index, self.text_open = 0, False
+        self.index, self.text_open, self.thinking_open = 0, False, False
 
     def start(self) -> list[tuple[str, dict]]:
         empty = {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
@@ -193,8 +210,18 @@ class StreamEvents:
                  "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}
         return [("message_start", {"type": "message_start", "message": empty}), ("ping", {"type": "ping"})]
 
-    def text(self, text: str) -> list[tuple[str, dict]]:
+    def thinking(self, text: str) -> list[tuple[str, dict]]:
         out = []
+        if not self.thinking_open:
+            out.append(("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+            self.thinking_open = True
+        out.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                            "delta": {"type": "thinking_delta", "thinking": text}}))
+        return out
+
+    def text(self, text: str) -> list[tuple[str, dict]]:
+        out = self._close_thinking()
         if not self.text_open:
             out.append(("content_block_start", {"type": "content_block_start", "index": self.index,
                                                 "content_block": {"type": "text", "text": ""}}))
@@ -204,7 +231,7 @@ class StreamEvents:
         return out
 
     def call(self, call) -> list[tuple[str, dict]]:
-        out = self._close_text()
+        out = self._close_thinking() + self._close_text()
         block = tool_use(call)
         out += [("content_block_start", {"type": "content_block_start", "index": self.index,
                                          "content_block": {**block, "input": {}}}),
@@ -216,10 +243,20 @@ class StreamEvents:
 
     def finish(self, choice) -> list[tuple[str, dict]]:
         reason, sequence = stop_reason(choice)
-        return self._close_text() + [
+        return self._close_thinking() + self._close_text() + [
             ("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                "usage": {"output_tokens": choice.last.stats.completion_tokens}}),
             ("message_stop", {"type": "message_stop"})]
+
+    def _close_thinking(self) -> list[tuple[str, dict]]:
+        """(Anthropic's thinking blocks end with a signature; this server signs nothing: an empty one)"""
+        if not self.thinking_open:
+            return []
+        self.thinking_open = False
+        self.index += 1
+        return [("content_block_delta", {"type": "content_block_delta", "index": self.index - 1,
+                                          "delta": {"type": "signature_delta", "signature": ""}}),
+                ("content_block_stop", {"type": "content_block_stop", "index": self.index - 1})]
 
     def _close_text(self) -> list[tuple[str, dict]]:
         if not self.text_open:

@@ -226,6 +226,9 @@ class Server:
         async for _, chunk in run:
             sent = len(choice.calls)
             for delta, _ in choice.push(chunk):
+                if delta.get("reasoning_content"):
+                    for event in stream.thinking(delta["reasoning_content"]):
+                        yield event
                 if delta.get("content"):
                     for event in stream.text(delta["content"]):
                         yield event
