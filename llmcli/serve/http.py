@@ -50,6 +50,7 @@ from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_ap
 from .engine_loop import EngineLoop
 from .listener import HttpServer, Timeouts
 from .metrics import RequestCounts, prometheus
+from .models import Models, Served
 from .openai_api import ApiError
 from .prepare import Preparer
 
@@ -61,7 +62,8 @@ class Server:
     def __init__(self, rt, sock, *, model_id: str, rows: int = 8, max_len: int | None = None,
                  queue: int | None = None, timeouts: Timeouts = Timeouts(), defaults: api.Defaults = api.Defaults(),
                  api_key: str | None = None, cors_origins: tuple[str, ...] = (), pooling: str | None = None,
-                 prompt_cache: int | None = None):
+                 prompt_cache: int | None = None, more: tuple = (), open_model=None, resolve=None,
+                 models_max: int = 3, keep_alive: float | None = 300.0, kept: float | None = None):
         """`rt` a runtime.Runtime, `sock` from bind(); `rows` requests decoded together, each up to
         `max_len` tokens (default: rt.ctx_size), and `queue` more waiting for a row (default
         QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens. `defaults`: what requests
@@ -70,23 +72,41 @@ class Server:
         /v1/embeddings answers with the model's own pooling, or `pooling` (mean, cls, last, max): a
         text-generation model that declares none embeds only with it. An embedding model
         (rt.generates False) serves only that. `prompt_cache`: bytes of finished requests' KV kept for
-        later prompts that start the same way (None: Runtime.prompt_cache_budget(); 0: none)."""
-        self.rt, self.sock, self.model_id, self.timeouts = rt, sock, model_id, timeouts
-        self.names = {model_id, rt.loaded.name, rt.loaded.path.name, ""}  # what a request's "model" may say
+        later prompts that start the same way (None: Runtime.prompt_cache_budget(); 0: none).
+        With `open_model(name) -> runtime`, any model a request names is loaded on demand (models.py:
+        at most `models_max`, idle ones unloaded after `keep_alive` seconds; `resolve(name)` says which
+        file a name means); `rt` (named `model_id`, may be None) and `more` ((name, runtime) pairs) are
+        loaded already and kept for `kept` seconds idle (None: for good). Without it, `rt` alone."""
+        self.sock, self.model_id, self.timeouts = sock, model_id, timeouts
+        self.rows, self.max_len, self.pooling, self.prompt_cache_bytes = rows, max_len, pooling, prompt_cache
         self.created = int(time.time())
         self.limit = rows + (QUEUE_PER_ROW * rows if queue is None else queue)  # running + waiting
-        self.loop = EngineLoop(rt.batch_engine(rows, max_len, prompt_cache)) if rt.generates else None
-        try:
-            self.embedder = rt.embedder(pooling)
-        except NoPoolingError:  # a text-generation model: /v1/embeddings says how to start the server
-            self.embedder = None
+        self.on_demand = open_model is not None
+        self.models = Models(lambda name: self.serve_model(open_model(name), name, keep_alive), on_demand=self.on_demand,
+                             models_max=models_max, keep_alive=keep_alive, wait_s=max(timeouts.body, 60.0),
+                             resolve=resolve)
+        for name, runtime in ([(model_id, rt)] if rt is not None else []) + list(more):
+            self.models.add(self.serve_model(runtime, name, kept if self.on_demand else None))
+        first = self.models.loaded()[0] if self.models.loaded() else None  # (the one model: its parts by name)
+        self.rt, self.loop = (first.rt, first.loop) if first else (None, None)
+        self.embedder = first.embedder if first else None
         self._embedding = ThreadPoolExecutor(1, thread_name_prefix="llmcli-embed")  # one request at a time
         self.defaults, self.api_key, self.cors_origins = defaults, api_key, tuple(cors_origins)
-        self.prepare = Preparer(rt)
+        self.prepare = _Dispatch(self)
         self.counts = RequestCounts()
         self._accepting = 0  # requests admitted and not yet in the engine (body, tokenizing); event loop only
         self._durations: deque[float] = deque(maxlen=32)  # seconds recent requests took in a row
         self.http = HttpServer(self.app(), sock, timeouts, on_stop=self._stop)
+
+    def serve_model(self, rt, name: str, keep_alive: float | None) -> Served:
+        """What serves `rt` under `name`: its engine loop (generating models), preparer and embedder."""
+        loop = EngineLoop(rt.batch_engine(self.rows, self.max_len, self.prompt_cache_bytes)) if rt.generates else None
+        try:
+            embedder = rt.embedder(self.pooling)
+        except NoPoolingError:  # a text-generation model: /v1/embeddings says how to start the server
+            embedder = None
+        return Served(name, rt, loop, Preparer(rt), embedder, keep_alive,
+                      aliases={name, rt.loaded.name, rt.loaded.path.name})
 
     @property
     def address(self) -> tuple[str, int]:
@@ -112,12 +132,11 @@ class Server:
         self.sock.close()
 
     def _stop(self) -> None:
-        if self.loop is not None:
-            self.loop.close()
+        self.models.close()
         self._embedding.shutdown(wait=False, cancel_futures=True)
 
     def app(self):
-        routes = [Route("/models", self.models, methods=["GET"]), Route("/models/{name:path}", self.model, methods=["GET"]),
+        routes = [Route("/models", self.list_models, methods=["GET"]), Route("/models/{name:path}", self.show_model, methods=["GET"]),
                   Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
                   Route("/chat/completions", self.chat, methods=["POST"]),
                   Route("/completions", self.completion, methods=["POST"]),
@@ -134,26 +153,38 @@ class Server:
 
     # ------------------------------------------------------------------ endpoints
 
-    async def models(self, request: Request) -> Response:
-        return json_response(200, {"object": "list", "data": [self._card()]})
+    async def list_models(self, request: Request) -> Response:
+        """The models loaded now (the one served, without on-demand loading), with their memory."""
+        return json_response(200, {"object": "list", "data": [self._card(s) for s in self.models.loaded()]})
 
-    async def model(self, request: Request) -> Response:
-        try:
-            self._check_model(request.path_params["name"])
-        except ApiError as e:
-            return _failure(e, request)
-        return json_response(200, self._card())
+    async def show_model(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        found = [s for s in self.models.loaded() if name == s.name or name in s.aliases]
+        if not found:
+            return _failure(self.models._not_served(name), request)
+        return json_response(200, self._card(found[0]))
 
     async def health(self, request: Request) -> Response:
-        stats = self.loop.stats if self.loop is not None else {"embeddings_only": True}
-        return json_response(200, {"status": "ok", "model": self.model_id, **stats, "max_requests": self.limit})
+        loaded = self.models.loaded()
+        if not self.on_demand and loaded:
+            stats = loaded[0].loop.stats if loaded[0].loop is not None else {"embeddings_only": True}
+            return json_response(200, {"status": "ok", "model": self.model_id, **stats, "max_requests": self.limit})
+        models = [{"model": s.name, **(s.loop.stats if s.loop is not None else {"embeddings_only": True})} for s in loaded]
+        return json_response(200, {"status": "ok", "models": models, "max_requests": self.limit})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(prometheus(self.loop.meter if self.loop else None, self.counts, self.loop), 200,
+        loaded = [s for s in self.models.loaded() if s.loop is not None]
+        loop = loaded[0].loop if loaded else None  # (the engine's figures: the one model's, or the latest used)
+        return Response(prometheus(loop.meter if loop else None, self.counts, loop), 200,
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    def _card(self) -> dict:
-        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llmcli"}
+    def _card(self, served: Served) -> dict:
+        """OpenAI's model object, and what llmcli adds: the memory it holds, when it unloads."""
+        plan = getattr(served.rt, "plan", None)
+        memory = plan.taken_bytes if plan is not None else served.rt.loaded.weights_bytes
+        return {"id": served.name, "object": "model", "created": int(served.loaded_at), "owned_by": "llmcli",
+                "llmcli": {"file": served.rt.loaded.path.name, "memory_bytes": int(memory),
+                           "expires_at": served.expires_at, "busy": served.busy}}
 
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, self._chat_request, "messages", "chatcmpl", self._chat_events,
@@ -171,7 +202,7 @@ class Server:
             with self._admitted():
                 job, reqs, choices = await run_in_threadpool(prepare, await self._read_body(request))
                 run = self._submit(reqs, param)
-            head = api.head(id_prefix, self.model_id)
+            head = api.head(id_prefix, reqs[0].owner.name)
             if job.stream:
                 return EventStream(events(run, job, head, choices, request), run, request, self.timeouts.write)
             try:
@@ -192,14 +223,14 @@ class Server:
                 run = self._submit(reqs, "messages")
             msg_id = anthropic.new_id()
             if job.stream:
-                events = self._message_events(run, msg_id, len(reqs[0].prompt), choices[0], request)
+                events = self._message_events(run, msg_id, reqs[0], choices[0], request)
                 return EventStream(events, run, request, self.timeouts.write, named=anthropic.error_body)
             try:
                 await unless_gone(request.receive, collect(run, choices))
             finally:
                 run.close()
             request.state.note = _note(choices)
-            return json_response(200, anthropic.message(msg_id, self.model_id, choices[0]))
+            return json_response(200, anthropic.message(msg_id, reqs[0].owner.name, choices[0]))
         except Exception as e:
             return _failure(e, request, anthropic.error_body)
 
@@ -207,6 +238,7 @@ class Server:
         """Anthropic's token count of a Messages request: its prompt's tokens, as the template makes them."""
         try:
             job, reqs, _ = await run_in_threadpool(self._messages_request, await self._read_body(request), True)
+            self.prepare.done(reqs)  # (nothing runs: the model is free again)
             return json_response(200, {"input_tokens": len(reqs[0].prompt)})
         except Exception as e:
             return _failure(e, request, anthropic.error_body)
@@ -219,8 +251,8 @@ class Server:
         self._check_model(job.model)
         return (job, *self.prepare.chat(job))
 
-    async def _message_events(self, run, msg_id: str, prompt_tokens: int, choice, request: Request):
-        stream = anthropic.StreamEvents(msg_id, self.model_id, prompt_tokens)
+    async def _message_events(self, run, msg_id: str, seq, choice, request: Request):
+        stream = anthropic.StreamEvents(msg_id, seq.owner.name, len(seq.prompt))
         for event in stream.start():
             yield event
         async for _, chunk in run:
@@ -242,28 +274,40 @@ class Server:
 
     async def embeddings(self, request: Request) -> Response:
         try:
-            if self.embedder is None:
-                raise ApiError(400, f"{self.model_id} is a text-generation model whose files declare no pooling, so this "
-                                    "server does not embed; start it with --pooling last (or mean) to embed with the "
-                                    "model's last hidden states", code="model_not_supported")
             with self._admitted():
-                job, ids = await run_in_threadpool(self._embedding_request, await self._read_body(request))
-                work = asyncio.wrap_future(self._embedding.submit(self.embedder.embed, ids))
-                vectors = await unless_gone(request.receive, work)
+                job, ids, served = await run_in_threadpool(self._embedding_request, await self._read_body(request))
+                try:
+                    work = asyncio.wrap_future(self._embedding.submit(served.embedder.embed, ids))
+                    vectors = await unless_gone(request.receive, work)
+                finally:
+                    self.models.release(served)
             tokens = sum(map(len, ids))
             request.state.note = f"{len(ids)} inputs, {tokens} tokens"
-            return json_response(200, embeddings_api.embeddings_response(self.model_id, vectors, tokens, job.base64))
+            return json_response(200, embeddings_api.embeddings_response(served.name, vectors, tokens, job.base64))
         except Exception as e:
             return _failure(e, request)
 
     def _embedding_request(self, data: bytes):
+        """(job, each input's token ids, the model held: release it once embedded)."""
         job = embeddings_api.embedding_job(_parse(data))
         self._check_model(job.model)
-        e = self.embedder
+        served = self.models.hold(job.model)
+        try:
+            return (job, self._embedding_ids(job, served), served)
+        except BaseException:
+            self.models.release(served)
+            raise
+
+    def _embedding_ids(self, job, served: Served) -> list[list[int]]:
+        e = served.embedder
+        if e is None:
+            raise ApiError(400, f"{served.name} is a text-generation model whose files declare no pooling, so this "
+                                "server does not embed; start it with --pooling last (or mean) to embed with the "
+                                "model's last hidden states", code="model_not_supported")
         if job.dimensions is not None and job.dimensions != e.dimensions:
             raise ApiError(400, f"this model makes {e.dimensions}-dimensional vectors and was not trained to be cut "
                                 f"shorter; leave dimensions out or set it to {e.dimensions}", "dimensions")
-        vocab, ids = self.rt.loaded.args.vocab_size, []
+        vocab, ids = served.rt.loaded.args.vocab_size, []
         for i, item in enumerate(job.inputs):
             what = f"input[{i}]"
             try:
@@ -275,12 +319,10 @@ class Server:
                     ids.append(e.frame(item, job.truncate, what))
             except PromptTooLongError as err:
                 raise ApiError(400, str(err), what, "context_length_exceeded") from None
-        return job, ids
+        return ids
 
     def _check_generates(self) -> None:
-        if self.loop is None:
-            raise ApiError(400, f"{self.model_id} is an embedding model: this server answers /v1/embeddings, not chat "
-                                "or completions", "model", "model_not_supported")
+        """(Each model's own check: _Dispatch's, once the request's model is known.)"""
 
     async def _chat_events(self, run, job: api.Job, head: dict, choices: list, request: Request):
         """The chat stream's objects: each choice's role, its text as it comes (held-back text, a
@@ -315,7 +357,7 @@ class Server:
     @contextmanager
     def _admitted(self):
         """Room for one more request, or 503 (before its body is read: the connection then closes)."""
-        busy = self._accepting + (self.loop.in_flight if self.loop is not None else 0)
+        busy = self._accepting + sum(s.loop.in_flight for s in self.models.loaded() if s.loop is not None)
         if busy >= self.limit:
             raise ApiError(503, f"the server is busy: {busy} requests are running or waiting for a row, as many "
                                 "as it takes (--rows + --queue); retry later", code="server_busy",
@@ -329,9 +371,9 @@ class Server:
     def _retry_after(self) -> int:
         """Seconds until a place is likely free: with every row busy, one frees every
         (a request's time in its row) / rows seconds."""
-        if not self._durations or self.loop is None:
+        if not self._durations:
             return 1
-        return max(1, min(60, math.ceil(statistics.median(self._durations) / self.loop.engine.rows)))
+        return max(1, min(60, math.ceil(statistics.median(self._durations) / self.rows)))
 
     async def _read_body(self, request: Request) -> bytes:
         length = request.headers.get("content-length", "")  # h11 checked it is digits
@@ -366,12 +408,46 @@ class Server:
         return (job, *self.prepare.completion(job))
 
     def _check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.names:
-            raise ApiError(404, f"the model {name!r} is not served here; this server serves {self.model_id!r} "
-                                "(see GET /v1/models)", "model", "model_not_found")
+        """(The request's model is found, or loaded, as the request is prepared: models.py.)"""
 
     def _submit(self, reqs: list, param: str) -> EngineRun:
-        return EngineRun(self.loop, reqs, param, self._durations.append)
+        """The prepared sequences into their model's engine (which then counts them as in flight)."""
+        try:
+            return EngineRun(reqs[0].owner.loop, reqs, param, self._durations.append)
+        finally:
+            self.prepare.done(reqs)
+
+
+class _Dispatch:
+    """Preparer's face for the server's endpoints, over every model it serves: a request is prepared
+    by the runtime of the model it names (loaded if need be), which it holds until its sequences are
+    in the engine (Server._submit calls done())."""
+
+    def __init__(self, server: "Server"):
+        self.server = server
+
+    def chat(self, job) -> tuple[list, list]:
+        return self._by_model(job, lambda p: p.chat(job))
+
+    def completion(self, job) -> tuple[list, list]:
+        return self._by_model(job, lambda p: p.completion(job))
+
+    def done(self, reqs: list) -> None:
+        self.server.models.release(reqs[0].owner)
+
+    def _by_model(self, job, prepare) -> tuple[list, list]:
+        served = self.server.models.hold(job.model)
+        try:
+            if served.loop is None:
+                raise ApiError(400, f"{served.name} is an embedding model: this server answers /v1/embeddings with "
+                                    "it, not chat or completions", "model", "model_not_supported")
+            seqs, choices = prepare(served.prepare)
+        except BaseException:
+            self.server.models.release(served)
+            raise
+        for seq in seqs:
+            seq.owner = served
+        return seqs, choices
 
 
 async def _routing_error(request: Request, exc: HTTPException) -> Response:
