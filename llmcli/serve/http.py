@@ -170,7 +170,7 @@ class Server:
             stats = loaded[0].loop.stats if loaded[0].loop is not None else {"embeddings_only": True}
             return json_response(200, {"status": "ok", "model": self.model_id, **stats, "max_requests": self.limit})
         models = [{"model": s.name, **(s.loop.stats if s.loop is not None else {"embeddings_only": True})} for s in loaded]
-        return json_response(200, {"status": "ok", "models": models, "max_requests": self.limit})
+        return json_response(200, {"status": "ok", "models": models, "loads": self.models.loads, "max_requests": self.limit})
 
     async def metrics(self, request: Request) -> Response:
         loaded = [s for s in self.models.loaded() if s.loop is not None]
