@@ -356,9 +356,9 @@ class Answer:
         """The stream's error event (the headers are out: no status code can say it)."""
         return self._event("error", code=err.code or err.type, message=err.message, param=err.param)[1]
 
-    def _event(self, name: str, **fields) -> tuple[str, dict]:
+    def _event(self, kind: str, **fields) -> tuple[str, dict]:
         self.seq += 1
-        return name, {"type": name, "sequence_number": self.seq - 1, **fields}
+        return kind, {"type": kind, "sequence_number": self.seq - 1, **fields}
 
     def _is_open(self, kind: str) -> bool:
         return self.open is not None and self.open["item"]["type"] == kind
