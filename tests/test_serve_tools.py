@@ -255,10 +255,13 @@ def test_each_family_calls_a_tool_through_openai_responses(family):
         final = stream.get_final_response()
     assert [(c.name, c.arguments) for c in final.output if c.type == "function_call"] == [(call.name, call.arguments)]
     assert deltas == call.arguments
-    again = client.responses.create(**{**ask, "previous_response_id": r.id, "input": [
-        {"type": "function_call_output", "call_id": call.call_id, "output": '{"forecast": "sunny"}'}]})
-    assert again.usage.input_tokens > r.usage.input_tokens
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"forecast": "sunny"}'}
+    again = client.responses.create(**{**ask, "previous_response_id": r.id, "input": [result], "max_output_tokens": 1})
     turn = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
         {"role": "tool", "tool_call_id": call.call_id, "content": '{"forecast": "sunny"}'}]
     assert again.usage.input_tokens == len(srv.rt.prompt_ids(turn, tools=parse_tools(TOOLS)))
+    # the same turn sent whole, the first answer's output items as the client returns them
+    whole = client.responses.create(**{**ask, "input": [*ASK, *(o.model_dump() for o in r.output), result],
+                                       "max_output_tokens": 1})
+    assert whole.usage.input_tokens == again.usage.input_tokens

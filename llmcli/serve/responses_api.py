@@ -244,8 +244,9 @@ def _reasoning(reasoning, chat: dict) -> dict:
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     if not isinstance(reasoning, dict) or (effort is not None and effort not in EFFORTS):
         raise ApiError(400, f"reasoning must be {{\"effort\": ...}} with effort one of {', '.join(EFFORTS)}", "reasoning")
-    if effort == "none":
-        return {"chat_template_kwargs": {"enable_thinking": False, **chat.get("chat_template_kwargs", {})}}
+    if effort == "none":  # (the request's own chat_template_kwargs win; one that is no object, chat_job refuses)
+        kwargs = chat.get("chat_template_kwargs", {})
+        return {"chat_template_kwargs": {"enable_thinking": False, **kwargs}} if isinstance(kwargs, dict) else {}
     return {"reasoning_effort": {"minimal": "low", "xhigh": "high"}.get(effort, effort)} if effort else {}
 
 
