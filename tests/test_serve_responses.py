@@ -217,3 +217,29 @@ def test_a_reasoning_model_s_thinking_is_a_reasoning_item(qwen3):
     assert [item.type for item in events[-1].response.output] == ["reasoning", "message"]
     off = client.responses.create(model="", input=ASK, temperature=0, reasoning={"effort": "none"})
     assert [item.type for item in off.output] == ["message"]
+
+
+def test_streamed_items_are_the_whole_response_s():
+    """Answer's events against whole() for one finished choice: thinking, blank text, then a call
+    (blank text before a call is no message either way); an error event carries its number."""
+    from types import SimpleNamespace
+
+    from llmcli.formats.tool_reply import Call
+    from llmcli.serve.openai_api import ApiError
+    from llmcli.serve.responses_api import Answer, Turn
+
+    stats = SimpleNamespace(prompt_tokens=5, cached_tokens=0, completion_tokens=9, reasoning_tokens=3)
+    call = Call("get_weather", {"city": "Paris"})
+    choice = SimpleNamespace(pieces=["", "\n"], thoughts=["hm", ""], calls=[call],
+                             last=SimpleNamespace(finish_reason="stop", stats=stats))
+    whole = Answer(Turn("resp_1", 0, {}, [], False), "tiny").whole(choice)
+    stream = Answer(Turn("resp_2", 0, {}, [], False), "tiny")
+    events = stream.start() + stream.thinking("hm") + stream.text("\n") + stream.call(call) + stream.finish(choice)
+    final = events[-1][1]["response"]
+    assert events[-1][0] == "response.completed" and [e[1]["sequence_number"] for e in events] == list(range(len(events)))
+    strip = [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in final["output"]]
+    assert strip == [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole["output"]]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "function_call"]
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 3
+    err = stream.error(ApiError(503, "the server is stopping"))
+    assert err["type"] == "error" and err["sequence_number"] == len(events) and err["message"] == "the server is stopping"

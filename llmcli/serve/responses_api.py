@@ -309,8 +309,10 @@ class Answer:
         return [self._event("response.created", response=empty), self._event("response.in_progress", response=empty)]
 
     def thinking(self, text: str) -> list[tuple[str, dict]]:
-        out = [] if self._is_open("reasoning") else self._close() + self._add(reasoning_item(new_id("rs"), "", "in_progress"),
-                                                                              {"type": "reasoning_text", "text": ""})
+        out = []
+        if not self._is_open("reasoning"):
+            item = reasoning_item(new_id("rs"), "", "in_progress")
+            out = self._close() + self._add(item, {"type": "reasoning_text", "text": ""})
         self.open["text"] += text
         return out + [self._event("response.reasoning_text.delta", **self._where(), delta=text)]
 
