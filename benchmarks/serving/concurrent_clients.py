@@ -142,7 +142,7 @@ def start_server(a, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]
         if line.startswith("serving "):
             killer.cancel()
             threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
-            return proc, line.split(" on ")[1].split()[0]
+            return proc, line.rsplit(" on ", 1)[1].split()[0]
     killer.cancel()
     sys.exit(f"error: the server did not start ({proc.wait()})")
 
