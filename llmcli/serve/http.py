@@ -3,6 +3,9 @@
     GET  /v1/models, /v1/models/{id}, /health, /metrics (the /v1 prefix may be left out)
     POST /v1/chat/completions, /v1/completions         (JSON, or server-sent events with "stream")
     POST /v1/embeddings                                (embeddings_api.py; an embedding model serves only this)
+    POST /v1/messages, /v1/messages/count_tokens       Anthropic's Messages API (anthropic_api.py)
+    POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show; GET /api/tags, /api/ps,
+         /api/version                                  ollama's API (ollama_api.py; NDJSON streams)
 
 Requests are coroutines on one event loop (listener.py runs uvicorn). Reading JSON, the chat
 template and tokenizing run in worker threads (prepare.py); the model runs in the one engine thread
@@ -38,11 +41,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import __version__
 from ..errors import PromptTooLongError
 from ..json_input import load_json
 from ..runtime.embedder import NoPoolingError
 from . import anthropic_api as anthropic
 from . import embeddings_api
+from . import ollama_api as ollama
 from . import openai_api as api
 from .access import cors, require_key
 from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_api_error, collect, json_response,
@@ -123,7 +128,10 @@ class Server:
                   Route("/completions", self.completion, methods=["POST"]),
                   Route("/embeddings", self.embeddings, methods=["POST"]),
                   Route("/messages", self.messages, methods=["POST"]),
-                  Route("/messages/count_tokens", self.count_tokens, methods=["POST"])]
+                  Route("/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                  *(Route(f"/api/{name}", getattr(self, f"ollama_{name}"), methods=[method]) for name, method in (
+                      ("chat", "POST"), ("generate", "POST"), ("embed", "POST"), ("embeddings", "POST"),
+                      ("show", "POST"), ("tags", "GET"), ("ps", "GET"), ("version", "GET")))]
         app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
         if self.api_key:
             app = require_key(app, self.api_key)
@@ -242,22 +250,28 @@ class Server:
 
     async def embeddings(self, request: Request) -> Response:
         try:
-            if self.embedder is None:
-                raise ApiError(400, f"{self.model_id} is a text-generation model whose files declare no pooling, so this "
-                                    "server does not embed; start it with --pooling last (or mean) to embed with the "
-                                    "model's last hidden states", code="model_not_supported")
-            with self._admitted():
-                job, ids = await run_in_threadpool(self._embedding_request, await self._read_body(request))
-                work = asyncio.wrap_future(self._embedding.submit(self.embedder.embed, ids))
-                vectors = await unless_gone(request.receive, work)
-            tokens = sum(map(len, ids))
-            request.state.note = f"{len(ids)} inputs, {tokens} tokens"
+            job, vectors, tokens = await self._embed(request)
             return json_response(200, embeddings_api.embeddings_response(self.model_id, vectors, tokens, job.base64))
         except Exception as e:
             return _failure(e, request)
 
-    def _embedding_request(self, data: bytes):
-        job = embeddings_api.embedding_job(_parse(data))
+    async def _embed(self, request: Request, translate=None):
+        """(job, vectors, tokens) of an embeddings request; `translate`: another API's body -> OpenAI's."""
+        if self.embedder is None:
+            raise ApiError(400, f"{self.model_id} is a text-generation model whose files declare no pooling, so this "
+                                "server does not embed; start it with --pooling last (or mean) to embed with the "
+                                "model's last hidden states", code="model_not_supported")
+        with self._admitted():
+            job, ids = await run_in_threadpool(self._embedding_request, await self._read_body(request), translate)
+            work = asyncio.wrap_future(self._embedding.submit(self.embedder.embed, ids))
+            vectors = await unless_gone(request.receive, work)
+        tokens = sum(map(len, ids))
+        request.state.note = f"{len(ids)} inputs, {tokens} tokens"
+        return job, vectors, tokens
+
+    def _embedding_request(self, data: bytes, translate=None):
+        body = _parse(data)
+        job = embeddings_api.embedding_job(translate(body) if translate else body)
         self._check_model(job.model)
         e = self.embedder
         if job.dimensions is not None and job.dimensions != e.dimensions:
@@ -276,6 +290,93 @@ class Server:
             except PromptTooLongError as err:
                 raise ApiError(400, str(err), what, "context_length_exceeded") from None
         return job, ids
+
+    # ------------------------------------------------------------------ ollama's API (ollama_api.py)
+
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama(request, "chat")
+
+    async def ollama_generate(self, request: Request) -> Response:
+        return await self._ollama(request, "generate")
+
+    async def _ollama(self, request: Request, kind: str) -> Response:
+        """/api/chat or /api/generate through the chat (or completion) endpoint's machinery; NDJSON
+        lines unless stream is false."""
+        started = time.monotonic()
+        try:
+            self._check_generates()
+            with self._admitted():
+                job, reqs, choices = await run_in_threadpool(self._ollama_request, await self._read_body(request), kind)
+                if job is None:  # no prompt: ollama's way to load the model, which is loaded
+                    return json_response(200, ollama.loaded(kind, self.model_id))
+                run = self._submit(reqs, "messages" if job.messages is not None else "prompt")
+            answer = ollama.Answer(kind, self.model_id, started)
+            if job.stream:
+                lines = self._ollama_lines(run, answer, choices[0], request)
+                return EventStream(lines, run, request, self.timeouts.write, lines=ollama.error_body)
+            try:
+                await unless_gone(request.receive, collect(run, choices))
+            finally:
+                run.close()
+            request.state.note = _note(choices)
+            return json_response(200, answer.whole(choices[0]))
+        except Exception as e:
+            return _failure(e, request, ollama.error_body)
+
+    def _ollama_request(self, data: bytes, kind: str):
+        body = _parse(data)
+        self._check_model(ollama.model_name(body))
+        job = (ollama.chat_job if kind == "chat" else ollama.generate_job)(body, self.defaults, self._context())
+        if job is None:
+            return None, [], []
+        prepared = self.prepare.chat(job) if job.messages is not None else self.prepare.completion(job)
+        return (job, *prepared)
+
+    async def _ollama_lines(self, run, answer, choice, request: Request):
+        async for _, chunk in run:
+            for line in answer.push(choice, chunk):
+                yield line
+        request.state.note = _note([choice])
+
+    async def ollama_embed(self, request: Request) -> Response:
+        started = time.monotonic()
+        try:
+            _, vectors, tokens = await self._embed(request, ollama.embed_body)
+            return json_response(200, ollama.embed_response(self.model_id, vectors, tokens, started))
+        except Exception as e:
+            return _failure(e, request, ollama.error_body)
+
+    async def ollama_embeddings(self, request: Request) -> Response:
+        """The older endpoint: one prompt, one embedding."""
+        try:
+            _, vectors, _ = await self._embed(request, ollama.embeddings_body)
+            return json_response(200, ollama.embedding_response(vectors[0]))
+        except Exception as e:
+            return _failure(e, request, ollama.error_body)
+
+    async def ollama_tags(self, request: Request) -> Response:
+        return json_response(200, {"models": [self._described().tag()]})
+
+    async def ollama_ps(self, request: Request) -> Response:
+        return json_response(200, {"models": [self._described().process()]})
+
+    async def ollama_show(self, request: Request) -> Response:
+        try:
+            body = _parse(await self._read_body(request))
+            self._check_model(ollama.model_name(body) or body.get("name"))  # (older clients send name)
+            return json_response(200, self._described().show())
+        except Exception as e:
+            return _failure(e, request, ollama.error_body)
+
+    async def ollama_version(self, request: Request) -> Response:
+        return json_response(200, {"version": __version__})
+
+    def _described(self) -> ollama.Described:
+        return ollama.describe(self.rt, self.model_id, self._context(), self.defaults, self.embedder is not None)
+
+    def _context(self) -> int:
+        """Tokens a request may hold, prompt and answer: a row of the engine."""
+        return self.loop.engine.max_len if self.loop is not None else self.rt.ctx_size
 
     def _check_generates(self) -> None:
         if self.loop is None:
@@ -377,13 +478,14 @@ class Server:
 async def _routing_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's router found no endpoint (404) or not this method (405)."""
     method, path = request.method, request.scope.get("llmcli.path", request.url.path)
+    shape = ollama.error_body if path.startswith("/api/") else None
     if exc.status_code == 405:
         allow = (exc.headers or {}).get("Allow", "")
         return _failure(ApiError(405, f"{path} takes {allow}, not {method}", code="method_not_allowed",
-                                 headers={"Allow": allow}), request)
+                                 headers={"Allow": allow}), request, shape)
     if exc.status_code == 404:
-        return _failure(ApiError(404, f"no such endpoint: {method} {path}", code="not_found"), request)
-    return _failure(ApiError(exc.status_code, exc.detail), request)
+        return _failure(ApiError(404, f"no such endpoint: {method} {path}", code="not_found"), request, shape)
+    return _failure(ApiError(exc.status_code, exc.detail), request, shape)
 
 
 def _parse(data: bytes) -> dict:
