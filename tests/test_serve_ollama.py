@@ -214,3 +214,23 @@ def test_bodies_translate_into_the_chat_endpoint_s_jobs():
         ollama_api.chat_job({"messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 0}}, Defaults(), 64)
     with pytest.raises(ApiError, match="suffix"):
         ollama_api.generate_job({"prompt": "def f(", "suffix": "return 1"}, Defaults(), 64)
+
+
+def test_serve_ollama_listens_on_ollama_s_port(tiny_folder):
+    """`llmcli serve --ollama` binds 11434 (before the model loads): held here, the port is in use."""
+    import socket
+
+    from conftest import run_cli
+
+    holder = socket.socket()
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 11434))
+        holder.listen()
+    except OSError:  # (something else holds it, ollama itself perhaps: the same answer)
+        pass
+    try:
+        done = run_cli("serve", str(tiny_folder), "--ollama", timeout=120)
+    finally:
+        holder.close()
+    assert done.returncode == 1 and "port 11434 is in use; pass --port" in done.stderr, done.stderr

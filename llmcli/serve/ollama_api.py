@@ -35,7 +35,6 @@ from . import openai_api as api
 from .choices import ChatChoice
 from .openai_api import ApiError
 
-DEFAULT_PORT = 11434  # ollama's: `serve --ollama` listens there, where ollama's tools look
 NEVER = "9999-12-31T23:59:59Z"  # /api/ps expires_at: the model stays until the server stops
 
 # ollama's option -> the chat body's field it sets (the same checks as there)
