@@ -234,3 +234,36 @@ def test_serve_ollama_listens_on_ollama_s_port(tiny_folder):
     finally:
         holder.close()
     assert done.returncode == 1 and "port 11434 is in use; pass --port" in done.stderr, done.stderr
+
+
+def test_an_embedding_model_embeds_and_says_so(tiny_bert_folder, one_thread):
+    """An encoder (BERT) serves /api/embed only: show says embedding, chat is a 400 in ollama's shape."""
+    rt = open_model(str(tiny_bert_folder), allow_encoder=True, dtype="float32")
+    srv = Server(rt, bind("127.0.0.1", 0), model_id="bert", rows=2).start()
+    try:
+        client = ollama.Client(host=_host(srv), timeout=60)
+        assert client.show("bert").capabilities == ["embedding"]
+        (tag,) = client.list().models
+        assert tag.model == "bert" and tag.details.format == "safetensors"
+        assert len(client.embed(model="bert", input=["a b c", "d e"]).embeddings) == 2
+        with pytest.raises(ollama.ResponseError) as e:
+            client.chat(model="bert", messages=ASK)
+        assert e.value.status_code == 400 and "is an embedding model" in e.value.error
+    finally:
+        srv.close()
+
+
+def test_logprobs_are_the_chat_endpoint_s(served):
+    srv, client = served
+    chat = _openai(srv, "chat/completions", {"messages": ASK, "max_tokens": 6, "temperature": 0, "logprobs": True,
+                                             "top_logprobs": 2})
+    want = [(e["token"], e["logprob"], [t["token"] for t in e["top_logprobs"]])
+            for e in chat["choices"][0]["logprobs"]["content"]]
+    r = client.chat(model="tiny", messages=ASK, logprobs=True, top_logprobs=2, options={**GREEDY, "num_predict": 6})
+    assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in r.logprobs] == want
+    parts = list(client.chat(model="tiny", messages=ASK, logprobs=True, top_logprobs=2, stream=True,
+                             options={**GREEDY, "num_predict": 6}))
+    assert [(e.token, e.logprob) for p in parts for e in p.logprobs or []] == [w[:2] for w in want]
+    raw = client.generate(model="tiny", prompt="Once upon a time", raw=True, logprobs=True, top_logprobs=1,
+                          options={**GREEDY, "num_predict": 4})
+    assert "".join(e.token for e in raw.logprobs) == raw.response and all(len(e.top_logprobs) == 1 for e in raw.logprobs)

@@ -116,6 +116,8 @@ def _raw(prompt: str, common: dict, defaults: api.Defaults, context: int) -> api
     fmt = common.pop("response_format", None)
     common.pop("chat_template_kwargs", None)
     common.pop("reasoning_effort", None)
+    if common.pop("logprobs", False):  # (the completions endpoint's logprobs: how many alternatives)
+        common["logprobs"] = common.pop("top_logprobs", 0)
     common.setdefault("max_tokens", defaults.max_tokens or context)  # (completions would stop at 16)
     job = _checked(api.completion_job, {"prompt": prompt, **common}, defaults)
     if fmt is not None:
@@ -133,12 +135,17 @@ def _checked(make, body: dict, defaults: api.Defaults) -> api.Job:
 
 def _common(body: dict, context: int) -> dict:
     """What chat and generate share, as the chat body's fields: model, stream (ollama's default:
-    true), options, format, think; keep_alive is accepted (the model stays loaded)."""
+    true), options, format, think, logprobs and top_logprobs; keep_alive is accepted (the model
+    stays loaded)."""
     out = {"model": model_name(body), "stream": _bool(body, "stream", True), **_options(body.get("options"), context)}
     fmt = _format(body.get("format"))
     if fmt is not None:
         out["response_format"] = fmt
     out.update(_think(body.get("think")))
+    if _bool(body, "logprobs"):
+        out["logprobs"] = True
+        if body.get("top_logprobs") is not None:
+            out["top_logprobs"] = body["top_logprobs"]
     keep = body.get("keep_alive")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, float, str))):
         raise ApiError(400, f"keep_alive must be a duration such as \"5m\" or a number of seconds, got {keep!r}",
@@ -315,16 +322,17 @@ class Answer:
         """The lines for one engine chunk (its choice pushed), the last one with done: true."""
         lines = []
         if isinstance(choice, ChatChoice):
-            for delta, _ in choice.push(chunk):
+            for delta, entries in choice.push(chunk):
                 calls = [_call(c["function"]["name"], json.loads(c["function"]["arguments"]))
                          for c in delta.get("tool_calls", [])]
-                if delta.get("content") or delta.get("reasoning_content") or calls:
+                if delta.get("content") or delta.get("reasoning_content") or calls or entries:
                     lines.append({**self._object(delta.get("content", ""), delta.get("reasoning_content", ""), calls),
-                                  "done": False})
+                                  **_logprobs(entries), "done": False})
         else:
-            choice.push(chunk)
-            if chunk.text:
-                lines.append({**self._object(chunk.text), "done": False})
+            legacy = choice.push(chunk)
+            entries = _from_legacy(legacy) if legacy is not None else None
+            if chunk.text or entries:
+                lines.append({**self._object(chunk.text), **_logprobs(entries), "done": False})
         if chunk.finish_reason is not None:
             lines.append({**self._object(), **self.done(choice)})
         return lines
@@ -332,7 +340,13 @@ class Answer:
     def whole(self, choice) -> dict:
         thinking = "".join(getattr(choice, "thoughts", []))
         calls = [_call(c.name, json.loads(c.json())) for c in getattr(choice, "calls", [])]
-        return {**self._object("".join(choice.pieces), thinking, calls), **self.done(choice)}
+        if choice.cursor is None:
+            entries = None
+        elif isinstance(choice, ChatChoice):
+            entries = choice.entries
+        else:
+            entries = [e for part in choice.parts for e in _from_legacy(part)]
+        return {**self._object("".join(choice.pieces), thinking, calls), **_logprobs(entries), **self.done(choice)}
 
     def done(self, choice) -> dict:
         """done_reason (ollama's: stop or length; a tool call is a stop) and the durations in nanoseconds."""
@@ -341,6 +355,17 @@ class Answer:
                 "total_duration": _ns(time.monotonic() - self.started), "load_duration": 0,
                 "prompt_eval_count": stats.prompt_tokens, "prompt_eval_duration": _ns(stats.prefill_s),
                 "eval_count": stats.completion_tokens, "eval_duration": _ns(stats.decode_s)}
+
+
+def _logprobs(entries: list[dict] | None) -> dict:
+    """ollama's logprobs: OpenAI chat's entries ({token, logprob, bytes, top_logprobs}) as they are."""
+    return {"logprobs": entries} if entries else {}
+
+
+def _from_legacy(lp: dict) -> list[dict]:
+    """The completions endpoint's parallel lists as chat's entries."""
+    return [{"token": t, "logprob": p, "top_logprobs": [{"token": a, "logprob": q} for a, q in top.items()]}
+            for t, p, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]
 
 
 def _call(name: str, arguments: dict) -> dict:
