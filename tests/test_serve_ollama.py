@@ -203,7 +203,7 @@ def test_bodies_translate_into_the_chat_endpoint_s_jobs():
         {"role": "assistant", "content": "", "thinking": "Look it up.",
          "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "content": "sunny", "tool_name": "get_weather"}],
-        "think": "high", "stream": False, "options": {"num_predict": -1, "seed": 4}}, Defaults(), 4096)
+        "think": "high", "stream": False, "options": {"num_predict": -1, "seed": 4}}, Defaults())
     assert job.model == "tiny" and not job.stream and job.request.max_tokens is None
     assert job.request.sampling.seed == 4 and job.request.think is True and job.request.reasoning_effort == "high"
     call = job.messages[1]["tool_calls"][0]
@@ -211,9 +211,9 @@ def test_bodies_translate_into_the_chat_endpoint_s_jobs():
     assert job.messages[1]["reasoning_content"] == "Look it up."
     assert job.messages[2] == {"role": "tool", "content": "sunny", "name": "get_weather"}
     with pytest.raises(ApiError, match="options.num_predict must be at least 1"):
-        ollama_api.chat_job({"messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 0}}, Defaults(), 64)
+        ollama_api.chat_job({"messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 0}}, Defaults())
     with pytest.raises(ApiError, match="suffix"):
-        ollama_api.generate_job({"prompt": "def f(", "suffix": "return 1"}, Defaults(), 64)
+        ollama_api.generate_job({"prompt": "def f(", "suffix": "return 1"}, Defaults())
 
 
 def test_serve_ollama_listens_on_ollama_s_port(tiny_folder):

@@ -57,6 +57,7 @@ class Sequence:
     constraint: object = None
     tag: object = None
     reasoning: object = None  # reasoning.Reasoning: a reasoning model's thinking split off its answer
+    owner: object = None  # whose it is, for the caller (a server: the model it was prepared for)
     logprobs: Logprobs | None = field(default=None, init=False)
 
     def __post_init__(self):

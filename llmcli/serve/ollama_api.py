@@ -3,11 +3,13 @@ body -> the same checked openai_api.Job a chat completion (or, for `raw` generat
 makes, and the answer -> ollama's objects, whole or as NDJSON lines. No HTTP here (http.py has it);
 `describe` reads the runtime's facts for /api/tags, /api/ps and /api/show.
 
-    chat_job(body, defaults, context)       /api/chat: messages (ollama's tool_calls, tool_name,
+    chat_job(body, defaults)                /api/chat: messages (ollama's tool_calls, tool_name,
                                             thinking), tools, format, think, options -> a Job; None
                                             for a load request (no messages)
-    generate_job(body, defaults, context)   /api/generate: prompt + system through the chat template,
+    generate_job(body, defaults)            /api/generate: prompt + system through the chat template,
                                             or raw; None for a load request (no prompt)
+    check_context(body, context)            options.num_ctx against the model's context (known once
+                                            the request's model is)
     Answer                                  the streamed lines and the whole object, with ollama's
                                             done_reason and durations (nanoseconds)
     embed_body / embeddings_body            /api/embed and /api/embeddings as the embeddings body
@@ -75,19 +77,19 @@ def model_name(body: dict) -> str | None:
 # ------------------------------------------------------------------------------ requests
 
 
-def chat_job(body: dict, defaults: api.Defaults, context: int) -> api.Job | None:
+def chat_job(body: dict, defaults: api.Defaults) -> api.Job | None:
     """/api/chat as the chat endpoint's Job; None: no messages (ollama's way to load a model)."""
     messages = body.get("messages")
     if messages is None or messages == []:
-        _common(body, context)  # (checked all the same)
+        _common(body)  # (checked all the same)
         return None
-    chat = {"messages": _messages(messages), **_common(body, context)}
+    chat = {"messages": _messages(messages), **_common(body)}
     if body.get("tools"):
         chat["tools"] = body["tools"]  # OpenAI's shape already: {type: function, function: {name, ...}}
     return _checked(api.chat_job, chat, defaults)
 
 
-def generate_job(body: dict, defaults: api.Defaults, context: int) -> api.Job | None:
+def generate_job(body: dict, defaults: api.Defaults) -> api.Job | None:
     """/api/generate: `prompt` (with `system`) through the chat template, or `raw` as it is; None:
     no prompt (ollama's way to load a model)."""
     for key, why in (("template", "a template override is not supported: the model's own chat template is used "
@@ -102,27 +104,31 @@ def generate_job(body: dict, defaults: api.Defaults, context: int) -> api.Job | 
     for key, value in (("prompt", prompt), ("system", system)):
         if value is not None and not isinstance(value, str):
             raise ApiError(400, f"{key} must be a string", key)
-    common = _common(body, context)
+    common = _common(body)
     if not prompt:
         return None
     if _bool(body, "raw"):
-        return _raw(prompt, common, defaults, context)
+        return _raw(prompt, common, defaults)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     return _checked(api.chat_job, {"messages": messages, **common}, defaults)
 
 
-def _raw(prompt: str, common: dict, defaults: api.Defaults, context: int) -> api.Job:
+def _raw(prompt: str, common: dict, defaults: api.Defaults) -> api.Job:
     """A raw prompt: no template, no thinking switch; format still constrains the answer."""
     fmt = common.pop("response_format", None)
     common.pop("chat_template_kwargs", None)
     common.pop("reasoning_effort", None)
     if common.pop("logprobs", False):  # (the completions endpoint's logprobs: how many alternatives)
         common["logprobs"] = common.pop("top_logprobs", 0)
-    common.setdefault("max_tokens", defaults.max_tokens or context)  # (completions would stop at 16)
     job = _checked(api.completion_job, {"prompt": prompt, **common}, defaults)
+    changes = {}
+    if "max_tokens" not in common and defaults.max_tokens is None:
+        changes["max_tokens"] = None  # until the context is full, as chat (completions would stop at 16)
     if fmt is not None:
-        grammar = _schema(api.JSON_OBJECT if fmt["type"] == "json_object" else json.dumps(fmt["json_schema"]["schema"]))
-        job.request = job.request.with_(api.SPELLING, grammar=grammar)
+        changes["grammar"] = _schema(api.JSON_OBJECT if fmt["type"] == "json_object" else
+                                     json.dumps(fmt["json_schema"]["schema"]))
+    if changes:
+        job.request = job.request.with_(api.SPELLING, **changes)
     return job
 
 
@@ -133,11 +139,11 @@ def _checked(make, body: dict, defaults: api.Defaults) -> api.Job:
         raise renamed(e) from None
 
 
-def _common(body: dict, context: int) -> dict:
+def _common(body: dict) -> dict:
     """What chat and generate share, as the chat body's fields: model, stream (ollama's default:
     true), options, format, think, logprobs and top_logprobs; keep_alive is accepted (the model
     stays loaded)."""
-    out = {"model": model_name(body), "stream": _bool(body, "stream", True), **_options(body.get("options"), context)}
+    out = {"model": model_name(body), "stream": _bool(body, "stream", True), **_options(body.get("options"))}
     fmt = _format(body.get("format"))
     if fmt is not None:
         out["response_format"] = fmt
@@ -153,7 +159,7 @@ def _common(body: dict, context: int) -> dict:
     return out
 
 
-def _options(options, context: int) -> dict:
+def _options(options) -> dict:
     if options is None:
         return {}
     if not isinstance(options, dict):
@@ -162,17 +168,23 @@ def _options(options, context: int) -> dict:
         if asks(options.get(key)):
             raise ApiError(400, f"options.{key} is not supported by this server; leave it out", f"options.{key}")
     num_ctx = options.get("num_ctx")
-    if num_ctx is not None:
-        if isinstance(num_ctx, bool) or not isinstance(num_ctx, int) or num_ctx < 1:
-            raise ApiError(400, f"options.num_ctx must be a whole number of at least 1, got {num_ctx!r}", "options.num_ctx")
-        if num_ctx > context:  # (a smaller one is taken: the request's row is the server's size)
-            raise ApiError(400, f"options.num_ctx is {num_ctx} tokens, more than this server's context of {context} "
-                                "tokens a request; ask for at most that, or restart llmcli serve with a larger "
-                                "-c/--ctx-size", "options.num_ctx")
+    if num_ctx is not None and (isinstance(num_ctx, bool) or not isinstance(num_ctx, int) or num_ctx < 1):
+        raise ApiError(400, f"options.num_ctx must be a whole number of at least 1, got {num_ctx!r}", "options.num_ctx")
     out = {ours: options[theirs] for theirs, ours in OPTIONS.items() if options.get(theirs) is not None}
     if out.get("max_tokens") in (-1, -2):  # ollama's "no limit" and "fill the context": until the context is full
         del out["max_tokens"]
     return out
+
+
+def check_context(body: dict, context: int) -> None:
+    """options.num_ctx larger than the model's context a request: a 400 that says the size (a
+    smaller one is taken: the request's row is the server's size)."""
+    options = body.get("options")
+    num_ctx = options.get("num_ctx") if isinstance(options, dict) else None
+    if num_ctx is not None and num_ctx > context:
+        raise ApiError(400, f"options.num_ctx is {num_ctx} tokens, more than this server's context of {context} "
+                            "tokens a request; ask for at most that, or restart llmcli serve with a larger "
+                            "-c/--ctx-size", "options.num_ctx")
 
 
 def _format(fmt) -> dict | None:
@@ -273,7 +285,7 @@ def embeddings_body(body: dict) -> dict:
 
 def now() -> str:
     """ollama's timestamps: RFC 3339 in UTC."""
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return _time(time.time())
 
 
 def _ns(seconds: float) -> int:
@@ -281,7 +293,7 @@ def _ns(seconds: float) -> int:
 
 
 def loaded(kind: str, model: str) -> dict:
-    """The answer to a load request (no prompt or messages): the model is loaded (it always is here)."""
+    """The answer to a load request (no prompt or messages): the model is loaded."""
     out = {"model": model, "created_at": now(), "done": True, "done_reason": "load"}
     return {**out, **({"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""})}
 
@@ -380,12 +392,14 @@ class Described:
     """What /api/tags, /api/ps and /api/show say of the model served."""
 
     name: str
-    size: int
+    size: int  # the weights' bytes on disk
     digest: str
     modified_at: str
     details: dict
     context: int
     vram: bool
+    memory: int = 0  # what it holds loaded: weights and KV cache
+    expires_at: str = NEVER
     model_info: dict = field(default_factory=dict)
     template: str = ""
     parameters: str = ""
@@ -396,18 +410,20 @@ class Described:
                 "digest": self.digest, "details": self.details}
 
     def process(self) -> dict:
-        return {**self.tag(), "expires_at": NEVER, "size_vram": self.size if self.vram else 0,
-                "context_length": self.context}
+        return {**self.tag(), "size": self.memory, "expires_at": self.expires_at,
+                "size_vram": self.memory if self.vram else 0, "context_length": self.context}
 
     def show(self) -> dict:
         return {"modelfile": "", "parameters": self.parameters, "template": self.template, "details": self.details,
                 "model_info": self.model_info, "capabilities": self.capabilities, "modified_at": self.modified_at}
 
 
-def describe(rt, name: str, context: int, defaults: api.Defaults, embeds: bool) -> Described:
-    """The served model's facts from its runtime: files, architecture, size, what it can do. The
-    digest is a hash of the model's path, size and modification time, not of its content (hashing
-    gigabytes at each listing would be slow); it changes when the file does."""
+def describe(rt, name: str, context: int, defaults: api.Defaults, embeds: bool, memory: int,
+             expires_at: float | None) -> Described:
+    """A served model's facts from its runtime: files, architecture, size, what it can do, the
+    memory it holds and when it unloads (wall-clock seconds; None: never). The digest is a hash of
+    the model's path, size and modification time, not of its content (hashing gigabytes at each
+    listing would be slow); it changes when the file does."""
     loaded, args = rt.loaded, rt.loaded.args
     arch = loaded.metadata.get("architecture") or getattr(args, "model_type", "unknown")
     count = _parameters(args)
@@ -416,10 +432,14 @@ def describe(rt, name: str, context: int, defaults: api.Defaults, embeds: bool) 
     details = {"parent_model": "", "format": loaded.format, "family": arch, "families": [arch],
                "parameter_size": _size(count), "quantization_level": loaded.weights_type.split(" ")[0]}
     device = getattr(rt.placement, "backend", "cpu")
-    return Described(name, loaded.weights_bytes, digest,
-                     datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z"),
-                     details, context, device not in ("cpu", None), _model_info(arch, args, count, loaded),
-                     loaded.chat_template or "", _parameter_text(defaults, context), _capabilities(rt, embeds))
+    return Described(name, loaded.weights_bytes, digest, _time(stat.st_mtime), details, context,
+                     device not in ("cpu", None), memory, NEVER if expires_at is None else _time(expires_at),
+                     _model_info(arch, args, count, loaded), loaded.chat_template or "",
+                     _parameter_text(defaults, context), _capabilities(rt, embeds))
+
+
+def _time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def _parameters(args) -> int | None:
