@@ -146,7 +146,9 @@ def test_tags_ps_show_version(served):
     assert tag.details.parameter_size.endswith("M") and tag.details.quantization_level
     (running,) = client.ps().models
     assert running.model == "tiny" and running.size_vram == 0 and running.context_length == 512
-    assert running.expires_at.year == 9999
+    assert running.expires_at.year == 9999  # (the model given to serve stays)
+    card = httpx.get(f"{srv.url}/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"][0]
+    assert running.size == card["llmcli"]["memory_bytes"] > 0  # what it holds loaded
     info = client.show("tiny")
     assert info.capabilities == ["completion", "embedding"]  # (the tiny template takes no tools, no thinking)
     assert info.modelinfo["general.architecture"] == "llama" and info.modelinfo["llama.context_length"] > 0
