@@ -238,6 +238,35 @@ def test_each_family_calls_a_tool_through_anthropic_messages(family):
     assert again.usage.input_tokens > r.usage.input_tokens
 
 
+def test_each_family_calls_a_tool_through_openai_responses(family):
+    """The same call through /v1/responses (the real openai client): a function_call item whose
+    arguments validate, whole and streamed (its arguments as function_call_arguments events); its
+    output goes back as a function_call_output item, after previous_response_id."""
+    name, srv, client = family
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]  # Responses' flat shape
+    ask = dict(model="tiny", input=ASK, tools=tools, temperature=0, max_output_tokens=100, parallel_tool_calls=False)
+    r = client.responses.create(**ask)
+    assert r.status == "completed", (name, r)
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert call.call_id.startswith("call_") and call.name in SCHEMAS
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    with client.responses.stream(**ask) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.function_call_arguments.delta")
+        final = stream.get_final_response()
+    assert [(c.name, c.arguments) for c in final.output if c.type == "function_call"] == [(call.name, call.arguments)]
+    assert deltas == call.arguments
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"forecast": "sunny"}'}
+    again = client.responses.create(**{**ask, "previous_response_id": r.id, "input": [result], "max_output_tokens": 1})
+    turn = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": '{"forecast": "sunny"}'}]
+    assert again.usage.input_tokens == len(srv.rt.prompt_ids(turn, tools=parse_tools(TOOLS)))
+    # the same turn sent whole, the first answer's output items as the client returns them
+    whole = client.responses.create(**{**ask, "input": [*ASK, *(o.model_dump() for o in r.output), result],
+                                       "max_output_tokens": 1})
+    assert whole.usage.input_tokens == again.usage.input_tokens
+
+
 def test_each_family_calls_a_tool_through_ollama_chat(family):
     """The same call through /api/chat (the real ollama client): message.tool_calls in ollama's
     shape, arguments an object that validates, whole and streamed; the call and its result (a tool

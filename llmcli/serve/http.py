@@ -3,6 +3,7 @@
     GET  /v1/models, /v1/models/{id}, /health, /metrics (the /v1 prefix may be left out)
     POST /v1/chat/completions, /v1/completions         (JSON, or server-sent events with "stream")
     POST /v1/embeddings                                (embeddings_api.py; an embedding model serves only this)
+    POST /v1/responses, GET|DELETE /v1/responses/{id}  (responses_api.py: OpenAI's Responses API)
     POST /v1/messages, /v1/messages/count_tokens       Anthropic's Messages API (anthropic_api.py)
     POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show; GET /api/tags, /api/ps,
          /api/version                                  ollama's API (ollama_api.py; NDJSON streams)
@@ -48,6 +49,7 @@ from ..runtime.embedder import NoPoolingError
 from . import anthropic_api as anthropic
 from . import embeddings_api
 from . import ollama_api as ollama
+from . import responses_api
 from . import openai_api as api
 from .access import cors, require_key
 from .asgi import (AccessLog, ClientGone, EngineRun, EventStream, Silence, as_api_error, collect, json_response,
@@ -98,6 +100,7 @@ class Server:
         self._embedding = ThreadPoolExecutor(1, thread_name_prefix="llmcli-embed")  # one request at a time
         self.defaults, self.api_key, self.cors_origins = defaults, api_key, tuple(cors_origins)
         self.prepare = _Dispatch(self)
+        self.response_store = responses_api.Store()  # /v1/responses kept for previous_response_id (bounded)
         self.counts = RequestCounts()
         self._accepting = 0  # requests admitted and not yet in the engine (body, tokenizing); event loop only
         self._durations: deque[float] = deque(maxlen=32)  # seconds recent requests took in a row
@@ -148,6 +151,8 @@ class Server:
                   Route("/embeddings", self.embeddings, methods=["POST"]),
                   Route("/messages", self.messages, methods=["POST"]),
                   Route("/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                  Route("/responses", self.responses, methods=["POST"]),
+                  Route("/responses/{id}", self.stored_response, methods=["GET", "DELETE"]),
                   *(Route(f"/api/{name}", getattr(self, f"ollama_{name}"), methods=[method]) for name, method in (
                       ("chat", "POST"), ("generate", "POST"), ("embed", "POST"), ("embeddings", "POST"),
                       ("show", "POST"), ("tags", "GET"), ("ps", "GET"), ("version", "GET")))]
@@ -178,7 +183,7 @@ class Server:
             stats = loaded[0].loop.stats if loaded[0].loop is not None else {"embeddings_only": True}
             return json_response(200, {"status": "ok", "model": self.model_id, **stats, "max_requests": self.limit})
         models = [{"model": s.name, **(s.loop.stats if s.loop is not None else {"embeddings_only": True})} for s in loaded]
-        return json_response(200, {"status": "ok", "models": models, "max_requests": self.limit})
+        return json_response(200, {"status": "ok", "models": models, "loads": self.models.loads, "max_requests": self.limit})
 
     async def metrics(self, request: Request) -> Response:
         loaded = [s for s in self.models.loaded() if s.loop is not None]
@@ -277,6 +282,60 @@ class Server:
                     yield event
             if chunk.finish_reason is not None:
                 for event in stream.finish(choice):
+                    yield event
+        request.state.note = _note([choice])
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API (responses_api.py) through the chat endpoint's machinery."""
+        try:
+            self._check_generates()
+            with self._admitted():
+                job, turn, reqs, choices = await run_in_threadpool(self._responses_request, await self._read_body(request))
+                run = self._submit(reqs, "input")
+            answer = responses_api.Answer(turn, reqs[0].owner.name, self.response_store)
+            if job.stream:
+                events = self._response_events(run, answer, choices[0], request)
+                return EventStream(events, run, request, self.timeouts.write, named=answer.error)
+            try:
+                await unless_gone(request.receive, collect(run, choices))
+            finally:
+                run.close()
+            request.state.note = _note(choices)
+            return json_response(200, answer.whole(choices[0]))
+        except Exception as e:
+            return _failure(e, request)
+
+    async def stored_response(self, request: Request) -> Response:
+        """GET a stored response by its id, or DELETE it."""
+        try:
+            response_id = request.path_params["id"]
+            if request.method == "DELETE":
+                self.response_store.delete(response_id)
+                return json_response(200, {"id": response_id, "object": "response", "deleted": True})
+            return json_response(200, self.response_store.response(response_id))
+        except Exception as e:
+            return _failure(e, request)
+
+    def _responses_request(self, data: bytes):
+        job, turn = responses_api.responses_job(_parse(data), self.defaults, self.response_store)
+        self._check_model(job.model)
+        return (job, turn, *self.prepare.chat(job))
+
+    async def _response_events(self, run, answer, choice, request: Request):
+        for event in answer.start():
+            yield event
+        async for _, chunk in run:
+            sent = len(choice.calls)
+            for delta, _ in choice.push(chunk):
+                for event in answer.thinking(delta["reasoning_content"]) if delta.get("reasoning_content") else ():
+                    yield event
+                for event in answer.text(delta["content"]) if delta.get("content") else ():
+                    yield event
+            for call in choice.calls[sent:]:
+                for event in answer.call(call):
+                    yield event
+            if chunk.finish_reason is not None:
+                for event in answer.finish(choice):
                     yield event
         request.state.note = _note([choice])
 
