@@ -268,7 +268,8 @@ def _schema(text: str):
 def embed_body(body: dict) -> dict:
     """/api/embed -> the embeddings endpoint's body: input (a string or strings), truncate (ollama's
     default: true, cut a text that is too long), dimensions."""
-    return {"model": model_name(body), "input": body.get("input"), "truncate": body.get("truncate", True),
+    truncate = body.get("truncate")
+    return {"model": model_name(body), "input": body.get("input"), "truncate": True if truncate is None else truncate,
             **({"dimensions": body["dimensions"]} if body.get("dimensions") is not None else {})}
 
 
