@@ -218,3 +218,23 @@ def test_anthropic_messages_give_the_thinking_its_own_block(qwen3):
         cut.content[0].thinking != THOUGHT and cut.content[-1].text == "Paris."
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(**ask, thinking={"type": "enabled"})
+
+
+def test_ollama_chat_and_generate_give_the_thinking_apart(qwen3):
+    """/api/chat and /api/generate with the real ollama client: think true puts the thinking in
+    message.thinking (generate: thinking), false turns it off; show says the model thinks."""
+    import ollama
+
+    srv, _ = qwen3
+    client = ollama.Client(host=srv.url.removesuffix("/v1"), timeout=60)
+    greedy = {"temperature": 0}
+    r = client.chat(model="qwen3", messages=ASK, think=True, options=greedy)
+    assert (r.message.thinking, r.message.content, r.done_reason) == (THOUGHT, "Paris.", "stop")
+    parts = list(client.chat(model="qwen3", messages=ASK, think=True, options=greedy, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == THOUGHT
+    assert "".join(p.message.content for p in parts) == "Paris."
+    r = client.chat(model="qwen3", messages=ASK, think=False, options=greedy)
+    assert (r.message.thinking, r.message.content) == (None, "Paris.")
+    r = client.generate(model="qwen3", prompt=ASK[0]["content"], think=True, options=greedy)
+    assert (r.thinking, r.response) == (THOUGHT, "Paris.")
+    assert "thinking" in client.show("qwen3").capabilities

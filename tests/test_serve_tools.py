@@ -265,3 +265,31 @@ def test_each_family_calls_a_tool_through_openai_responses(family):
     whole = client.responses.create(**{**ask, "input": [*ASK, *(o.model_dump() for o in r.output), result],
                                        "max_output_tokens": 1})
     assert whole.usage.input_tokens == again.usage.input_tokens
+
+
+def test_each_family_calls_a_tool_through_ollama_chat(family):
+    """The same call through /api/chat (the real ollama client): message.tool_calls in ollama's
+    shape, arguments an object that validates, whole and streamed; the call and its result (a tool
+    message with tool_name) go back for a second turn. (The client keeps only type, items,
+    description and enum of a tool's properties: get_time's enum, as get_weather's bounds are lost.)"""
+    import ollama
+
+    name, srv, _ = family
+    client = ollama.Client(host=srv.url.removesuffix("/v1"), timeout=120)
+    options = {"temperature": 0, "num_predict": 100}
+    r = client.chat(model="tiny", messages=ASK, tools=[TIME], options=options)
+    assert r.message.tool_calls, (name, r)
+    assert r.done and r.done_reason == "stop"
+    calls = [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls]
+    for fn, args in calls:
+        jsonschema.validate(args, SCHEMAS[fn])
+    parts = list(client.chat(model="tiny", messages=ASK, tools=[TIME], options=options, stream=True))
+    streamed = [(c.function.name, dict(c.function.arguments)) for p in parts for c in p.message.tool_calls or []]
+    assert streamed == calls and parts[-1].done
+    fn, args = calls[0]
+    turn = [*ASK, r.message.model_dump(exclude_none=True),
+            {"role": "tool", "content": '{"forecast": "sunny"}', "tool_name": fn}]
+    again = client.chat(model="tiny", messages=turn, tools=[TIME], options={**options, "num_predict": 4})
+    assert again.prompt_eval_count > r.prompt_eval_count
+    info = client.show("tiny")
+    assert "tools" in info.capabilities

@@ -21,6 +21,8 @@ from .options import (CacheRam, ChatTemplateFile, Device, Dtype, Offline, Quant,
                       read_grammar, report_plan, stderr_console)
 from .signals import Terminated
 
+DEFAULT_PORT = 8080
+OLLAMA_PORT = 11434  # ollama's: `serve --ollama` listens there, where ollama's tools look for it
 DEFAULT_CTX = 4096  # per request when -c is not given: the KV cache holds rows x this many tokens
 DEFAULT_TIMEOUT = 30.0  # seconds; llama-server's --timeout is 600, which lets a slow client hold a connection long
 QUEUE_PER_ROW = 8  # serve/http.py's default (not imported here: the help text is built before the server loads)
@@ -53,7 +55,8 @@ def serve(
     models: Annotated[Optional[list[str]], typer.Argument(help="The model to serve (as for `llmcli run`). None: any model a request names, loaded on demand; several: these loaded now, any other on demand.", show_default=False)] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on. The server has no authentication: "
                                       "anything that can reach it can use it, so keep 127.0.0.1 unless the network is yours.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
+    port: Annotated[Optional[int], typer.Option("--port", help=f"Port to listen on (default {DEFAULT_PORT}; {OLLAMA_PORT} with --ollama; 0: any free port).", show_default=False)] = None,
+    ollama: Annotated[bool, typer.Option("--ollama", help=f"Listen on ollama's port, {OLLAMA_PORT}, unless --port says otherwise, for tools that look for ollama there. ollama's API (/api/chat, /api/generate, /api/tags, ...) is served on any port.")] = False,
     rows: Annotated[int, typer.Option("--rows", help="Requests decoded together (continuous batching); more wait for a free row.")] = 8,
     queue: Annotated[Optional[int], typer.Option("--queue", help=f"Requests that may wait for a free row (default: {QUEUE_PER_ROW} x --rows). One more than --rows + --queue gets 503 with Retry-After.", show_default=False)] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers (also how long an idle keep-alive connection stays open) and then its body, and to take each part of an answer; a slower one gets 408 or is closed.")] = DEFAULT_TIMEOUT,
@@ -75,7 +78,7 @@ def serve(
     keep_alive: Annotated[Optional[str], typer.Option("--keep-alive", help="How long a model loaded on demand stays after its last request: 30s, 5m, 1h, 0 (at once) or -1 (for good); default 5m. Given, it applies to the models named on the command line too.", show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
 ):
-    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics) and Anthropic's (/v1/messages); with no MODEL or several, any model a request names."""
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics), Anthropic's (/v1/messages) and ollama's (/api/chat, /api/generate, /api/tags, ...); with no MODEL or several, any model a request names."""
     from ..decode.request import Request
     from ..runtime.lean import open_lean
     from ..serve.http import Server
@@ -88,6 +91,8 @@ def serve(
         raise InvalidParameterError(f"--queue must be from 0 to 100000, got {queue}")
     if not 0.1 <= timeout <= 3600:  # also refuses nan
         raise InvalidParameterError(f"--timeout must be from 0.1 to 3600 seconds, got {timeout}")
+    if port is None:
+        port = OLLAMA_PORT if ollama else DEFAULT_PORT
     if not 0 <= port <= 65535:
         raise InvalidParameterError(f"--port must be from 0 to 65535, got {port}")
     if ctx_size is not None and ctx_size < 2:
@@ -157,7 +162,8 @@ def serve(
     what = models[0] if len(models) == 1 else (
         f"models on demand ({', '.join(models) + ' loaded; ' if models else ''}at most {models_max} at once)")
     try:  # a signal as the banner is written stops the server as cleanly as one later
-        err.print(f"serving {what} on {server.url} ({_capacity(server)})", markup=False)
+        also = f"; ollama's API at {server.url.removesuffix('/v1')}/api" if ollama else ""
+        err.print(f"serving {what} on {server.url} ({_capacity(server)}){also}", markup=False)
         server.serve_forever()
     except (KeyboardInterrupt, Terminated) as e:  # the usual way to stop a server: exit 0
         why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name

@@ -5,7 +5,7 @@ as ASGI layers around the app.
 
 - require_key: every request but OPEN_PATHS (the health check) must carry `Authorization: Bearer
   KEY` (what the openai client sends) or `x-api-key: KEY` (Anthropic's); else 401 in OpenAI's error
-  shape (Anthropic's on /v1/messages). Keys are compared in
+  shape (Anthropic's on /v1/messages, ollama's on /api/). Keys are compared in
   constant time.
 - cors: off unless origins are given ("*": any). Starlette's CORSMiddleware answers preflight
   requests itself, before the key is asked for (browsers send none with them), and adds the
@@ -45,7 +45,8 @@ def require_key(app, key: str):
         state["note"] = why.split(":")[0]
         err = ApiError(401, f"{why} (or x-api-key: KEY; the key given to llmcli serve with --api-key or LLMCLI_API_KEY)",
                        code="invalid_api_key")
-        body = error_body(err) if scope["path"].startswith("/messages") else err.body()
+        body = (error_body(err) if scope["path"].startswith("/messages") else
+                {"error": err.message} if scope["path"].startswith("/api/") else err.body())  # (ollama's shape)
         answer = json_response(401, body, extra)
         await answer(scope, receive, send)
 

@@ -4,6 +4,9 @@
     POST /v1/chat/completions, /v1/completions         (JSON, or server-sent events with "stream")
     POST /v1/embeddings                                (embeddings_api.py; an embedding model serves only this)
     POST /v1/responses, GET|DELETE /v1/responses/{id}  (responses_api.py: OpenAI's Responses API)
+    POST /v1/messages, /v1/messages/count_tokens       Anthropic's Messages API (anthropic_api.py)
+    POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show; GET /api/tags, /api/ps,
+         /api/version                                  ollama's API (ollama_api.py; NDJSON streams)
 
 Requests are coroutines on one event loop (listener.py runs uvicorn). Reading JSON, the chat
 template and tokenizing run in worker threads (prepare.py); the model runs in the one engine thread
@@ -39,11 +42,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import __version__
 from ..errors import PromptTooLongError
 from ..json_input import load_json
 from ..runtime.embedder import NoPoolingError
 from . import anthropic_api as anthropic
 from . import embeddings_api
+from . import ollama_api as ollama
 from . import responses_api
 from . import openai_api as api
 from .access import cors, require_key
@@ -147,7 +152,10 @@ class Server:
                   Route("/messages", self.messages, methods=["POST"]),
                   Route("/messages/count_tokens", self.count_tokens, methods=["POST"]),
                   Route("/responses", self.responses, methods=["POST"]),
-                  Route("/responses/{id}", self.stored_response, methods=["GET", "DELETE"])]
+                  Route("/responses/{id}", self.stored_response, methods=["GET", "DELETE"]),
+                  *(Route(f"/api/{name}", getattr(self, f"ollama_{name}"), methods=[method]) for name, method in (
+                      ("chat", "POST"), ("generate", "POST"), ("embed", "POST"), ("embeddings", "POST"),
+                      ("show", "POST"), ("tags", "GET"), ("ps", "GET"), ("version", "GET")))]
         app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
         if self.api_key:
             app = require_key(app, self.api_key)
@@ -333,22 +341,29 @@ class Server:
 
     async def embeddings(self, request: Request) -> Response:
         try:
-            with self._admitted():
-                job, ids, served = await run_in_threadpool(self._embedding_request, await self._read_body(request))
-                try:
-                    work = asyncio.wrap_future(self._embedding.submit(served.embedder.embed, ids))
-                    vectors = await unless_gone(request.receive, work)
-                finally:
-                    self.models.release(served)
-            tokens = sum(map(len, ids))
-            request.state.note = f"{len(ids)} inputs, {tokens} tokens"
-            return json_response(200, embeddings_api.embeddings_response(served.name, vectors, tokens, job.base64))
+            job, vectors, tokens, name = await self._embed(request)
+            return json_response(200, embeddings_api.embeddings_response(name, vectors, tokens, job.base64))
         except Exception as e:
             return _failure(e, request)
 
-    def _embedding_request(self, data: bytes):
+    async def _embed(self, request: Request, translate=None):
+        """(job, vectors, tokens, the model's name) of an embeddings request; `translate`: another
+        API's body -> OpenAI's."""
+        with self._admitted():
+            job, ids, served = await run_in_threadpool(self._embedding_request, await self._read_body(request), translate)
+            try:
+                work = asyncio.wrap_future(self._embedding.submit(served.embedder.embed, ids))
+                vectors = await unless_gone(request.receive, work)
+            finally:
+                self.models.release(served)
+        tokens = sum(map(len, ids))
+        request.state.note = f"{len(ids)} inputs, {tokens} tokens"
+        return job, vectors, tokens, served.name
+
+    def _embedding_request(self, data: bytes, translate=None):
         """(job, each input's token ids, the model held: release it once embedded)."""
-        job = embeddings_api.embedding_job(_parse(data))
+        body = _parse(data)
+        job = embeddings_api.embedding_job(translate(body) if translate else body)
         self._check_model(job.model)
         served = self.models.hold(job.model)
         try:
@@ -379,6 +394,103 @@ class Server:
             except PromptTooLongError as err:
                 raise ApiError(400, str(err), what, "context_length_exceeded") from None
         return ids
+
+    # ------------------------------------------------------------------ ollama's API (ollama_api.py)
+
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama(request, "chat")
+
+    async def ollama_generate(self, request: Request) -> Response:
+        return await self._ollama(request, "generate")
+
+    async def _ollama(self, request: Request, kind: str) -> Response:
+        """/api/chat or /api/generate through the chat (or completion) endpoint's machinery; NDJSON
+        lines unless stream is false."""
+        started = time.monotonic()
+        try:
+            with self._admitted():
+                job, reqs, choices = await run_in_threadpool(self._ollama_request, await self._read_body(request), kind)
+                if job is None:  # no prompt: ollama's way to load a model (reqs: its name)
+                    return json_response(200, ollama.loaded(kind, reqs))
+                run = self._submit(reqs, "messages" if job.messages is not None else "prompt")
+            answer = ollama.Answer(kind, reqs[0].owner.name, started)
+            if job.stream:
+                lines = self._ollama_lines(run, answer, choices[0], request)
+                return EventStream(lines, run, request, self.timeouts.write, lines=ollama.error_body)
+            try:
+                await unless_gone(request.receive, collect(run, choices))
+            finally:
+                run.close()
+            request.state.note = _note(choices)
+            return json_response(200, answer.whole(choices[0]))
+        except Exception as e:
+            return _failure(e, request, ollama.error_body)
+
+    def _ollama_request(self, data: bytes, kind: str):
+        """(job, sequences, choices), or (None, the model's name, None) for a load request."""
+        body = _parse(data)
+        job = (ollama.chat_job if kind == "chat" else ollama.generate_job)(body, self.defaults)
+        if job is None:
+            with self.models.use(ollama.model_name(body)) as served:  # (loaded on demand, as any request's)
+                return None, served.name, None
+        reqs, choices = self.prepare.chat(job) if job.messages is not None else self.prepare.completion(job)
+        try:
+            ollama.check_context(body, self._context(reqs[0].owner))
+        except BaseException:
+            self.prepare.done(reqs)
+            raise
+        return job, reqs, choices
+
+    async def _ollama_lines(self, run, answer, choice, request: Request):
+        async for _, chunk in run:
+            for line in answer.push(choice, chunk):
+                yield line
+        request.state.note = _note([choice])
+
+    async def ollama_embed(self, request: Request) -> Response:
+        started = time.monotonic()
+        try:
+            _, vectors, tokens, name = await self._embed(request, ollama.embed_body)
+            return json_response(200, ollama.embed_response(name, vectors, tokens, started))
+        except Exception as e:
+            return _failure(e, request, ollama.error_body)
+
+    async def ollama_embeddings(self, request: Request) -> Response:
+        """The older endpoint: one prompt, one embedding."""
+        try:
+            _, vectors, _, _ = await self._embed(request, ollama.embeddings_body)
+            return json_response(200, ollama.embedding_response(vectors[0]))
+        except Exception as e:
+            return _failure(e, request, ollama.error_body)
+
+    async def ollama_tags(self, request: Request) -> Response:
+        """The models loaded (the one served, without on-demand loading)."""
+        return json_response(200, {"models": [self._described(s).tag() for s in self.models.loaded()]})
+
+    async def ollama_ps(self, request: Request) -> Response:
+        return json_response(200, {"models": [self._described(s).process() for s in self.models.loaded()]})
+
+    async def ollama_show(self, request: Request) -> Response:
+        try:
+            body = _parse(await self._read_body(request))
+            name = ollama.model_name(body) or ollama.model_name({"model": body.get("name")})  # (older clients: name)
+            with self.models.use(name) as served:
+                return json_response(200, self._described(served).show())
+        except Exception as e:
+            return _failure(e, request, ollama.error_body)
+
+    async def ollama_version(self, request: Request) -> Response:
+        return json_response(200, {"version": __version__})
+
+    def _described(self, served: Served) -> ollama.Described:
+        memory = self._card(served)["llmcli"]["memory_bytes"]
+        return ollama.describe(served.rt, served.name, self._context(served), self.defaults,
+                               served.embedder is not None, memory, served.expires_at)
+
+    @staticmethod
+    def _context(served: Served) -> int:
+        """Tokens a request may hold, prompt and answer: a row of the model's engine."""
+        return served.loop.engine.max_len if served.loop is not None else served.rt.ctx_size
 
     def _check_generates(self) -> None:
         """(Each model's own check: _Dispatch's, once the request's model is known.)"""
@@ -512,13 +624,14 @@ class _Dispatch:
 async def _routing_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's router found no endpoint (404) or not this method (405)."""
     method, path = request.method, request.scope.get("llmcli.path", request.url.path)
+    shape = ollama.error_body if path.startswith("/api/") else None
     if exc.status_code == 405:
         allow = (exc.headers or {}).get("Allow", "")
         return _failure(ApiError(405, f"{path} takes {allow}, not {method}", code="method_not_allowed",
-                                 headers={"Allow": allow}), request)
+                                 headers={"Allow": allow}), request, shape)
     if exc.status_code == 404:
-        return _failure(ApiError(404, f"no such endpoint: {method} {path}", code="not_found"), request)
-    return _failure(ApiError(exc.status_code, exc.detail), request)
+        return _failure(ApiError(404, f"no such endpoint: {method} {path}", code="not_found"), request, shape)
+    return _failure(ApiError(exc.status_code, exc.detail), request, shape)
 
 
 def _parse(data: bytes) -> dict:
