@@ -146,3 +146,27 @@ def test_cli_serves_any_model_a_request_names(files):
         watchdog.cancel()
         proc.kill()
         proc.wait()
+
+
+def test_ollama_keep_alive_sets_when_a_model_unloads(files):
+    """keep_alive on a request: that model's idle time from then on; a load request with keep_alive 0
+    unloads it (ollama's way)."""
+    import ollama
+
+    a, b, _ = files
+    srv, opened, _ = start(keep_alive=None)
+    try:
+        client = ollama.Client(host=srv.url.removesuffix("/v1"))
+        client.chat(model=str(a), messages=ASK, options={"num_predict": 2, "temperature": 0}, keep_alive="1s")
+        client.generate(model=str(b))  # loaded, kept for good (the server's keep_alive)
+        assert sorted(m.model for m in client.ps().models) == sorted([str(a), str(b)])
+        deadline = time.monotonic() + 10
+        while len(client.ps().models) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [m.model for m in client.ps().models] == [str(b)]
+        assert client.generate(model=str(b), keep_alive=0).done_reason == "unload"
+        while client.ps().models and time.monotonic() < deadline + 5:
+            time.sleep(0.2)
+        assert client.ps().models == [] and opened == [str(a), str(b)]
+    finally:
+        srv.close()

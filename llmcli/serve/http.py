@@ -410,8 +410,8 @@ class Server:
         try:
             with self._admitted():
                 job, reqs, choices = await run_in_threadpool(self._ollama_request, await self._read_body(request), kind)
-                if job is None:  # no prompt: ollama's way to load a model (reqs: its name)
-                    return json_response(200, ollama.loaded(kind, reqs))
+                if job is None:  # no prompt: ollama's way to load a model, or with keep_alive 0 to unload it
+                    return json_response(200, ollama.loaded(kind, *reqs))
                 run = self._submit(reqs, "messages" if job.messages is not None else "prompt")
             answer = ollama.Answer(kind, reqs[0].owner.name, started)
             if job.stream:
@@ -430,15 +430,22 @@ class Server:
         """(job, sequences, choices), or (None, the model's name, None) for a load request."""
         body = _parse(data)
         job = (ollama.chat_job if kind == "chat" else ollama.generate_job)(body, self.defaults)
+        keep = ollama.keep_alive(body)
         if job is None:
-            with self.models.use(ollama.model_name(body)) as served:  # (loaded on demand, as any request's)
-                return None, served.name, None
+            name = ollama.model_name(body)
+            if keep == 0:
+                return None, (self.models.unload_named(name) or name, "unload"), None
+            served = self.models.hold(name)  # (loaded on demand, as any request's)
+            self.models.release(served, keep)
+            return None, (served.name, "load"), None
         reqs, choices = self.prepare.chat(job) if job.messages is not None else self.prepare.completion(job)
         try:
             ollama.check_context(body, self._context(reqs[0].owner))
         except BaseException:
             self.prepare.done(reqs)
             raise
+        if keep != "same":
+            self.models.keep(reqs[0].owner, keep)
         return job, reqs, choices
 
     async def _ollama_lines(self, run, answer, choice, request: Request):

@@ -118,9 +118,26 @@ class Models:
         with self._lock:
             served.holds -= 1
             served.last_used = time.monotonic()
-            if keep_alive != "same":
+            if keep_alive != "same" and self.on_demand:
                 served.keep_alive = keep_alive
             self._lock.notify_all()
+
+    def keep(self, served: Served, keep_alive: float | None) -> None:
+        """`served` stays `keep_alive` seconds idle after its last request (None: for good; ollama's
+        keep_alive). The one model of a server that loads none on demand stays, whatever is asked."""
+        if not self.on_demand:
+            return
+        with self._lock:
+            served.keep_alive = keep_alive
+
+    def unload_named(self, name: str) -> str | None:
+        """Unload the model `name` names once it is idle (its requests end first); its name, or None
+        where none is loaded under it."""
+        with self._lock:
+            found = [s for s in self._served if name in (s.name, *s.aliases)]
+        for s in found:
+            self.keep(s, 0.0)  # (the reaper unloads it when idle, within IDLE_CHECK_S)
+        return found[0].name if found else None
 
     def unload(self, served: Served) -> None:
         with self._lock:

@@ -141,8 +141,7 @@ def _checked(make, body: dict, defaults: api.Defaults) -> api.Job:
 
 def _common(body: dict) -> dict:
     """What chat and generate share, as the chat body's fields: model, stream (ollama's default:
-    true), options, format, think, logprobs and top_logprobs; keep_alive is accepted (the model
-    stays loaded)."""
+    true), options, format, think, logprobs and top_logprobs (keep_alive: keep_alive())."""
     out = {"model": model_name(body), "stream": _bool(body, "stream", True), **_options(body.get("options"))}
     fmt = _format(body.get("format"))
     if fmt is not None:
@@ -152,11 +151,32 @@ def _common(body: dict) -> dict:
         out["logprobs"] = True
         if body.get("top_logprobs") is not None:
             out["top_logprobs"] = body["top_logprobs"]
+    keep_alive(body)  # (checked here; the endpoint applies it)
+    return out
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def keep_alive(body: dict) -> float | None | str:
+    """keep_alive as the seconds the model stays idle after this request: None (a negative
+    duration: for good), "same" (not given); "5m", "1h30m", "30s" or a number of seconds."""
     keep = body.get("keep_alive")
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, float, str))):
+    if keep is None:
+        return "same"
+    seconds = None
+    if not isinstance(keep, bool) and isinstance(keep, (int, float)):
+        seconds = float(keep)
+    elif isinstance(keep, str):
+        parts = re.findall(r"(-?[0-9.]+)(ms|s|m|h)", keep.strip())
+        if parts and "".join(n + u for n, u in parts) == keep.strip():
+            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+        elif re.fullmatch(r"-?[0-9]+", keep.strip()):
+            seconds = float(keep)
+    if seconds is None or seconds != seconds:
         raise ApiError(400, f"keep_alive must be a duration such as \"5m\" or a number of seconds, got {keep!r}",
                        "keep_alive")
-    return out
+    return None if seconds < 0 else seconds
 
 
 def _options(options) -> dict:
@@ -293,9 +313,10 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-def loaded(kind: str, model: str) -> dict:
-    """The answer to a load request (no prompt or messages): the model is loaded."""
-    out = {"model": model, "created_at": now(), "done": True, "done_reason": "load"}
+def loaded(kind: str, model: str, reason: str = "load") -> dict:
+    """The answer to a load request (no prompt or messages): the model is loaded (or, with
+    keep_alive 0, unloaded: reason "unload")."""
+    out = {"model": model, "created_at": now(), "done": True, "done_reason": reason}
     return {**out, **({"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""})}
 
 
