@@ -170,3 +170,28 @@ def test_ollama_keep_alive_sets_when_a_model_unloads(files):
         assert client.ps().models == [] and opened == [str(a), str(b)]
     finally:
         srv.close()
+
+
+def test_with_one_model_at_a_time_requests_for_others_wait_their_turn(files):
+    """--models-max 1 and requests for two models at once: every one answered, never two loaded."""
+    a, b, _ = files
+    srv, opened, client = start(models_max=1)
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(len(srv.models.loaded()))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda i: ask(client, (a, b)[i % 2]).choices[0].finish_reason, range(6)))
+        assert all(r in ("stop", "length") for r in answers) and max(seen) == 1
+        assert set(opened) == {str(a), str(b)}
+    finally:
+        stop.set()
+        watcher.join()
+        srv.close()

@@ -32,6 +32,7 @@ from ..runtime.plan import NotEnoughMemoryError
 from .openai_api import ApiError
 
 IDLE_CHECK_S = 1.0  # how often idle models are looked at for their keep_alive
+POLL_S = 0.1  # how often a request waiting for room looks whether a busy model went idle
 
 
 @dataclass(eq=False)
@@ -174,15 +175,18 @@ class Models:
             raise ApiError(404, f"the model {name!r} cannot be served: {e}", "model", "model_not_found") from None
         deadline = time.monotonic() + self.wait_s
         with self._lock:
-            while key in self._loading:  # another request loads it: wait for that load
-                if not self._lock.wait(max(0.0, deadline - time.monotonic())):
-                    raise ApiError(503, f"the model {name!r} is still loading after {self.wait_s:g} s; retry later",
-                                   "model", "model_loading")
-            for s in self._served:
-                if key in s.aliases:
-                    s.aliases.add(name)
-                    return self._take(s)
-            self._make_room(name, self.models_max - 1)
+            while True:
+                if key not in self._loading:  # (else another request loads it: wait for that load)
+                    for s in self._served:
+                        if key in s.aliases:
+                            s.aliases.add(name)
+                            return self._take(s)
+                    if self._room_made():
+                        break
+                if time.monotonic() >= deadline:
+                    raise self._still_busy(name, key)
+                # (woken by a release or a load's end; a request ending in an engine wakes no one: look again soon)
+                self._lock.wait(min(POLL_S, max(0.0, deadline - time.monotonic())))
             self._loading.add(key)
         try:
             served = self._load_fitting(name)
@@ -211,16 +215,24 @@ class Models:
             except LlmcliError as e:
                 raise ApiError(400, f"the model {name!r} cannot be served: {e}", "model") from None
 
-    def _make_room(self, name: str, keep: int) -> None:
-        """Unload idle models, least recently used first, until at most `keep` are loaded (lock held)."""
-        while len(self._served) > keep:
+    def _room_made(self) -> bool:
+        """Whether one more model may load now (with the lock held): under models_max with those
+        loading, after unloading the least recently used idle model if need be."""
+        while len(self._served) + len(self._loading) >= self.models_max:
             idle = [s for s in reversed(self._served) if not s.busy]
             if not idle:
-                busy = ", ".join(s.name for s in self._served)
-                raise ApiError(503, f"cannot load {name!r}: {len(self._served)} models are loaded and busy ({busy}), "
-                                    f"as many as --models-max allows; retry later", "model", "models_busy")
+                return False  # (the caller waits for one to go idle)
             self._served.remove(idle[0])
             threading.Thread(target=self._close, args=(idle[0],), daemon=True).start()
+        return True
+
+    def _still_busy(self, name: str, key: str) -> ApiError:
+        if key in self._loading:
+            return ApiError(503, f"the model {name!r} is still loading after {self.wait_s:g} s; retry later",
+                            "model", "model_loading")
+        busy = ", ".join(s.name for s in self._served)
+        return ApiError(503, f"cannot load {name!r}: the models loaded ({busy}) stayed busy for {self.wait_s:g} s, and "
+                             f"--models-max allows {self.models_max} at once; retry later", "model", "models_busy")
 
     def _unload_one(self, name: str) -> bool:
         with self._lock:
