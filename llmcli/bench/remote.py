@@ -53,10 +53,10 @@ def rank(values: list[float], p: float) -> float:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
-def prompt_text(tokens: int, client: int) -> str:
-    """About `tokens` tokens of plain text (estimated as the remote runtime does), different per client
-    so that a server's prompt cache does not answer for all of them."""
-    words = [f"Story {client}:"]
+def prompt_text(tokens: int, client: int, repetition: int) -> str:
+    """About `tokens` tokens of plain text (estimated as the remote runtime does), different from its
+    first words on per client and repetition, so that a server's prompt cache does not answer it."""
+    words = [f"{client}.{repetition}:"]
     while len(" ".join(words)) < max(1, tokens) * CHARS_PER_TOKEN:
         words.append(WORDS[len(words) % len(WORDS)])
     return " ".join(words)
@@ -69,8 +69,8 @@ def measure(rt, clients: int, n_prompt: int, n_gen: int, repetitions: int, ignor
     result = LevelResult(rt.model, clients, f"pp{n_prompt}+tg{n_gen}")
     lock, errors = threading.Lock(), []
 
-    def one(client: int):
-        prompt = rt.prompt_ids([{"role": "user", "content": prompt_text(n_prompt, client)}])
+    def one(client: int, repetition: int):
+        prompt = rt.prompt_ids([{"role": "user", "content": prompt_text(n_prompt, client, repetition)}])
         t0 = time.perf_counter()
         last = None
         for chunk in rt.generate(prompt, request):
@@ -80,7 +80,7 @@ def measure(rt, clients: int, n_prompt: int, n_gen: int, repetitions: int, ignor
     def client(i: int):
         for r in range(repetitions):
             try:
-                seconds, stats = one(i)
+                seconds, stats = one(i, r)
             except Exception as e:  # noqa: BLE001 - counted; raised below when nothing succeeded
                 with lock:
                     result.failed += 1
@@ -92,7 +92,7 @@ def measure(rt, clients: int, n_prompt: int, n_gen: int, repetitions: int, ignor
                 result.decode_tps.append(stats.decode_tps)
                 result.tokens += stats.completion_tokens
 
-    one(0)  # warm-up (and a failing server says so at once)
+    one(-1, -1)  # warm-up (and a failing server says so at once)
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     t0 = time.perf_counter()
     for t in threads:

@@ -266,13 +266,18 @@ def _print_result(err, rt, request, answer: _Answer, json_out: bool, verbose: bo
     if problem is not None:
         raise problem
     if last.stopped_by == "context":  # never silent: the answer is shorter than asked for
-        err.print(f"warning: {context_filled(rt.ctx_size, stats.completion_tokens, request.max_tokens)}",
+        err.print(f"warning: {context_filled(rt.ctx_size, stats.completion_tokens, request.max_tokens, rt)}",
                   markup=False, highlight=False)
 
 
-def context_filled(ctx_size: int, tokens: int, max_tokens: int | None) -> str:
-    """What to say when the context filled before -n (or, without -n, at all)."""
+def context_filled(ctx_size: int, tokens: int, max_tokens: int | None, rt=None) -> str:
+    """What to say when the context filled before -n (or, without -n, at all); a server's (--api)
+    is its own, perhaps of a size not known here."""
     before = f" before -n {max_tokens}" if max_tokens is not None else ""
+    if getattr(rt, "remote", False):
+        size = f" ({ctx_size} tokens)" if rt.context_known else ""
+        return (f"the server's context{size} filled{before}: the answer stops after {tokens} tokens; "
+                "start the server with a larger context, or pass -n")
     return (f"the context ({ctx_size} tokens) filled{before}: the answer stops after {tokens} tokens; "
             "raise --ctx-size")
 
