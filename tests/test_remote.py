@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 from conftest import run_cli
@@ -167,3 +168,37 @@ def test_the_request_value_maps_onto_the_chat_body():
     assert len(RemotePrompt(({"role": "user", "content": "x" * 40},))) == 14  # 40 / 4 + 4 a message
     api = Endpoint.of("http://example.org:8000")
     assert (api.host, api.port, api.prefix) == ("example.org", 8000, "/v1")
+
+
+def test_the_repl_s_commands_speak_of_the_server(served):
+    r = run_cli("chat", "--api", served.url, "--temp", "0", "-n", "4", input="Hi\n/show info\n/set think on\n", env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert f"model       tiny, served by {served.url}" in r.stderr and "tokens in use" in r.stderr
+    assert "thinking on" in r.stderr  # the server decides whether its model thinks
+
+
+def test_a_batch_failure_comes_after_the_answers_that_came_back():
+    from llmcli.decode.batched import Sequence
+    from llmcli.decode.stream import Chunk, Stats
+    from llmcli.runtime.remote_batch import RemoteBatchEngine
+    from llmcli.runtime.remote_http import RemoteError
+
+    class Flaky:
+        context_known = False
+
+        def complete(self, prompt, request):
+            if prompt.messages[0]["content"] == "bad":
+                raise RemoteError("the server at X answered 500: boom")
+            time.sleep(0.2)  # (back after the failure)
+            return Chunk("ok", [], "stop", Stats())
+
+    engine = RemoteBatchEngine(Flaky(), rows=2, max_len=64)
+    good, bad, never = (Sequence(RemotePrompt(({"role": "user", "content": t},)), Request())
+                        for t in ("good", "bad", "never"))
+    for seq in (good, bad, never):
+        engine.submit(seq)
+    answered = []
+    with pytest.raises(RemoteError, match="boom"):
+        while engine.busy:
+            answered += [seq for seq, _ in engine.step()]
+    assert answered == [good] and not engine.busy  # the one in flight handed over; nothing sent after the failure

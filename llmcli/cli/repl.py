@@ -129,9 +129,7 @@ def thinking_note(turn) -> str:
 def after_reply_notes(session: ChatSession) -> tuple[str, str | None, bool]:
     """(stats line, why the reply ended early or None, whether that must be said even when piped:
     a reply cut by a full context is, a reply cut at the max-tokens the user asked for is not)."""
-    turn, ctx = session.last, session.ctx_size
-    if not getattr(session.rt, "context_known", True):  # a server's (--api) that did not say its size
-        ctx = "?"
+    turn, ctx = session.last, session.ctx_label
     if turn.finish == "interrupted":
         return (f"interrupted after {turn.tokens} tokens · context {turn.context_used}/{ctx} · "
                 "the partial reply is kept (/regen for a new one)"), None, False

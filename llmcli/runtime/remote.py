@@ -75,6 +75,10 @@ class RemoteRuntime:
         self.api, self.model, self.ctx_size, self.loaded = api, model, ctx_size, loaded
         self.context_known = context_known  # the server or --ctx-size said it
 
+    @property
+    def placement(self):
+        return self.loaded.placement
+
     # ------------------------------------------------------------------ Runtime's calls
 
     def prompt_ids(self, messages: list[dict], raw: bool = False, tools=None, request: Request | None = None,
@@ -184,7 +188,8 @@ class RemoteRuntime:
         ttft = (first or end) - t0
         stats = _stats(usage, request, ttft, ttft, end - (first or end), deltas)
         finish, stopped_by = _finish(last, request, stats)
-        yield Chunk("", [], finish, stats, stopped_by)
+        # the tokens no delta carried (an end token, a stop text's): counted as the local chunks count them
+        yield Chunk("", [NO_TOKEN] * max(0, stats.completion_tokens - deltas), finish, stats, stopped_by)
 
 
 def request_fields(request: Request) -> dict:

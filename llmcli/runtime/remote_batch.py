@@ -29,7 +29,7 @@ class RemoteBatchEngine:
         self.cancelled: set = set()
         self.done: queue.Queue = queue.Queue()  # (sequence, Chunk or the exception its thread met)
         self.lock = threading.Lock()
-        self.failure: BaseException | None = None  # raised by the next step(), after the answers it came with
+        self.failure: BaseException | None = None  # a request's: raised by step() once nothing is in flight
         self.steps = 0  # step() calls that returned answers
         self.row_steps = 0  # requests in flight over those calls (their mean: how many ran together)
 
@@ -51,19 +51,20 @@ class RemoteBatchEngine:
             return bool(self.waiting or self.running or self.failure is not None)
 
     def step(self) -> list:
-        """Send what waits while fewer than `rows` are in flight, then the answers back so far (at
-        least one); a failure of the server or the connection raises here (RemoteError), once the
-        answers that came back with it are handed over (they are written: a resume skips them)."""
-        if self.failure is not None:
-            failure, self.failure = self.failure, None
-            raise failure
+        """Send what waits while fewer than `rows` are in flight, then wait for answers: those back so
+        far (those of failed requests left out). A failure of the server or the connection (RemoteError) stops the sending; it is
+        raised here once the requests in flight are back and handed over (written: a resume skips them)."""
         with self.lock:
-            while self.waiting and len(self.running) < self.rows:
+            while self.failure is None and self.waiting and len(self.running) < self.rows:
                 seq = self.waiting.popleft()
                 self.running.add(seq)
                 threading.Thread(target=self._ask, args=(seq,), daemon=True).start()
             in_flight = len(self.running)
         if not in_flight:
+            if self.failure is not None:
+                failure, self.failure = self.failure, None
+                self.waiting.clear()
+                raise failure
             return []
         answers = [self.done.get()]
         while True:
@@ -77,15 +78,12 @@ class RemoteBatchEngine:
                 self.running.discard(seq)
                 if seq in self.cancelled:
                     self.cancelled.discard(seq)
-                    continue
-                if isinstance(outcome, BaseException):
+                elif isinstance(outcome, BaseException):
                     self.failure = self.failure or outcome
                 else:
                     events.append((seq, outcome))
         self.steps += 1
         self.row_steps += in_flight
-        if not events and self.failure is not None:
-            return self.step()
         return events
 
     def _ask(self, seq) -> None:
