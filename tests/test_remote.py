@@ -71,6 +71,17 @@ def test_run_is_the_local_answer(served, tiny_gguf):
     assert remote["timings"]["ttft_s"] > 0
 
 
+@pytest.mark.parametrize("constraint", [("--regex", "[a-c]{4}"), ("--grammar", "yn.gbnf"), ("--json-schema", "s.json")])
+def test_a_constraint_goes_to_the_server(served, tiny_gguf, tmp_path, constraint):
+    (tmp_path / "yn.gbnf").write_text('root ::= "yes" | "no"\n')
+    (tmp_path / "s.json").write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer"}},
+                                                 "required": ["n"], "additionalProperties": False}))
+    ask = (PROMPT, *constraint, "--temp", "0", "-n", "64")
+    local = run_cli("run", str(tiny_gguf), *ask, cwd=tmp_path)
+    remote = run_cli("run", "tiny", *ask, "--api", served.url, cwd=tmp_path, env=ENV)
+    assert (remote.returncode, remote.stdout, remote.stderr) == (local.returncode, local.stdout, local.stderr)
+
+
 def test_run_raw_goes_to_completions(served, tiny_gguf):
     local = run_cli("run", str(tiny_gguf), "Once upon a time", "--raw", "--temp", "0", "-n", "8")
     remote = run_cli("run", "tiny", "Once upon a time", "--raw", "--temp", "0", "-n", "8", "--api", served.url, env=ENV)
@@ -202,3 +213,47 @@ def test_a_batch_failure_comes_after_the_answers_that_came_back():
         while engine.busy:
             answered += [seq for seq, _ in engine.step()]
     assert answered == [good] and not engine.busy  # the one in flight handed over; nothing sent after the failure
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+                   "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
+                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+
+
+@pytest.fixture(scope="module")
+def caller(tmp_path_factory):
+    """(folder, server): a tiny model with Qwen2.5's template that opens a tool call at once."""
+    from tiny import eager_caller, hf_model, save_hf, tool_tokenizer_json
+    from tool_templates import QWEN25
+
+    from llmcli.runtime.runtime import open_model
+
+    data = json.loads(tool_tokenizer_json())
+    opener = {t["content"]: t["id"] for t in data["added_tokens"]}["<tool_call>"]
+    model = eager_caller(hf_model("llama", max_position_embeddings=2048), opener)
+    folder = save_hf(model, tmp_path_factory.mktemp("caller"), QWEN25, tools=True)
+    srv = Server(open_model(str(folder), device="cpu", dtype="float32", threads=1), bind("127.0.0.1", 0),
+                 model_id="caller", rows=2).start()
+    yield folder, srv
+    srv.close()
+
+
+def test_tool_calls_come_back_as_the_local_ones(caller, tmp_path):
+    folder, srv = caller
+    (tmp_path / "tools.json").write_text(json.dumps([WEATHER]))
+    ask = ("What is the weather in Paris for the next 2 days?", "--tools", "tools.json", "--temp", "0", "-n", "200")
+    local = run_cli("run", str(folder), *ask, "--device", "cpu", "--dtype", "float32", "--threads", "1", cwd=tmp_path)
+    remote = run_cli("run", "caller", *ask, "--api", srv.url, cwd=tmp_path)
+    assert local.returncode == 0 and remote.returncode == 0, remote.stderr
+    calls = json.loads(remote.stdout)
+    assert remote.stdout == local.stdout and calls[0]["name"] == "get_weather"
+    # the REPL: the call printed as JSON, /tool answers it, the model goes on with the result in its history
+    chat = run_cli("chat", "--api", srv.url, "--tools", "tools.json", "--temp", "0", "-n", "200",
+                   input="What is the weather in Paris?\n/tool {\"sky\": \"clear\"}\n/save chat.json\n", cwd=tmp_path)
+    assert chat.returncode == 0, chat.stderr
+    saved = json.loads((tmp_path / "chat.json").read_text())["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant", "tool", "assistant"]
+    assert saved[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert saved[2]["tool_call_id"] == saved[1]["tool_calls"][0]["id"]

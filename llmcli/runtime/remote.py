@@ -8,13 +8,16 @@ an OpenAI-compatible server (vLLM, llama-server, another `llmcli serve`) over HT
 The request value maps onto the chat body (sampling, max_tokens, stop, seed, a JSON schema as
 response_format, a regex or grammar as llama.cpp's `grammar`, thinking as chat_template_kwargs), and
 the answer's deltas, finish_reason and usage come back as decode.stream Chunks and Stats, with the
-time to first token and tokens/s measured here. `--raw` goes to /completions as plain text. What
-cannot go over the wire (token ids, tools, beams, guesses, logprobs, a context shift) is refused
-before anything is sent (check_request).
+time to first token and tokens/s measured here. `--raw` goes to /completions as plain text. Tools
+go as OpenAI's `tools`; the calls that come back are handed to the CallReader that run and chat
+read local replies with (as Hermes-style text, marked by the OPENER token), which checks each call's
+arguments against its tool. What cannot go over the wire (token ids, beams, guesses, logprobs, a
+context shift) is refused before anything is sent (check_request).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -24,10 +27,15 @@ from ..decode.request import Request
 from ..decode.stream import Chunk, Generation, Stats
 from ..errors import InvalidParameterError
 from ..formats.chat_template import plain_prompt
+from ..formats.tool_reply import CallReader
+from ..formats.tools import HERMES
 from .loaded import LoadedModel
 from .remote_http import Endpoint, RemoteError
 
 NO_TOKEN = -1  # Chunk.tokens of a streamed delta: one token's place (the server sends text, not ids)
+OPENER = -2  # Chunk.tokens of the chunk that carries the server's tool calls (CallReader's opener)
+# what stands for the grammar of the calls where a message names it (incomplete_message)
+TOOL_CALLS = SimpleNamespace(kind="tools", what="the tool call")
 CHARS_PER_TOKEN = 4  # a prompt's length in tokens, estimated (English text through a BPE vocabulary)
 UNKNOWN_CONTEXT = 1 << 20  # the server's context when neither it nor --ctx-size says: the server decides
 # GET /models card fields that name the context (vLLM's, llama-server's, others')
@@ -83,21 +91,22 @@ class RemoteRuntime:
 
     def prompt_ids(self, messages: list[dict], raw: bool = False, tools=None, request: Request | None = None,
                    variables: dict | None = None) -> RemotePrompt:
-        if tools:
-            raise InvalidParameterError("--tools does not go to a server yet (--api); drop it, or run the model here")
+        if tools and raw:
+            raise InvalidParameterError("--tools needs the chat template, which --raw leaves out; drop one")
         return RemotePrompt(tuple(dict(m) for m in messages), raw, dict(variables or {}))
 
     def reasoning(self, prompt, request: Request):
         return None  # (the server's)
 
     def grammar(self, request: Request):
-        return request.grammar
+        return TOOL_CALLS if request.tools else request.grammar
 
     def constraint(self, request: Request):
         return RemoteConstraint() if request.grammar is not None else None
 
-    def call_reader(self, request: Request):
-        return None
+    def call_reader(self, request: Request) -> CallReader | None:
+        """What takes the calls out of a reply to `request`: the server's, handed over as Hermes text."""
+        return CallReader(HERMES, OPENER, list(request.tools)) if request.tools else None
 
     def context_shift(self, messages, raw: bool = False):
         return None
@@ -164,6 +173,7 @@ class RemoteRuntime:
         first = None  # when the first text (or thinking) arrived
         usage, last = None, None
         deltas = 0
+        calls: dict[int, dict] = {}  # index -> {"name", "arguments"}: the tool calls, as their deltas add up
         for event in self.api.stream(path, body):
             usage = event.get("usage") or usage
             choices = event.get("choices") or []
@@ -175,6 +185,7 @@ class RemoteRuntime:
             else:
                 delta = choice.get("delta") or {}
                 text, thought = delta.get("content") or "", _thinking(delta)
+                _add_calls(calls, delta.get("tool_calls"))
             if text or thought:
                 deltas += 1
                 if first is None:
@@ -182,6 +193,8 @@ class RemoteRuntime:
                 yield Chunk(text, [NO_TOKEN], reasoning=thought)
             if choice.get("finish_reason"):
                 last = choice
+        if calls:
+            yield Chunk(self._calls_text(calls, request), [OPENER])
         end = time.perf_counter()
         if last is None:
             raise RemoteError(f"the server at {self.api.url} ended the answer without a finish_reason")
@@ -190,6 +203,30 @@ class RemoteRuntime:
         finish, stopped_by = _finish(last, request, stats)
         # the tokens no delta carried (an end token, a stop text's): counted as the local chunks count them
         yield Chunk("", [NO_TOKEN] * max(0, stats.completion_tokens - deltas), finish, stats, stopped_by)
+
+
+    def _calls_text(self, calls: dict[int, dict], request: Request) -> str:
+        """The server's calls as Hermes writes them, for the CallReader (which checks their arguments)."""
+        out = []
+        for _, call in sorted(calls.items()):
+            try:
+                arguments = json.loads(call["arguments"] or "{}")
+            except json.JSONDecodeError:
+                raise RemoteError(f"the server at {self.api.url} sent a call to {call['name']} whose arguments are "
+                                  f"not JSON: {call['arguments'][:80]!r}") from None
+            out.append(HERMES.opener + HERMES.call_json(call["name"], arguments) + HERMES.closer)
+        return "\n".join(out)
+
+
+def _add_calls(calls: dict[int, dict], deltas) -> None:
+    """A streamed delta's tool_calls added to `calls` (OpenAI: the name first, the arguments in pieces)."""
+    for d in deltas if isinstance(deltas, list) else []:
+        if not isinstance(d, dict):
+            continue
+        fn = d.get("function") if isinstance(d.get("function"), dict) else {}
+        call = calls.setdefault(d.get("index", len(calls)), {"name": "", "arguments": ""})
+        call["name"] += fn.get("name") or ""
+        call["arguments"] += fn.get("arguments") or ""
 
 
 def request_fields(request: Request) -> dict:
@@ -217,6 +254,13 @@ def request_fields(request: Request) -> dict:
         out["ignore_eos"] = True
     if request.reasoning_budget is not None:
         out["reasoning_budget"] = request.reasoning_budget
+    if request.tools:
+        choice = request.tool_choice
+        out.update(tools=[t.definition for t in request.tools],
+                   tool_choice=choice if choice in ("auto", "required") else {"type": "function",
+                                                                               "function": {"name": choice}})
+        if not request.parallel_tool_calls:
+            out["parallel_tool_calls"] = False
     g = request.grammar
     if g is not None and g.kind == "json_schema":
         out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": g.schema}}
@@ -232,8 +276,7 @@ def request_fields(request: Request) -> dict:
 def check_request(request: Request) -> None:
     """What a chat completion cannot carry: one error line before anything is sent."""
     for asked, what in ((request.beams > 1, "--beams"), (request.guesses is not None, "--draft and --lookup"),
-                        (request.logprobs is not None, "--logprobs"), (bool(request.tools), "--tools"),
-                        (request.context_shift, "--context-shift")):
+                        (request.logprobs is not None, "--logprobs"), (request.context_shift, "--context-shift")):
         if asked:
             raise InvalidParameterError(f"{what} does not go to a server (--api): the server decides how it "
                                         "decodes; drop it, or run the model here without --api")
