@@ -257,3 +257,15 @@ def test_tool_calls_come_back_as_the_local_ones(caller, tmp_path):
     assert [m["role"] for m in saved] == ["user", "assistant", "tool", "assistant"]
     assert saved[1]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert saved[2]["tool_call_id"] == saved[1]["tool_calls"][0]["id"]
+
+
+def test_the_repl_at_a_terminal(served, tmp_path, monkeypatch):
+    pytest.importorskip("pexpect")
+    from test_chat_pty import STATS, leave, send, spawn
+
+    monkeypatch.setenv("LLMCLI_API_KEY", KEY)
+    child = spawn(tmp_path, "--api", served.url, "--temp", "0", "-n", "6")
+    assert f"tiny · served by {served.url} · the server's context" in child.before
+    send(child, "Hello!", STATS.replace(r"context \d+/\d+", r"context \d+/\?"))
+    send(child, "/show info", "served by")
+    leave(child, tmp_path)

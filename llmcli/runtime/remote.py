@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Iterator
@@ -170,11 +171,15 @@ class RemoteRuntime:
 
     def _chunks(self, path: str, body: dict, request: Request, prompt: RemotePrompt) -> Iterator[Chunk]:
         t0 = time.perf_counter()
+        with closing(self.api.stream(path, body)) as events:  # closing this generator (Ctrl-C) hangs up
+            yield from self._read(events, request, prompt, t0)
+
+    def _read(self, events, request: Request, prompt: RemotePrompt, t0: float) -> Iterator[Chunk]:
         first = None  # when the first text (or thinking) arrived
         usage, last = None, None
         deltas = 0
         calls: dict[int, dict] = {}  # index -> {"name", "arguments"}: the tool calls, as their deltas add up
-        for event in self.api.stream(path, body):
+        for event in events:
             usage = event.get("usage") or usage
             choices = event.get("choices") or []
             if not choices:
@@ -203,7 +208,6 @@ class RemoteRuntime:
         finish, stopped_by = _finish(last, request, stats)
         # the tokens no delta carried (an end token, a stop text's): counted as the local chunks count them
         yield Chunk("", [NO_TOKEN] * max(0, stats.completion_tokens - deltas), finish, stats, stopped_by)
-
 
     def _calls_text(self, calls: dict[int, dict], request: Request) -> str:
         """The server's calls as Hermes writes them, for the CallReader (which checks their arguments)."""
