@@ -120,6 +120,7 @@ def format_levels(results: list[LevelResult], fmt: str) -> str:
         return "\n".join(json.dumps(r) for r in rows)
     if fmt == "csv":
         return "\n".join([",".join(COLUMNS)] + [",".join(str(r[c]) for c in COLUMNS) for r in rows])
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" if i < 3 else "---:" for i in range(len(HEADERS))) + "|"]
+    rule = "|" + "|".join("---" if i < 3 else "---:" for i in range(len(HEADERS))) + "|"  # figures right-aligned
+    lines = ["| " + " | ".join(HEADERS) + " |", rule]
     lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)

@@ -16,10 +16,10 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Api, ApiKey, CacheRam, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP, Offline, PresencePenalty,
-                      Quant, ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp,
-                      Think, Threads, TopK, TopP, Verbose, cache_ram_bytes, check_text_options, check_thinks,
-                      model_flags, read_grammar, sampling_params, stderr_console)
+from .options import (Api, ApiKey, CacheRam, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP,
+                      Offline, PresencePenalty, Quant, ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty,
+                      Seed, Stop, System, Temp, Think, Threads, TopK, TopP, Verbose, cache_ram_bytes,
+                      check_text_options, check_thinks, model_flags, read_grammar, sampling_params, stderr_console)
 
 
 def batch(

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Api, ApiKey, Compile, CtxSize, Device, Dtype, KvOffload, KvType, Offline, RegistryFile, Threads, model_flags,
-                      stderr_console)
+from .options import (Api, ApiKey, Compile, CtxSize, Device, Dtype, KvOffload, KvType, Offline, RegistryFile, Threads,
+                      model_flags, stderr_console)
 
 FORMATS = ("md", "csv", "json", "jsonl")
 

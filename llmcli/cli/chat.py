@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Api, ApiKey, ChatTemplateFile, ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile,
-                      JsonSchema, KvOffload, KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant, ReasoningBudget,
-                      Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Think, Threads,
-                      ToolChoice, ToolsFile, TopK, TopP, check_text_options, check_thinks, model_flags, read_chat_template,
-                      read_grammar, read_tools, report_plan, sampling_params, stderr_console)
+from .options import (Api, ApiKey, ChatTemplateFile, ContextShift, CtxSize, Device, Dtype, FrequencyPenalty,
+                      GrammarFile, JsonSchema, KvOffload, KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant,
+                      ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Think,
+                      Threads, ToolChoice, ToolsFile, TopK, TopP, check_text_options, check_thinks, model_flags,
+                      read_chat_template, read_grammar, read_tools, report_plan, sampling_params, stderr_console)
 
 # the default is runtime.flags.DEFAULT_MODEL
 ChatModel = Annotated[Optional[str], typer.Argument(

@@ -16,7 +16,8 @@ def refuse_local(given: dict[str, bool]) -> None:
 
 
 def model_flags_given(quant=None, device="auto", dtype="auto", threads=None, kv_type="auto", kv_offload="auto",
-                      registry=None, offline=False, chat_template=None, compile=False, cache_ram=None) -> dict[str, bool]:
+                      registry=None, offline=False, chat_template=None, compile=False,
+                      cache_ram=None) -> dict[str, bool]:
     """The local model flags a command got, as refuse_local takes them."""
     return {"--quant": quant is not None, "--device": device != "auto", "--dtype": dtype != "auto",
             "--threads": threads is not None, "--kv-type": kv_type != "auto", "--kv-offload": kv_offload != "auto",

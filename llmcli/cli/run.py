@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Api, ApiKey, Beams, ChatTemplateFile, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant, DraftTokens,
-                      Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup,
-                      LookupNgram, MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile,
-                      ReasoningBudget, RepeatLastN, RepeatPenalty, Seed, ShowThinking, Stop, System, Temp, Think,
-                      Threads, ToolChoice, ToolsFile, TopK, TopP, Verbose, check_text_options, check_thinks,
+from .options import (Api, ApiKey, Beams, ChatTemplateFile, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant,
+                      DraftTokens, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty,
+                      Lookup, LookupNgram, MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex,
+                      RegistryFile, ReasoningBudget, RepeatLastN, RepeatPenalty, Seed, ShowThinking, Stop, System, Temp,
+                      Think, Threads, ToolChoice, ToolsFile, TopK, TopP, Verbose, check_text_options, check_thinks,
                       model_flags, read_chat_template, read_grammar, read_tools, report_plan, sampling_params,
                       stderr_console)
 

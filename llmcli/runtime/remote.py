@@ -325,7 +325,8 @@ def _finish(choice: dict, request: Request, stats: Stats) -> tuple[str, str | No
 
 # ---------------------------------------------------------------------------------- opening
 
-def open_remote(url: str, key: str | None = None, model: str | None = None, ctx_size: int | None = None) -> RemoteRuntime:
+def open_remote(url: str, key: str | None = None, model: str | None = None,
+                ctx_size: int | None = None) -> RemoteRuntime:
     """The server at `url` and the model it serves by `model`'s name (None: its only one), from
     GET /models; the context: the model card's (vLLM's max_model_len), else `ctx_size`."""
     api = Endpoint.of(url, key)

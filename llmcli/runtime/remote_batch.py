@@ -52,8 +52,9 @@ class RemoteBatchEngine:
 
     def step(self) -> list:
         """Send what waits while fewer than `rows` are in flight, then wait for answers: those back so
-        far (those of failed requests left out). A failure of the server or the connection (RemoteError) stops the sending; it is
-        raised here once the requests in flight are back and handed over (written: a resume skips them)."""
+        far (those of failed requests left out). A failure of the server or the connection
+        (RemoteError) stops the sending; it is raised here once the requests in flight are back and
+        handed over (written: a resume skips them)."""
         with self.lock:
             while self.failure is None and self.waiting and len(self.running) < self.rows:
                 seq = self.waiting.popleft()
