@@ -200,11 +200,12 @@ def _show(session, rest):
     loaded, conv = session.rt.loaded, session.conv
     a = loaded.args
     parts = {
-        "info": [f"model       {loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, {loaded.runs_as}) "
+        "info": [f"model       {loaded.name}, {loaded.runs_as}" if getattr(session.rt, "remote", False) else
+                 f"model       {loaded.name} ({a.model_type}, {a.num_hidden_layers} layers, {loaded.runs_as}) "
                  f"from {loaded.path}",
                  f"device      {session.rt.placement.reason.removeprefix('device ')}",
                  f"decode      {session.decode_mode()}",
-                 f"context     {session.context_used()} of {session.ctx_size} tokens in use; "
+                 f"context     {session.context_used()} of {session.ctx_label} tokens in use; "
                  f"{len(conv.messages)} messages" + (f", the oldest {conv.start} no longer in the context"
                                                      if conv.start else "")],
         "parameters": [f"parameters  {parameters_text(conv)}"],
@@ -277,7 +278,7 @@ def _stats(session, rest):
     else:
         lines.append(f"last reply  interrupted after {turn.tokens} tokens")
     lines.append(f"session     {session.replies} replies, {session.generated} tokens generated; "
-                 f"context {turn.context_used} of {session.ctx_size}")
+                 f"context {turn.context_used} of {session.ctx_label}")
     return Outcome("\n".join(lines))
 
 

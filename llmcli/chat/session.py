@@ -78,6 +78,11 @@ class ChatSession:
         return self.rt.ctx_size
 
     @property
+    def ctx_label(self) -> str:
+        """The context's size as shown: "?" for a server's (--api) that did not say it."""
+        return str(self.ctx_size) if getattr(self.rt, "context_known", True) else "?"
+
+    @property
     def model_info(self) -> dict:
         """How a saved conversation names the model it was written with."""
         loaded = self.rt.loaded
@@ -95,7 +100,7 @@ class ChatSession:
 
     def set_think(self, on: bool) -> str:
         """/set think on|off: the template's switch (or the thinking closed at once where it has none)."""
-        if self.rt.reasoning_format is None:
+        if self.rt.reasoning_format is None and not getattr(self.rt, "remote", False):  # (a server's: it decides)
             raise InvalidParameterError(f"{self.rt.loaded.name} does not think (its chat template has no <think> tags "
                                         "or analysis channel)")
         budget = self.request.reasoning_budget

@@ -16,10 +16,10 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (CacheRam, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP, Offline, PresencePenalty,
-                      Quant, ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp,
-                      Think, Threads, TopK, TopP, Verbose, cache_ram_bytes, check_text_options, check_thinks,
-                      model_flags, read_grammar, sampling_params, stderr_console)
+from .options import (Api, ApiKey, CacheRam, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP,
+                      Offline, PresencePenalty, Quant, ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty,
+                      Seed, Stop, System, Temp, Think, Threads, TopK, TopP, Verbose, cache_ram_bytes,
+                      check_text_options, check_thinks, model_flags, read_grammar, sampling_params, stderr_console)
 
 
 def batch(
@@ -39,12 +39,19 @@ def batch(
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     quant: Quant = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
     cache_ram: CacheRam = None, think: Think = None, reasoning_budget: ReasoningBudget = None,
+    api: Api = None, api_key: ApiKey = None,
 ):
-    """Answer every request in INPUT (JSONL) into --output (JSONL), several sequences at a time."""
+    """Answer every request in INPUT (JSONL) into --output (JSONL), several sequences at a time
+    (--api URL: as many requests at once to a server)."""
     from ..decode.request import Request
     from ..serve import batch_jobs as bj
 
     _check_numbers(rows, retries)
+    if api is not None:
+        from .remote import model_flags_given, refuse_local
+
+        refuse_local(model_flags_given(quant, device, dtype, threads, registry=registry, offline=offline,
+                                       cache_ram=cache_ram))
     request = Request(sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                       frequency_penalty, seed),
                       max_tokens, tuple(stop or ()), grammar=read_grammar(json_schema, regex, grammar), think=think,
@@ -66,7 +73,8 @@ def batch(
         if jobs:
             flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
                                 registry=registry, offline=offline, rows=min(rows, len(jobs)))
-            bad += _run(err, flags, jobs, output, verbose, prompt_cache, request, raw=raw, retries=retries,
+            remote = (api, api_key, model) if api is not None else None
+            bad += _run(err, flags, jobs, output, verbose, prompt_cache, request, remote, raw=raw, retries=retries,
                         fallback=fallback_value)
         if bad:
             err.print(f"error: {len(bad)} input lines were skipped (see the warnings above); fix them and run again "
@@ -88,20 +96,14 @@ def _fallback(text: str):
         raise InvalidParameterError(f"--fallback must be JSON (null, \"text\", {{...}}), got {text!r} ({e.msg})") from None
 
 
-def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, request, **settings) -> list:
-    """Load the model, answer the jobs into `output`; returns the lines that could not start.
-    `settings`: BatchRunner's (raw, retries, fallback)."""
-    from ..runtime.lean import open_lean
+def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, request, remote=None,
+         **settings) -> list:
+    """Load the model (or open the server's: `remote` is (url, key, model)), answer the jobs into
+    `output`; returns the lines that could not start. `settings`: BatchRunner's (raw, retries, fallback)."""
     from ..serve.batch_jobs import ResultWriter
     from ..serve.batch_runner import BatchRunner
-    from .startup import opening
 
-    with opening(err) as progress:  # (the torch-free path where it runs the model: runtime/lean.py)
-        rt = open_lean(flags, None, progress)
-        if rt is None:
-            from ..runtime.runtime import open_model
-
-            rt = open_model(flags, progress)
+    rt = _open(err, flags, remote, verbose)
     check_thinks(rt, request)  # the command's --think and --reasoning-budget
     engine = rt.batch_engine(flags.rows, prompt_cache=prompt_cache)  # retries and shared system prompts reuse KV
     runner = BatchRunner(rt, engine, **settings)
@@ -115,14 +117,35 @@ def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None
                 bar.advance(f"{runner.tokens / (time.perf_counter() - t0):.1f} tokens/s")
     seconds = time.perf_counter() - t0
     mean_batch = engine.row_steps / engine.steps if engine.steps else 0.0
+    together = f"{engine.rows} requests at once, {mean_batch:.1f} in flight on average" if remote else \
+        f"{engine.rows} rows, {mean_batch:.1f} decoded together on average"
     err.print(f"{writer.written} results in {seconds:.1f} s ({runner.retried} retried, {runner.fallbacks} fallbacks): "
-              f"{runner.tokens} tokens, {runner.tokens / max(seconds, 1e-9):.1f} tokens/s; "
-              f"{engine.rows} rows, {mean_batch:.1f} decoded together on average", markup=False, highlight=False)
-    if verbose:
+              f"{runner.tokens} tokens, {runner.tokens / max(seconds, 1e-9):.1f} tokens/s; {together}",
+              markup=False, highlight=False)
+    if verbose and not remote:
         cache = engine.prompt_cache
         reused = f"; {cache.reused_tokens} prompt tokens taken from the prompt cache" if cache is not None else ""
         err.print(f"[dim]{rt.placement.reason}; context {rt.ctx_size}; {engine.steps} batched steps{reused}[/dim]")
     return bad
+
+
+def _open(err, flags, remote, verbose: bool):
+    """The model here (torch-free where it runs it: runtime/lean.py), or the server's (--api)."""
+    if remote is not None:
+        from .remote import open_api
+
+        url, key, model = remote
+        return open_api(err, url, key, model, flags.ctx_size, verbose)
+    from ..runtime.lean import open_lean
+    from .startup import opening
+
+    with opening(err) as progress:
+        rt = open_lean(flags, None, progress)
+        if rt is None:
+            from ..runtime.runtime import open_model
+
+            rt = open_model(flags, progress)
+    return rt
 
 
 def _read_lines(input: str, output: Path) -> list[str]:

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Compile, CtxSize, Device, Dtype, KvOffload, KvType, Offline, RegistryFile, Threads, model_flags,
-                      stderr_console)
+from .options import (Api, ApiKey, Compile, CtxSize, Device, Dtype, KvOffload, KvType, Offline, RegistryFile, Threads,
+                      model_flags, stderr_console)
 
 FORMATS = ("md", "csv", "json", "jsonl")
 
@@ -29,8 +29,11 @@ def bench(
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto",
     registry: RegistryFile = None, offline: Offline = False,
+    clients: Annotated[str, typer.Option("--clients", help="With --api: concurrent clients, comma-separated, e.g. 1,4,16.")] = "1",
+    api: Api = None, api_key: ApiKey = None,
 ):
-    """Measure prefill (ppN) and generation (tgN) speed, time to first token, load time and peak memory."""
+    """Measure prefill (ppN) and generation (tgN) speed, time to first token, load time and peak memory.
+    --api URL: a server's latency and throughput at --clients N at once."""
     from ..bench import measure as b
     from ..runtime.flags import DEFAULT_MODEL
 
@@ -41,6 +44,18 @@ def bench(
         raise InvalidParameterError(f"-d/--depth must be >= 0, got {depth}")
     if output not in FORMATS:
         raise InvalidParameterError(f"-o/--output must be one of {', '.join(FORMATS)}, got {output!r}")
+    if api is not None:
+        from .remote import model_flags_given, refuse_local
+
+        refuse_local({**model_flags_given(None if quant == "none" else quant, device, dtype, threads, kv_type,
+                                          kv_offload, registry, offline, compile=compile),
+                      "--baseline": baseline is not None, "--llama-bench": llama_bench is not None,
+                      "-d/--depth": depth != 0})
+        _remote(models, prompts, gens, b.parse_sizes(clients, "--clients"), repetitions, ignore_eos, output, api,
+                api_key, ctx_size)
+        return
+    if clients != "1":
+        raise InvalidParameterError("--clients measures a server: add --api URL")
     binary, baseline = _baseline(baseline, llama_bench)
     presets = [q.strip() for q in quant.split(",") if q.strip()] or ["none"]
     needed = max([depth + p for p in prompts] + [max(1, depth) + n + 1 for n in gens])
@@ -57,6 +72,28 @@ def bench(
     if output == "md":
         for line in b.ratios(results):
             print(line)
+
+
+def _remote(models, prompts, gens, levels, repetitions: int, ignore_eos: bool, output: str, url: str, key, ctx_size):
+    """bench --api: each model the server serves (default its only one) at each number of clients."""
+    from ..bench import remote as r
+    from .remote import open_api
+
+    if any(n < 1 for n in levels):
+        raise InvalidParameterError("--clients takes whole numbers of at least 1, e.g. 1,4,16")
+    if not any(gens):
+        raise InvalidParameterError("-n/--n-gen must name at least one token count above 0 with --api")
+    err = stderr_console()
+    live, results = sys.stderr.isatty(), []
+    for name in models or [None]:
+        rt = open_api(err, url, key, name, ctx_size)
+        for n_clients in levels:
+            for p in prompts:
+                for n in (g for g in gens if g > 0):
+                    if live:
+                        err.print(f"[dim]{rt.model} {n_clients} clients pp{p}+tg{n}...[/dim]", end="\r")
+                    results.append(r.measure(rt, n_clients, p, n, repetitions, ignore_eos))
+    print(r.format_levels(results, output))
 
 
 def _baseline(baseline: str | None, llama_bench: str | None):

@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (ChatTemplateFile, ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile,
-                      JsonSchema, KvOffload, KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant, ReasoningBudget,
-                      Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Think, Threads,
-                      ToolChoice, ToolsFile, TopK, TopP, check_text_options, check_thinks, model_flags, read_chat_template,
-                      read_grammar, read_tools, report_plan, sampling_params, stderr_console)
+from .options import (Api, ApiKey, ChatTemplateFile, ContextShift, CtxSize, Device, Dtype, FrequencyPenalty,
+                      GrammarFile, JsonSchema, KvOffload, KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant,
+                      ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Think,
+                      Threads, ToolChoice, ToolsFile, TopK, TopP, check_text_options, check_thinks, model_flags,
+                      read_chat_template, read_grammar, read_tools, report_plan, sampling_params, stderr_console)
 
 # the default is runtime.flags.DEFAULT_MODEL
 ChatModel = Annotated[Optional[str], typer.Argument(
@@ -43,8 +43,10 @@ def chat(
     tools_file: ToolsFile = None, tool_choice: ToolChoice = "auto", chat_template_file: ChatTemplateFile = None,
     think: Think = None, reasoning_budget: ReasoningBudget = None,
     registry: RegistryFile = None, offline: Offline = False,
+    api: Api = None, api_key: ApiKey = None,
 ):
-    """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
+    """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line.
+    --api URL: a server's model answers (vLLM, llama-server, llmcli serve)."""
     from ..chat import conversation
     from ..chat.session import ChatSession
     from ..decode.request import Request
@@ -59,6 +61,13 @@ def chat(
                       **read_tools(tools_file, tool_choice), context_shift=context_shift, think=think,
                       reasoning_budget=reasoning_budget)  # every reply follows it
     check_text_options(system)
+    if api is not None:
+        from ..runtime.remote import check_request
+        from .remote import model_flags_given, refuse_local
+
+        refuse_local(model_flags_given(quant, device, dtype, threads, kv_type, kv_offload, registry, offline,
+                                       chat_template_file, compile))
+        check_request(request)
     template = read_chat_template(chat_template_file)
     if single and sys.stdin.isatty():  # before the model loads, to fail at once
         raise InvalidParameterError("--single reads the message from stdin; pipe it in, "
@@ -67,6 +76,12 @@ def chat(
     if load is not None:  # read it before the model loads, so a bad file fails at once
         conv = _with_flags(conversation.load(load), conv, _given(ctx))
     err = stderr_console()
+    if api is not None:
+        from .remote import open_api
+
+        rt = open_api(err, api, api_key, model, ctx_size)
+        session = ChatSession(rt, conv, None, request)
+        raise typer.Exit(repl.run(session, render=render, single=single, check_model=load is not None))
     with opening(err) as progress:
         flags = model_flags(model or DEFAULT_MODEL, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
                             quant=quant, kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline,

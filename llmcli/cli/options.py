@@ -55,6 +55,8 @@ Think = Annotated[Optional[bool], typer.Option("--think/--no-think", help="A rea
 ReasoningBudget = Annotated[Optional[int], typer.Option("--reasoning-budget", help="A reasoning model thinks for at most N tokens, then its thinking is closed and it answers; 0: no thinking.", show_default=False)]
 ShowThinking = Annotated[bool, typer.Option("--show-thinking", help="A reasoning model's thinking on stderr (dimmed at a terminal); -v shows it too.")]
 Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16, f32) or a preset .toml file.", show_default=False)]
+Api = Annotated[Optional[str], typer.Option("--api", help="Send the requests to this OpenAI-compatible server (vLLM, llama-server, llmcli serve), e.g. http://127.0.0.1:8000/v1; MODEL then names its model (chat and bench: default its only one).", show_default=False)]
+ApiKey = Annotated[Optional[str], typer.Option("--api-key", envvar="LLMCLI_API_KEY", help="With --api: the server's key, sent as Authorization: Bearer KEY (or set LLMCLI_API_KEY).", show_default=False)]
 
 
 
@@ -120,7 +122,10 @@ def read_grammar(json_schema: Path | None, regex: str | None, grammar: Path | No
 
 
 def check_thinks(rt, request) -> None:
-    """--think and --reasoning-budget need a model that thinks (one line, before anything is generated)."""
+    """--think and --reasoning-budget need a model that thinks (one line, before anything is generated);
+    a server's model (--api) is not known here: the server decides."""
+    if getattr(rt, "remote", False):
+        return
     if rt.reasoning_format is None and (request.think or request.reasoning_budget is not None):
         flag = "--think" if request.think else "--reasoning-budget"
         raise InvalidParameterError(f"{rt.loaded.name} does not think (its chat template has no <think> tags or "

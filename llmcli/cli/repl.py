@@ -103,6 +103,9 @@ class MarkdownWriter:
 def banner(session: ChatSession) -> str:
     rt = session.rt
     p = rt.placement
+    if getattr(rt, "remote", False):  # --api: the server's model
+        context = f"context {rt.ctx_size}" if rt.context_known else "the server's context"
+        return f"{rt.loaded.name} · served by {rt.api.url} · {context} · /? for help, Ctrl-D to leave"
     return (f"{rt.loaded.name} · {rt.loaded.weights_type} · {p.device} {str(p.dtype).removeprefix('torch.')} · "
             f"context {rt.ctx_size} · loaded in {rt.loaded.load_seconds:.1f} s · /? for help, Ctrl-D to leave")
 
@@ -126,7 +129,7 @@ def thinking_note(turn) -> str:
 def after_reply_notes(session: ChatSession) -> tuple[str, str | None, bool]:
     """(stats line, why the reply ended early or None, whether that must be said even when piped:
     a reply cut by a full context is, a reply cut at the max-tokens the user asked for is not)."""
-    turn, ctx = session.last, session.ctx_size
+    turn, ctx = session.last, session.ctx_label
     if turn.finish == "interrupted":
         return (f"interrupted after {turn.tokens} tokens · context {turn.context_used}/{ctx} · "
                 "the partial reply is kept (/regen for a new one)"), None, False
@@ -138,6 +141,9 @@ def after_reply_notes(session: ChatSession) -> tuple[str, str | None, bool]:
     if turn.stopped_by == "max_tokens":
         return stats, (f"the reply stopped at max-tokens ({session.conv.max_tokens}); "
                        "/set parameter max-tokens N for longer replies"), False
+    if getattr(session.rt, "remote", False):
+        return stats, (f"warning: the server's context filled: the reply stops after {s.completion_tokens} tokens; "
+                       "/clear, or start the server with a larger context"), True
     return stats, (f"warning: the context ({ctx} tokens) filled: the reply stops after {s.completion_tokens} tokens; "
                    "older turns will be dropped next turn (or restart with a larger --ctx-size)"), True
 

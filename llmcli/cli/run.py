@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (Beams, ChatTemplateFile, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant, DraftTokens,
-                      Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup,
-                      LookupNgram, MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile,
-                      ReasoningBudget, RepeatLastN, RepeatPenalty, Seed, ShowThinking, Stop, System, Temp, Think,
-                      Threads, ToolChoice, ToolsFile, TopK, TopP, Verbose, check_text_options, check_thinks,
+from .options import (Api, ApiKey, Beams, ChatTemplateFile, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant,
+                      DraftTokens, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty,
+                      Lookup, LookupNgram, MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex,
+                      RegistryFile, ReasoningBudget, RepeatLastN, RepeatPenalty, Seed, ShowThinking, Stop, System, Temp,
+                      Think, Threads, ToolChoice, ToolsFile, TopK, TopP, Verbose, check_text_options, check_thinks,
                       model_flags, read_chat_template, read_grammar, read_tools, report_plan, sampling_params,
                       stderr_console)
 
@@ -42,8 +42,9 @@ def run(
     logprobs: LogprobsN = None, think: Think = None, reasoning_budget: ReasoningBudget = None,
     show_thinking: ShowThinking = False,
     verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
+    api: Api = None, api_key: ApiKey = None,
 ):
-    """Generate one answer to PROMPT and stream it to stdout."""
+    """Generate one answer to PROMPT and stream it to stdout (--api: by a server)."""
     from ..decode.request import Request
 
     if draft is not None and lookup:
@@ -58,16 +59,26 @@ def run(
     check_text_options(system)
     if logprobs is not None and not json_out:
         raise InvalidParameterError("--logprobs needs --json: the log-probabilities are part of the JSON object")
-    template = read_chat_template(chat_template_file)
-    text = read_prompt(prompt)
-    flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
-                        kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline,
-                        chat_template=template)
     err = stderr_console()
-    rt, draft_rt = _open(err, flags, draft, draft_quant, text, request)
+    if api is not None:  # the server's model answers (runtime/remote.py); the local flags mean nothing there
+        from ..runtime.remote import check_request
+        from .remote import model_flags_given, open_api, refuse_local
+
+        refuse_local({**model_flags_given(quant, device, dtype, threads, kv_type, kv_offload, registry, offline,
+                                          chat_template_file, compile), "--draft-quant": draft_quant is not None})
+        check_request(request)
+        text = read_prompt(prompt)
+        rt, draft_rt = open_api(err, api, api_key, model, ctx_size, verbose), None
+    else:
+        template = read_chat_template(chat_template_file)
+        text = read_prompt(prompt)
+        flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
+                            kv_type=kv_type, kv_offload=kv_offload, registry=registry, offline=offline,
+                            chat_template=template)
+        rt, draft_rt = _open(err, flags, draft, draft_quant, text, request)
     check_thinks(rt, request)
     report_plan(err, rt, verbose)
-    if verbose:
+    if verbose and api is None:
         _report_model(err, rt)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     thoughts = ThinkingWriter(sys.stderr) if show_thinking or verbose else None
@@ -255,13 +266,18 @@ def _print_result(err, rt, request, answer: _Answer, json_out: bool, verbose: bo
     if problem is not None:
         raise problem
     if last.stopped_by == "context":  # never silent: the answer is shorter than asked for
-        err.print(f"warning: {context_filled(rt.ctx_size, stats.completion_tokens, request.max_tokens)}",
+        err.print(f"warning: {context_filled(rt.ctx_size, stats.completion_tokens, request.max_tokens, rt)}",
                   markup=False, highlight=False)
 
 
-def context_filled(ctx_size: int, tokens: int, max_tokens: int | None) -> str:
-    """What to say when the context filled before -n (or, without -n, at all)."""
+def context_filled(ctx_size: int, tokens: int, max_tokens: int | None, rt=None) -> str:
+    """What to say when the context filled before -n (or, without -n, at all); a server's (--api)
+    is its own, perhaps of a size not known here."""
     before = f" before -n {max_tokens}" if max_tokens is not None else ""
+    if getattr(rt, "remote", False):
+        size = f" ({ctx_size} tokens)" if rt.context_known else ""
+        return (f"the server's context{size} filled{before}: the answer stops after {tokens} tokens; "
+                "start the server with a larger context, or pass -n")
     return (f"the context ({ctx_size} tokens) filled{before}: the answer stops after {tokens} tokens; "
             "raise --ctx-size")
 
@@ -287,7 +303,7 @@ def result_json(rt, answer: _Answer) -> dict:
 
 def _report_stats(err, answer: _Answer) -> None:
     stats, constraint = answer.last.stats, answer.generation.constraint
-    if constraint is not None:
+    if constraint is not None and not getattr(constraint, "remote", False):  # (a server's: not timed here)
         step_ms = stats.decode_s / max(1, stats.completion_tokens - 1) * 1000
         err.print(f"[dim]constraint ({answer.grammar.kind}): mask + advance {constraint.mean_s * 1000:.3f} ms/token "
                   f"({constraint.mean_s * 1000 / step_ms:.1%} of a {step_ms:.1f} ms decode step); "
