@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import native
+from ..native.step import REFINE_ALL
 from ..cache.static import StaticKVCache
 from ..models import gemma3, llama, moe, phi3, rope
 from ..quant import float_rows
@@ -69,7 +70,7 @@ class NativeStep:
         # asked for them (top=k) and the C++ step ran (not the model; no soft-capped logits); else None
         self.last_top = None
         # int8x2 activations into the integer dot products, as the loader marked the model (quant/held.py)
-        self.refined = getattr(model, "activations", "int8") == "int8x2"
+        self.refined = REFINE_ALL if getattr(model, "activations", "int8") == "int8x2" else 0  # (native/step.py's mask)
         self.prepare(model, self.threads)  # (done at load by the runtime; a model built by hand gets it here)
 
     @staticmethod
