@@ -237,7 +237,8 @@ def test_run_says_the_folder_decodes_natively_as_q4_1_blocks(int8_dot, tiny_fold
     assert r.returncode == 0, r.stderr
     assert "weights q4 from float32 as Q4_1, Q8_0" in r.stderr  # the memory plan
     assert "(llama, 3 layers, float32 safetensors quantized to q4 at load, held as Q4_1, Q8_0)" in r.stderr
-    assert f"decode step: native (one C++ call a step, {native.variant()} kernels, f16 KV cache)\n" in r.stderr
+    assert (f"decode step: native (one C++ call a step, {native.variant()} kernels, int8 activations (llama.cpp's), "
+            "f16 KV cache)\n") in r.stderr
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from ..formats.info import runs_as
 from ..formats.open import open_model_file
 from ..formats.prompt import conversation_ids
 from ..hub import fetch
+from ..quant import precision
 from .budget import detect_budget
 from .device import place_without_torch
 from .embedder import BATCH_TEXTS, embedder_of
@@ -69,7 +70,10 @@ class LeanRuntime:
         return self.model
 
     def describe_step(self, step) -> str:
-        return f"native (one C++ call a step, {native.describe()} kernels, f16 KV cache)"  # (Runtime's words)
+        floats = sorted(self.model.float_types())
+        also = f"; {'/'.join(floats)} matrices: float32" if floats else ""
+        return (f"native (one C++ call a step, {native.describe()} kernels, "
+                f"{precision.describe(self.model.refined)}{also}, f16 KV cache)")
 
     def prompt_ids(self, messages: list[dict], raw: bool = False, tools=None) -> list[int]:
         """Runtime.prompt_ids for messages without tools."""

@@ -1,0 +1,60 @@
+"""How precisely the native step (runtime/lean_step.py, runtime/native_step.py) multiplies a GGUF file's blocks: which activations go into the integer
+dot products as int8x2 (each row its int8 codes and its residual's: ~14 bits) rather than llama.cpp's
+int8 (native/step.py's REFINE mask), and the words `run -v`, `bench` and `perplexity` say it in.
+
+    mask = choose(file_bytes)          the default for a GGUF file of this many bytes, as stored
+    describe(model) -> "activations int8x2 (q/k/v, o, gate/up, down, head)"
+
+Small models decode bound by per-token overhead, not by reading weights: there int8x2 everywhere costs
+a few percent of decode and takes the loss of int8 activations (against the file dequantized to
+float32) from llama.cpp's level to near nothing (docs/performance.md, "Quality of the default path").
+Past REFINE_UP_TO bytes decode reads memory, and the integer work of a second row is paid in full
+where the CPU's dot products are the limit: those keep int8, as llama.cpp does.
+LLMCLI_ACTIVATIONS=int8 | int8x2 | names of REFINE (comma-separated) sets it for any GGUF file as
+stored (the torch path's step takes int8x2 for every matmul or none: quant/held.py's activations_of).
+A preset's `activations` (q8's int8x2) is the preset's own choice.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import InvalidParameterError
+from ..native.step import REFINE, REFINE_ALL, refined_names
+
+ENV = "LLMCLI_ACTIVATIONS"
+REFINE_UP_TO = 600 << 20  # bytes of a file: up to here every activation is int8x2 (docs/performance.md)
+_MATMULS = {"normed": ("q/k/v", "gate/up"), "attention": ("o",), "mlp": ("down",), "head": ("head",)}
+
+
+def parse(value: str) -> int:
+    """LLMCLI_ACTIVATIONS's value -> a REFINE mask."""
+    v = value.strip().lower()
+    if v == "int8":
+        return 0
+    if v == "int8x2":
+        return REFINE_ALL
+    names = [n.strip() for n in v.split(",") if n.strip()]
+    bad = [n for n in names if n not in REFINE]
+    if bad or not names:
+        raise InvalidParameterError(f"{ENV} takes int8, int8x2 or some of {', '.join(REFINE)} "
+                                    f"(comma-separated), got {value!r}")
+    return sum(REFINE[n] for n in set(names))
+
+
+def choose(file_bytes: int) -> int:
+    """The REFINE mask for a GGUF file of this many bytes: LLMCLI_ACTIVATIONS where set."""
+    if os.environ.get(ENV):
+        return parse(os.environ[ENV])
+    return REFINE_ALL if file_bytes <= REFINE_UP_TO else 0
+
+
+def describe(mask: int) -> str:
+    """Which matmul takes which activations, in a few words."""
+    fine = [m for name in refined_names(mask) for m in _MATMULS[name]]
+    coarse = [m for name, ms in _MATMULS.items() if not mask & REFINE[name] for m in ms]
+    if not fine:
+        return "int8 activations (llama.cpp's)"
+    if not coarse:
+        return "int8x2 activations (every matmul)"
+    return f"int8x2 activations for {', '.join(fine)}; int8 for {', '.join(coarse)}"
