@@ -484,3 +484,28 @@ def test_a_step_s_numbers_do_not_depend_on_how_many_threads_run_it(loaded, varia
                 tok = out[-1][0, -1].argmax().view(1, 1)
         logits.append(torch.cat(out, 1))
     assert torch.equal(logits[0], logits[1])
+
+
+def test_each_refined_activation_changes_only_what_reads_it(variant, tmp_path):
+    """The step's mask (native/step.py's REFINE) on every variant: the head's int8x2 input moves the
+    logits and leaves the hidden states as they were; the layers' moves both; all of them equal a
+    step made `refined=True` (what q8's int8x2 and the torch path's step take)."""
+    import numpy as np
+
+    from llmcli.formats.open import open_model_file
+    from llmcli.runtime.lean_step import LeanModel
+
+    lean = LeanModel.open(open_model_file(write_case("llama-q4_1", tmp_path)), 2, native.module())
+    ids = [5, 17, 80, 3, 200, 41, 9, 150]
+
+    def run(mask):
+        lean.refined = mask
+        logits, h, _ = lean(ids, lean.new_cache(16), last_only=False)
+        return logits, h
+
+    (l0, h0), (lh, hh), (ll, hl), (la, ha) = run(0), run(8), run(7), run(15)
+    assert np.array_equal(h0, hh) and not np.array_equal(l0, lh)
+    assert not np.array_equal(h0, hl) and np.array_equal(hl, ha) and not np.array_equal(ll, la)
+    lean.refined = True  # (a bool: every activation, as the torch path's step passes it)
+    assert np.array_equal(lean(ids, lean.new_cache(16), last_only=False)[0], la)
+    assert np.abs(la - l0).max() < 0.05 * np.abs(l0).max()
