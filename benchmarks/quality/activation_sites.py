@@ -5,8 +5,8 @@ llama.cpp's int8: what each choice gains in quality against full precision, and 
         [--masks 0,1,2,4,8,7,15] [--tokens 64] [--rounds 3]
 
 The mask is native/step.py's REFINE: 1 the layers' norms' outputs (q/k/v, gate/up), 2 the
-attention's (o), 4 the MLP's (down), 8 the final norm's (the head); 0 is llama.cpp's int8 everywhere. Per mask: mean KL divergence,
-p99 and same top token of the torch-free step's prefill (what `perplexity` and `run` take) against the
+attention's (o), 4 the MLP's (down), 8 the final norm's (the head); 0 is llama.cpp's int8 everywhere.
+Per mask: mean KL divergence, p99 and same top token of the torch-free step's prefill (what `perplexity` and `run` take) against the
 file dequantized to float32 (`--reference f32`), over windows of --ctx scored on their second half;
 then decode tokens a second of the same step, the masks interleaved over --rounds, medians.
 """

@@ -45,7 +45,8 @@ def llama_cpp(path: Path, text: Path, ctx: int, chunks: int, bin_dir: Path, work
     stem = f"{path.stem}.c{ctx}.n{chunks}"
     f32, base = work / f"{path.stem}.f32.gguf", work / f"{stem}.base.kld"
     if not f32.exists():
-        _run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(path), str(f32), "F32"], work / f"{stem}.q.log")
+        _run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(path), str(f32), "F32"],
+             work / f"{stem}.q.log")
     common = ["-f", str(text), "-c", str(ctx), "--chunks", str(chunks), "-t", str(os.cpu_count() or 2)]
     if not base.exists():
         _run([str(bin_dir / "llama-perplexity"), "-m", str(f32), *common, "--kl-divergence-base", str(base)],
@@ -60,7 +61,8 @@ def llama_cpp(path: Path, text: Path, ctx: int, chunks: int, bin_dir: Path, work
 def llmcli(path: Path, text: Path, ctx: int, chunks: int, int8: bool = False) -> dict:
     env = {**os.environ, **({"LLMCLI_ACTIVATIONS": "int8"} if int8 else {})}
     r = subprocess.run([sys.executable, "-m", "llmcli", "perplexity", str(path), "-f", str(text), "-c", str(ctx),
-                        "--chunks", str(chunks), "--reference", "f32", "--json"], capture_output=True, text=True, env=env)
+                        "--chunks", str(chunks), "--reference", "f32", "--json"],
+                       capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(f"llmcli perplexity failed: {r.stderr}")
     out = json.loads(r.stdout)
@@ -83,7 +85,8 @@ def main() -> None:
     for spec in a.files:
         name, _, n = spec.partition(":")
         path, chunks = Path(name).expanduser(), int(n or a.chunks)
-        rows.append((path.name, chunks, "llama.cpp (int8 activations)", llama_cpp(path, a.file, a.ctx, chunks, a.llama_cpp, a.work)))
+        theirs = llama_cpp(path, a.file, a.ctx, chunks, a.llama_cpp, a.work)
+        rows.append((path.name, chunks, "llama.cpp (int8 activations)", theirs))
         mine = llmcli(path, a.file, a.ctx, chunks)
         rows.append((path.name, chunks, f"llmcli default: {mine['step']}", mine))
         if a.int8:

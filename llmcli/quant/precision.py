@@ -1,6 +1,7 @@
-"""How precisely the native step (runtime/lean_step.py, runtime/native_step.py) multiplies a GGUF file's blocks: which activations go into the integer
-dot products as int8x2 (each row its int8 codes and its residual's: ~14 bits) rather than llama.cpp's
-int8 (native/step.py's REFINE mask), and the words `run -v`, `bench` and `perplexity` say it in.
+"""How precisely the native step (runtime/lean_step.py, native_step.py) multiplies a GGUF file's
+blocks: which activations go into the integer dot products as int8x2 (each row its int8 codes and its
+residual's: ~14 bits) rather than llama.cpp's int8 (native/step.py's REFINE mask), and the words
+`run -v`, `bench` and `perplexity` say it in.
 
     mask = choose(file_bytes, args)    the default for a GGUF file (its size, its ModelArgs), as stored
     describe(mask) -> "int8x2 activations for q/k/v, gate/up, o, down; int8 for head"

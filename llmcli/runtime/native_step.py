@@ -71,7 +71,8 @@ class NativeStep:
         self.last_top = None
         # int8x2 activations into the integer dot products, as the loader marked the model (quant/held.py)
         # (native/step.py's mask: a GGUF file's as precision.py chose it at load, else all or none)
-        self.refined = getattr(model, "refine_mask", REFINE_ALL if getattr(model, "activations", "int8") == "int8x2" else 0)
+        every = REFINE_ALL if getattr(model, "activations", "int8") == "int8x2" else 0
+        self.refined = getattr(model, "refine_mask", every)
         self.prepare(model, self.threads)  # (done at load by the runtime; a model built by hand gets it here)
 
     @staticmethod
