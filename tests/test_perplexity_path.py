@@ -62,3 +62,21 @@ def test_the_text_output_names_both_steps(tiny_q4, text_file):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("perplexity ") and lines[1].startswith("  step: native (")
     assert lines[2].startswith("reference ") and lines[3] == "  step: torch forward (float32, f32 (from Q4_1) as float)"
+
+
+def test_a_window_past_one_call_is_scored_as_a_prompt_s_prefill_runs_it(tiny_q4):
+    """window_logits over 600 tokens (two calls of the step): the rows from `first` on, as two calls
+    on one cache give them (the head skipped for the rows before `first`)."""
+    import numpy as np
+
+    from llmcli.formats.open import open_model_file
+    from llmcli.runtime.lean_step import MAX_TOKENS, LeanModel
+
+    lean = LeanModel.open(open_model_file(tiny_q4), 2, native.module())
+    ids = [int(i) for i in np.random.default_rng(0).integers(1, lean.args.vocab_size, 600)]
+    got = lean.window_logits(ids, 300)
+    cache = lean.new_cache(600)
+    a, _, _ = lean(ids[:MAX_TOKENS], cache, last_only=False)
+    b, _, _ = lean(ids[MAX_TOKENS:], cache, last_only=False)
+    assert got.shape == (300, lean.args.vocab_size)
+    np.testing.assert_array_equal(got, np.concatenate([a, b])[300:])
