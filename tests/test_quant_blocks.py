@@ -237,7 +237,8 @@ def test_run_says_the_folder_decodes_natively_as_q4_1_blocks(int8_dot, tiny_fold
     assert r.returncode == 0, r.stderr
     assert "weights q4 from float32 as Q4_1, Q8_0" in r.stderr  # the memory plan
     assert "(llama, 3 layers, float32 safetensors quantized to q4 at load, held as Q4_1, Q8_0)" in r.stderr
-    assert f"decode step: native (one C++ call a step, {native.variant()} kernels, f16 KV cache)\n" in r.stderr
+    assert (f"decode step: native (one C++ call a step, {native.variant()} kernels, int8 activations (llama.cpp's), "
+            "f16 KV cache)\n") in r.stderr
 
 
 @pytest.mark.slow
@@ -286,18 +287,24 @@ def test_q8_and_q4_mixed_decode_with_int8x2_activations_and_q4_with_int8(int8_do
     assert blocks and all(b.refined == refined for b in blocks)
     assert any(b.shape[0] > 256 for b in blocks)  # (fused q/k/v among them)
     step = rt.decode_step(compile=False)
-    assert step.refined == refined
+    assert bool(step.refined) == refined
     assert ("int8x2 activations" in rt.describe_step(step)) == refined
 
 
-def test_a_gguf_file_as_stored_keeps_llama_cpp_s_int8_activations(int8_dot, tmp_path):
+def test_a_gguf_file_as_stored_takes_int8x2_where_small_and_llama_cpp_s_int8_where_large(int8_dot, tmp_path,
+                                                                                          monkeypatch):
     from tiny import hf_model, write_gguf
 
+    from llmcli.native.step import REFINE_ALL
+    from llmcli.quant import precision
     from llmcli.runtime.runtime import open_model
 
     path = tmp_path / "q8.gguf"
     write_gguf(hf_model("llama", hidden_size=256, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, tie_word_embeddings=True, seed=3), path, "Q8_0")
+    rt = open_model(str(path), device="cpu", ctx_size=64)
+    assert rt.loaded.model.activations == "int8x2" and rt.decode_step(compile=False).refined == REFINE_ALL
+    monkeypatch.setattr(precision, "REFINE_UP_TO", path.stat().st_size - 1)  # (as a file past the size)
     rt = open_model(str(path), device="cpu", ctx_size=64)
     assert rt.loaded.model.activations == "int8" and not rt.decode_step(compile=False).refined
 

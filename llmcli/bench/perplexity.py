@@ -35,7 +35,8 @@ class PerplexityResult:
     same_top: float | None = None  # share of scored positions where both pick the same top token
 
     def as_dict(self) -> dict:
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        # 6 significant digits: a fine path's KL divergence is 1e-7, which 6 decimals would call 0
+        return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
 def windows(ids: list[int], ctx: int, chunks: int | None, bos_id: int | None) -> list[list[int]]:
@@ -102,6 +103,12 @@ def text_windows(loaded, text: str, ctx: int, chunks: int | None) -> list[list[i
 
 
 def logprobs(loaded, window: list[int]) -> torch.Tensor:
+    """The scored positions' log-probabilities, from the step `run` takes with the same flags: the
+    torch-free native step's prefill (runtime/lean.py: int8 activations as it chooses them), else the
+    torch model's forward."""
+    if getattr(loaded.model, "torch_free", False):  # (the last token is only a target: not run)
+        logits = loaded.model.window_logits(window[:-1], len(window) // 2)
+        return torch.log_softmax(torch.from_numpy(logits), dim=-1)
     p = loaded.placement
     return scored_logprobs(loaded.model, loaded.args, window, p.device, p.dtype).cpu()
 

@@ -92,15 +92,34 @@ def quantize(
         f"  {summary.quantized_tensors} tensors quantized{imported}; {summary.seconds:.1f} s\n")
 
 
-def _open_reference(flags, reference: str, progress=None):
-    """--reference: a preset (the same MODEL quantized so) or another model path."""
-    from ..quant.presets import shipped_names
-    from ..runtime.runtime import locate
+def _open(flags, progress=None):
+    """The runtime `run` takes with these flags: the torch-free native step where it runs the model,
+    else the torch path's."""
+    from ..runtime.lean import open_lean
     from ..runtime.runtime import open_model
 
+    return open_lean(flags, progress=progress) or open_model(flags, progress)
+
+
+def _open_reference(flags, reference: str, progress=None):
+    """--reference: a preset (the same MODEL quantized so, e.g. f32: dequantized, full precision) or
+    another model, opened as `run` would open it."""
+    from ..quant.presets import load_preset, shipped_names
+    from ..runtime.runtime import locate
+
     if reference in shipped_names() or (reference.endswith(".toml") and not locate(reference).is_dir()):
-        return open_model(flags.with_(quant=reference), progress)
-    return open_model(flags.with_(model=reference, quant=None), progress)
+        if flags.dtype == "auto" and load_preset(reference).dtype == "float32":
+            flags = flags.with_(dtype="float32")  # (full precision: not the CPU's bfloat16 compute)
+        return _open(flags.with_(quant=reference), progress)
+    return _open(flags.with_(model=reference, quant=None), progress)
+
+
+def _step_words(rt) -> str:
+    """What computed the logits: the native step's words (as `bench` and `run -v` say them), or the
+    torch model's forward."""
+    if getattr(rt.loaded.model, "torch_free", False):
+        return rt.describe_step(rt.loaded.model)
+    return f"torch forward ({rt.placement.dtype}, {rt.loaded.weights_type})".replace("torch.", "")
 
 
 def perplexity(
@@ -115,7 +134,7 @@ def perplexity(
 ):
     """Perplexity of MODEL over a text, in windows scored on their second half (like llama-perplexity)."""
     from ..bench.perplexity import evaluate
-    from ..runtime.runtime import check_ctx_size, open_model
+    from ..runtime.runtime import check_ctx_size
     from .startup import opening
 
     from ..text_input import MAX_DATA_BYTES, read_text_file
@@ -123,24 +142,27 @@ def perplexity(
     text = read_text_file(file, "--file", MAX_DATA_BYTES)  # a regular UTF-8 file: a FIFO would block
     if chunks is not None and chunks < 1:
         raise InvalidParameterError(f"--chunks must be at least 1, got {chunks}")
-    flags = model_flags(model, device=device, dtype=dtype, threads=threads, quant=quant)
+    flags = model_flags(model, device=device, dtype=dtype, threads=threads, quant=quant, ctx_size=ctx_size)
     with opening(stderr_console()) as progress:
-        rt = open_model(flags, progress)
+        rt = _open(flags, progress)
         ctx = check_ctx_size(ctx_size, rt.loaded.args.max_position_embeddings)
         ref = _open_reference(flags, reference, progress) if reference else None
     with _progress_bar("scoring", sys.stderr.isatty()) as update:
         result = evaluate(rt.loaded, text, ctx, chunks, ref.loaded if ref else None,
                           progress=lambda done, total: update(done, total, f"{done}/{total} windows"))
     if json_out:
-        out = {"model": rt.loaded.name, "weights": rt.loaded.weights_type, "file": str(file), **result.as_dict()}
+        out = {"model": rt.loaded.name, "weights": rt.loaded.weights_type, "step": _step_words(rt), "file": str(file),
+               **result.as_dict()}
         if ref:
-            out["reference"] = {"model": ref.loaded.name, "weights": ref.loaded.weights_type}
+            out["reference"] = {"model": ref.loaded.name, "weights": ref.loaded.weights_type, "step": _step_words(ref)}
         sys.stdout.write(json.dumps(out) + "\n")
         return
     lines = [f"perplexity {result.ppl:.4f} ({rt.loaded.weights_type}) over {result.windows} windows of "
-             f"{result.ctx_size} tokens, {result.scored_tokens} scored; {result.seconds:.1f} s"]
+             f"{result.ctx_size} tokens, {result.scored_tokens} scored; {result.seconds:.1f} s",
+             f"  step: {_step_words(rt)}"]
     if ref:
         lines.append(f"reference  {result.ppl_reference:.4f} ({ref.loaded.weights_type}); ratio {result.ppl_ratio:.4f}")
+        lines.append(f"  step: {_step_words(ref)}")
         lines.append(f"KL divergence mean {result.kld_mean:.5f}, p99 {result.kld_p99:.5f}, max {result.kld_max:.4f}; "
                      f"same top token {100 * result.same_top:.2f} %")
     sys.stdout.write("\n".join(lines) + "\n")

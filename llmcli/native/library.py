@@ -280,7 +280,7 @@ class Kernels:
         return out
 
     def step(self, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float, act: str,
-             threads: int, refined: bool = False) -> Step:
+             threads: int, refined=False) -> Step:
         """A new decode step of this library (step.py's Step): add_layer, set_head, then run."""
         return Step(self.lib, n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads, refined)
 

@@ -30,6 +30,24 @@ class Layer(ctypes.Structure):  # api.h's LlmcliLayer
 
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # api.h's act
+# api.h's kRefine*: the activations a step makes int8x2 (each its codes and its residual's, ~14 bits)
+# rather than int8. "normed": the layers' norms' outputs (q/k/v, gate/up); "attention": o's input;
+# "mlp": down's input; "head": the final norm's output (the output projection's input)
+REFINE = {"normed": 1, "attention": 2, "mlp": 4, "head": 8}
+REFINE_ALL = 15
+
+
+def refine_mask(refined) -> int:
+    """A step's `refined`: True (all), False (none), a mask, or names of REFINE -> the mask."""
+    if isinstance(refined, bool):
+        return REFINE_ALL if refined else 0
+    if isinstance(refined, int):
+        return refined & REFINE_ALL
+    return sum(REFINE[name] for name in set(refined))
+
+
+def refined_names(mask: int) -> list[str]:
+    return [name for name, bit in REFINE.items() if mask & bit]
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # a cache the step reads and writes
 
 
@@ -53,17 +71,18 @@ def declare(lib) -> None:
 class Step:
     """`Step(n_heads, n_kv, head_dim, rotary_dim, eps, scale, act, threads, refined)`, then `add_layer`
     per layer and `set_head`; `run(x, rows, slots, cos, sin, ...) -> (logits, hidden, top)` per step of
-    n tokens. `refined`: int8x2 activations into the integer dot products (native.mm's), else int8."""
+    n tokens. `refined`: which activations go into the integer dot products as int8x2 (native.mm's),
+    the others int8 (refine_mask: True for all)."""
 
     def __init__(self, lib, n_heads: int, n_kv: int, head_dim: int, rotary_dim: int, eps: float, scale: float,
-                 act: str, threads: int, refined: bool = False):
+                 act: str, threads: int, refined=False):
         if n_heads % n_kv or rotary_dim % 2 or rotary_dim > head_dim or act not in ACTIVATIONS:
             raise ValueError("inconsistent shapes")
         self._lib = lib
         self.H, self.KV, self.D, self.R = n_heads, n_kv, head_dim, rotary_dim
         self._h = lib.llmcli_step_new(n_heads, n_kv, head_dim, rotary_dim, eps, scale, ACTIVATIONS[act], threads,
-                                      int(refined))
-        self.refined = refined
+                                      refine_mask(refined))
+        self.refined = refine_mask(refined)  # (a mask: truthy where any activation is int8x2)
         self._keep = []  # every tensor and ctypes array the C side points into
         self.hidden = self.inter = self.vocab = None
         self.max_len = self.rows = None

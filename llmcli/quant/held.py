@@ -30,7 +30,7 @@ import torch
 
 from .. import native
 from ..errors import CorruptModelError
-from . import float_rows
+from . import float_rows, precision
 from .convert import EMBEDDING, HEAD, KEEP, QuantizedTensor, plan
 from .gguf_blocks import BITS, BLOCKS, FROM_LLMCLI, INT8_DOT_BLOCKS, TYPE_IDS, GGUFBlockWeight
 from .gguf_encode import to_blocks
@@ -85,11 +85,13 @@ def quantized_as_held(source, held: QuantSpec) -> QuantizedTensor | None:
 
 def activations_of(model_file, preset) -> str:
     """The activations (presets.ACTIVATIONS) the kernels take for `model_file` loaded with `preset`:
-    the preset's, an llmcli checkpoint's own (int8 where it predates the key), else int8."""
+    the preset's, an llmcli checkpoint's own (int8 where it predates the key), a GGUF file's by its
+    size (int8x2 where precision.choose refines any: the eager path's products; the native step
+    reads the mask itself, runtime/loader.py's refine_mask), else int8."""
     if preset is not None:
         return preset.activations
-    if model_file.quantization is None:
-        return "int8"
+    if model_file.quantization is None:  # a GGUF file as stored: as the torch-free step takes it (precision.py)
+        return "int8x2" if model_file.is_gguf and precision.choose(model_file.nbytes, model_file.args) else "int8"
     chosen = model_file.quantization.get("activations", "int8")
     if chosen not in ACTIVATIONS:
         raise CorruptModelError(f"{model_file.path}: its quantization block asks for {chosen!r} activations, "

@@ -28,6 +28,7 @@ from ..decode.request import Request
 from ..formats.info import runs_as
 from ..formats.open import open_model_file
 from ..hub import fetch
+from ..quant import precision
 from .budget import detect_budget
 from .device import place_without_torch
 from .embedder import BATCH_TEXTS, embedder_of
@@ -72,7 +73,10 @@ class LeanRuntime(Prompting):
         return self.model
 
     def describe_step(self, step) -> str:
-        return f"native (one C++ call a step, {native.describe()} kernels, f16 KV cache)"  # (Runtime's words)
+        floats = sorted(self.model.float_types())
+        also = f"; {'/'.join(floats)} matrices: float32" if floats else ""
+        return (f"native (one C++ call a step, {native.describe()} kernels, "
+                f"{precision.describe(self.model.refined)}{also}, f16 KV cache)")
 
     def embedder(self, pooling: str | None = None, normalize: bool | None = None, batch_size: int = BATCH_TEXTS):
         return embedder_of(self, pooling, normalize, batch_size)

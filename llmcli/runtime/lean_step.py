@@ -23,6 +23,7 @@ from ..cache.host import HostKVCache
 from ..formats import gguf
 from ..models import rope
 from ..native.checks import TYPE_IDS
+from ..quant import precision
 from ..native.interleave import interleave_rows, unpermute_blocks, unpermuted_order
 
 ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh",
@@ -76,6 +77,7 @@ class LeanModel:
         self.gemma = args.model_type == "gemma3_text"
         self.attn_scale = args.query_pre_attn_scalar ** -0.5 if self.gemma else args.head_dim ** -0.5
         self.interleaved = (0, 0.0)  # bytes copied for the kernels at load, seconds
+        self.refined = 0  # the activations made int8x2 (native/step.py's REFINE mask; quant/precision.py chooses)
         # (the cache, the C++ step built on it), replaced whole: a server's embedding thread builds
         # steps of its own beside the decoding thread's (each step has its own team of threads)
         self._built = (None, None)
@@ -100,6 +102,7 @@ class LeanModel:
         layers, head, head_norm, embedding = found
         scale = float(np.float32(args.hidden_size ** 0.5)) if args.model_type == "gemma3_text" else 1.0
         model = cls(args, kernels, threads, layers, head, head_norm, embedding, scale, ACTIVATIONS[args.model_type])
+        model.refined = precision.choose(model_file.nbytes, args)  # (the torch path's step alike: runtime/loader.py)
         made = model._prepare(release)
         model.interleaved = (made, time.perf_counter() - t0)
         return model
@@ -141,6 +144,14 @@ class LeanModel:
                 seen.add(a.ctypes.data)
                 total += a.nbytes
         return total
+
+    def float_types(self) -> set[str]:
+        """The block types among the matrices that take float32 activations as they are (F16, BF16,
+        Q5_K: native/README.md), whatever `refined` says."""
+        names = {v: k for k, v in TYPE_IDS.items()}
+        ws = [w for layer in self.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down) for w in g]
+        ws += [w for layer in self.layers for x in (layer.experts or ()) for w in x] + [self.head]
+        return {names[w.type_id] for w in ws} & {"F16", "BF16", "Q5_K"}
 
     # ------------------------------------------------------------------ running
 
@@ -185,6 +196,22 @@ class LeanModel:
             out = self(ids[i:i + MAX_TOKENS], cache, last_only=True, top=top)
         return out
 
+    def window_logits(self, ids: list[int], first: int) -> np.ndarray:
+        """A text alone through a cache of its own, as a prompt's prefill runs it -> the logits
+        (len(ids) - first, vocab) float32 of positions first.. (only those rows go through the head):
+        what perplexity scores."""
+        cache = self.new_cache(max(len(ids), 1))
+        step = self._build(cache)  # (its own step, as hidden_states')
+        out = []
+        for i in range(0, len(ids), MAX_TOKENS):
+            piece = np.asarray(ids[i:i + MAX_TOKENS], dtype=np.int64)
+            at = np.arange(i, i + len(piece), dtype=np.int64)
+            skip = min(max(first - i, 0), len(piece))
+            logits, _, _ = step.run_ids(piece, np.zeros(len(piece), np.int64), at, at, skip, 0)
+            cache.length += len(piece)
+            out.append(logits)
+        return np.concatenate(out)
+
     def hidden_states(self, ids: list[int]) -> np.ndarray:
         """The final normed hidden states (n, hidden) of a text, run alone through a cache of its own
         (no logits made): what an embedding pools."""
@@ -226,7 +253,7 @@ class LeanModel:
             raise ValueError(f"a context of {cache.max_len} is past the RoPE tables")
         a = self.args
         step = self.kernels.step(a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rotary_dim, a.rms_norm_eps,
-                                 self.attn_scale, self.act, self.threads)
+                                 self.attn_scale, self.act, self.threads, self.refined)
         for i, layer in enumerate(self.layers):
             nm = layer.norms
             step.add_layer(nm["in_norm"], [w.spec() for w in layer.qkv], nm["q_norm"], nm["k_norm"],

@@ -10,7 +10,7 @@ import torch
 from .. import models
 from ..formats.info import runs_as
 from ..formats.open import ModelFile, open_model_file
-from ..quant import QUANTIZING, float_rows, pipeline
+from ..quant import QUANTIZING, float_rows, pipeline, precision
 from ..quant.gguf_import import as_stored_preset
 from ..quant.held import activations_of, describe, hold_activations, model_formats
 from .device import Placement
@@ -28,6 +28,8 @@ def load_model(source: ModelFile | str | Path, placement: Placement, preset=None
     activations = activations_of(mf, preset)  # (a checkpoint's unknown value is refused before loading)
     model, held = _build(mf, placement, preset, progress)
     hold_activations(model, activations)
+    if preset is None and mf.is_gguf and mf.quantization is None:  # the native step's mask, as the lean path's
+        model.refine_mask = precision.choose(mf.nbytes, mf.args)
     stored = mf.weights_type
     weights_type = stored if preset is None else f"{preset.name} (from {stored})"
     words = runs_as(mf.format, stored, None if preset is None else preset.name)

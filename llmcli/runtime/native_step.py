@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import native
+from ..native.step import REFINE_ALL
 from ..cache.static import StaticKVCache
 from ..models import gemma3, llama, moe, phi3, rope
 from ..quant import float_rows
@@ -69,7 +70,9 @@ class NativeStep:
         # asked for them (top=k) and the C++ step ran (not the model; no soft-capped logits); else None
         self.last_top = None
         # int8x2 activations into the integer dot products, as the loader marked the model (quant/held.py)
-        self.refined = getattr(model, "activations", "int8") == "int8x2"
+        # (native/step.py's mask: a GGUF file's as precision.py chose it at load, else all or none)
+        every = REFINE_ALL if getattr(model, "activations", "int8") == "int8x2" else 0
+        self.refined = getattr(model, "refine_mask", every)
         self.prepare(model, self.threads)  # (done at load by the runtime; a model built by hand gets it here)
 
     @staticmethod

@@ -26,6 +26,7 @@ from ..formats.open import ModelFile, open_model_file
 from ..hub import fetch
 from ..models import is_encoder
 from ..models.pooling import Pooling
+from ..quant import precision
 from .compiled_step import CompiledStep
 from .device import Placement, place
 from .embedder import BATCH_TEXTS, Embedder, NoPoolingError, embedder_of  # noqa: F401 (NoPoolingError: re-exported)
@@ -85,7 +86,7 @@ class Runtime(Prompting):
         if step is None or step is self.loaded.model:
             return "eager" if self.compiles_well else "eager (compiling does not pay with this KV cache)"
         if getattr(step, "native", False):
-            kernels = f"{native.describe()} kernels" + (", int8x2 activations" if getattr(step, "refined", False) else "")
+            kernels = f"{native.describe()} kernels, {precision.describe(getattr(step, 'refined', 0))}"
             return f"native (one C++ call a step, {kernels}, {self.kv_type or 'float32'} KV cache)"
         if not isinstance(step, CompiledStep):
             return getattr(step, "__name__", type(step).__name__)  # a caller's own step

@@ -78,8 +78,9 @@ struct LlmcliLayer {
     int64_t kv_half;  // 1: the cache holds float16 (keys and values rounded to nearest even as they are written)
 };
 
-// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU); refined: 1 for int8x2
-// activations into the integer dot products (llmcli_mm's), 0 for int8
+// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU); refined: which activations
+// go into the integer dot products as int8x2 (llmcli_mm's), a mask of the kRefine* below (0: all int8)
+enum LlmcliRefine { kRefineNormed = 1, kRefineAttention = 2, kRefineMlp = 4, kRefineHead = 8, kRefineAll = 15 };  // (q/k/v, gate/up), o, down, head
 LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
                                  float scale, int64_t act, int threads, int refined);
 LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer);

@@ -14,7 +14,8 @@
 // as it makes them, where the caller asks (top).
 //
 // The int8 activations are refined where the step was made so (int8x2: kernels.h's Q8Rows::refined,
-// two stored rows a token, whose values project() adds up); the stages below see tokens either way.
+// two stored rows a token, whose values project() adds up), each of the three kinds (api.h's
+// kRefine*) or none; the stages below see tokens either way.
 //
 // Every token's numbers are those of a call with that token alone: its activations quantize per row,
 // and project(..., alone) takes the one-row kernels, or the row-group kernels that give each row the
@@ -117,10 +118,15 @@ struct Layer {
 class Step {
   public:
     Step(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps, float scale,
-                int64_t act, int threads, bool refined)
+                int64_t act, int threads, int refined)
         : H(heads), KV(kv_heads), D(head_dim), R(rotary_dim), QKV((heads + 2 * kv_heads) * head_dim), act(act),
           eps(eps), scale(scale), team(threads), threads_used(threads) {
-        a.q.refined = a_attn.q.refined = a_mlp.q.refined = a_moe.q.refined = a_sorted.q.refined = refined;
+        // refined: a mask of the activations made int8x2 (api.h's kRefine*): the layers' norms' outputs
+        // (q/k/v, gate/up, the experts' gate/up), the attention's (o), the MLP's (down), the final norm's (head)
+        a.q.refined = a_sorted.q.refined = (refined & kRefineNormed) != 0;
+        a_attn.q.refined = (refined & kRefineAttention) != 0;
+        a_mlp.q.refined = a_moe.q.refined = (refined & kRefineMlp) != 0;
+        a_head.q.refined = (refined & kRefineHead) != 0;
     }
 
     bool add_layer(const LlmcliLayer& s) {
@@ -249,7 +255,7 @@ class Step {
         }
         N = n; cols_apart = n > 1; rows_ = rows; slots_ = slots; cs = cos; sn = sin; cs_l = cos_l; sn_l = sin_l;
         x.assign(x_in, x_in + n * hidden);
-        a.resize(n, hidden); a_attn.resize(n, H * D); a_mlp.resize(n, inter);
+        a.resize(n, hidden); a_attn.resize(n, H * D); a_mlp.resize(n, inter); a_head.resize(n, hidden);
         qkv.resize(n * QKV); gu.resize(n * 2 * inter); y.resize(n * hidden);
         scores.resize(team.size());
         for (auto& p : scores) p.resize(kHeadsAtOnce * longest);
@@ -263,8 +269,9 @@ class Step {
             per_token(stages, [this](int64_t m) { norm_in(m, layers[0].spec.in_norm, layers[0].qkv_in); }, &a, layers[0].qkv_in);
         for (size_t i = 0; i < layers.size(); ++i) {
             const Layer& l = layers[i];
-            const float* next_norm = i + 1 < layers.size() ? layers[i + 1].spec.in_norm : final_norm;
-            const unsigned next_in = i + 1 < layers.size() ? layers[i + 1].qkv_in : head_in;
+            const bool last = i + 1 == layers.size();  // (then the final norm, into the head's own activations)
+            const float* next_norm = last ? final_norm : layers[i + 1].spec.in_norm;
+            const unsigned next_in = last ? head_in : layers[i + 1].qkv_in;
             // chunks of whole heads: each chunk's heads normed, turned and placed by the thread that made
             // them, from its cache (a stage of its own a layer read the other core's rows, and cost more)
             stages.push_back({rows_of(l.qkv), head_rows, [this, &l](int, int64_t lo, int64_t hi) {
@@ -297,10 +304,10 @@ class Step {
                     project_rows(l.down, a_mlp.q, a_mlp.x.data(), 0, N, y.data(), hidden, lo, hi);
                 }, {}});
             }
-            per_token(stages, [this, &l, next_norm, next_in](int64_t m) {
+            per_token(stages, [this, &l, next_norm, next_in, last](int64_t m) {
                 add_residual(m, l.spec.mlp_out_norm);
-                norm_in(m, next_norm, next_in);
-            }, &a, next_in);
+                norm_in(m, next_norm, next_in, last ? a_head : a);
+            }, last ? &a_head : &a, next_in);
         }
         if (from < n) {
             const int64_t vocab = rows_of(head), P = n - from;
@@ -319,7 +326,7 @@ class Step {
                 };
             }
             stages.push_back({vocab, 64, [this, logits, from, vocab, P, top](int t, int64_t lo, int64_t hi) {
-                project_rows(head, a.q, a.x.data(), from, P, logits, vocab, lo, hi);
+                project_rows(head, a_head.q, a_head.x.data(), from, P, logits, vocab, lo, hi);
                 if (top > 0)  // while the chunk's logits are in this core's cache
                     for (int64_t r = 0; r < P; ++r) tops[t][r].offer(logits + r * vocab, lo, hi);
             }, merge});
@@ -337,7 +344,7 @@ class Step {
             team.run(stages, t);
             threads_used.took(n, t, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         }
-        std::copy(a.x.begin(), a.x.end(), normed);  // the final norm's output, which the head read
+        std::copy(a_head.x.begin(), a_head.x.end(), normed);  // the final norm's output, which the head read
         return true;
     }
 
@@ -358,7 +365,7 @@ class Step {
     const int64_t *rows_ = nullptr, *slots_ = nullptr;
     const float *cs = nullptr, *sn = nullptr, *cs_l = nullptr, *sn_l = nullptr;
     std::vector<float> x, qkv, gu, y;  // (N, hidden), (N, QKV), (N, 2 inter), (N, hidden)
-    Activation a, a_attn, a_mlp;
+    Activation a, a_attn, a_mlp, a_head;  // inputs of q/k/v and gate/up, of o, of down, of the head
     // a mixture of experts' run: each (token, choice) pair's expert and weight, gate/up outputs and
     // activation row; each thread's down outputs
     // each pair's expert; the pairs by expert, and each pair's place in that order; expert x's first place
@@ -601,9 +608,10 @@ class Step {
     }
 
     // token m's state normed into the next projections' input, quantized in the layouts they read
-    void norm_in(int64_t m, const float* w, unsigned layouts) {
-        rms_norm(x.data() + m * hidden, w, hidden, eps, a.row(m));
-        quantize(a, m, layouts);
+    void norm_in(int64_t m, const float* w, unsigned layouts) { norm_in(m, w, layouts, a); }
+    void norm_in(int64_t m, const float* w, unsigned layouts, Activation& to) {
+        rms_norm(x.data() + m * hidden, w, hidden, eps, to.row(m));
+        quantize(to, m, layouts);
     }
 
     // x += y (normed first where the layer has that norm), token m
@@ -675,7 +683,7 @@ LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_d
                                  float scale, int64_t act, int threads, int refined) {
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || rotary_dim % 2 || rotary_dim > head_dim || act < 0 || act > 1)
         return nullptr;
-    return new Step(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads, refined != 0);
+    return new Step(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads, refined);
 }
 
 LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer) {
