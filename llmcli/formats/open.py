@@ -165,9 +165,17 @@ class ModelFile:
 
     @cached_property
     def headers(self) -> dict[str, dict]:
-        """Folders: every shard's tensors, {name: {"dtype", "shape", ...}} from the JSON headers."""
-        return {hf_folder.module_name(k): v for f in self.files for k, v in hf_folder.read_header(f).items()
-                if k != "__metadata__"}
+        """Folders: every shard's tensors, {name: {"dtype", "shape", ...}} from the JSON headers
+        (gpt-oss's 3-D experts as each expert's matrices and biases, dtype "MXFP4" from blocks)."""
+        out = {}
+        for f in self.files:
+            for k, v in hf_folder.read_header(f).items():
+                parts = None if k == "__metadata__" else hf_folder.expert_parts(k, tuple(v["shape"]))
+                if parts is None and k != "__metadata__":
+                    out[hf_folder.module_name(k)] = v
+                for name, shape, _, _ in parts or ():
+                    out[name] = {"dtype": "MXFP4" if k.endswith("_blocks") else v["dtype"], "shape": list(shape)}
+        return out
 
     def tensor_types(self) -> Counter:
         """How many tensors of each stored type (GGUF names, or safetensors dtypes)."""

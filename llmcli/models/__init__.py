@@ -17,7 +17,7 @@ def family(model_type: str):
 
 _MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "phi3": "phi3",
             "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "mixtral",
-            "olmoe": "olmoe", "bert": "bert"}
+            "olmoe": "olmoe", "gpt_oss": "gpt_oss", "bert": "bert"}
 
 
 def set_rope(model, args, device) -> None:

@@ -80,7 +80,8 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
     model = models.skeleton(args)
     wanted = [s for s in sources if s.name in specs]
     # 1-D tensors (norms, biases) first: a quantized module takes its bias when it is installed
-    floats = {s.name: s.values().to(device=device, dtype=dtype) for s in wanted if len(s.shape) == 1}
+    floats = {s.name: s.values().to(device=device, dtype=torch.float32 if s.name.endswith(ROUTERS) else dtype)
+              for s in wanted if len(s.shape) == 1}  # (a router's bias in float32, as its weight)
     quantized_embedding = False
     total, done = sum(s.nbytes for s in wanted), 0
     for i, s in enumerate(wanted):
