@@ -463,49 +463,12 @@ def gpt_oss_reference(model, held: dict[str, np.ndarray]):
     return ref
 
 
-def mxfp4_hf(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(N, K) float32 -> HF's MXFP4 blocks (N, K/32, 16) and scales (N, K/32) uint8 (byte j: element
-    2j low nibble, 2j + 1 high; quantized by gguf-py's MXFP4), and the values they hold."""
-    import gguf
-    from gguf.quants import dequantize, quantize
-
-    N, K = w.shape
-    q = quantize(np.ascontiguousarray(w, dtype=np.float32), gguf.GGMLQuantizationType.MXFP4).reshape(N, K // 32, 17)
-    scales, packed = q[..., 0], q[..., 1:]
-    codes = np.concatenate((packed & 15, packed >> 4), axis=-1)  # GGUF's: element j low, j + 16 high
-    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
-    return blocks, scales.copy(), dequantize(q.reshape(N, -1), gguf.GGMLQuantizationType.MXFP4).reshape(N, K)
-
-
 def save_gpt_oss_mxfp4(model, folder: Path, template: str | None = CHAT_TEMPLATE) -> dict[str, np.ndarray]:
-    """A gpt-oss folder as OpenAI ships it: the experts' matrices as MXFP4 `*_blocks` and `*_scales`
-    ((E, N, K/32, 16) and (E, N, K/32), N the output features: gate_up's rows alternate gate, up),
-    `quantization_config` {"quant_method": "mxfp4"}; the rest float32. -> the per-expert values the
-    blocks hold (llmcli's names), for gpt_oss_reference."""
-    from safetensors.numpy import save_file
+    """A gpt-oss folder as OpenAI ships it, experts in MXFP4 (benchmarks/shapes.py's
+    save_gpt_oss_mxfp4), with the tiny tokenizer; -> the per-expert values the blocks hold."""
+    from benchmarks.shapes import save_gpt_oss_mxfp4 as save
 
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    tensors, held = {}, {}
-    for name, t in model.state_dict().items():
-        a = t.detach().float().numpy()
-        if not (name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj")):
-            tensors[name] = np.ascontiguousarray(a)
-            continue
-        per = [mxfp4_hf(a[e].T) for e in range(a.shape[0])]  # each (N, K): (2I, H) or (H, I)
-        tensors[name + "_blocks"] = np.stack([p[0] for p in per])
-        tensors[name + "_scales"] = np.stack([p[1] for p in per])
-        base = name.rsplit(".", 1)[0]
-        for e, (_, _, back) in enumerate(per):
-            parts = {"gate": back[0::2], "up": back[1::2]} if name.endswith("gate_up_proj") else {"down": back}
-            held.update({f"{base}.{e}.{kind}_proj.weight": m.astype(np.float32) for kind, m in parts.items()})
-    for f in folder.glob("*.safetensors"):
-        f.unlink()
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
-    (folder / "config.json").write_text(json.dumps(config))
+    held = save(model, folder)
     write_tokenizer(folder, template)
     return held
 
