@@ -173,6 +173,18 @@ def test_a_gpt_oss_gguf_whose_experts_disagree_with_its_metadata_is_refused(chan
     assert lines[-1].startswith("error:") and tensor in lines[-1] and "Traceback" not in r.stderr, r.stderr
 
 
+def test_a_gpt_oss_folder_whose_experts_disagree_with_its_config_is_refused(tmp_path):
+    from tiny import save_hf
+
+    folder = save_hf(_gpt_oss(), tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_local_experts": 6}))
+    r = run_cli("run", str(folder), "hi", "-n", "2", "-c", "64")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error:") and "mlp.gate.weight" in lines[-1] and "Traceback" not in r.stderr, r.stderr
+
+
 def test_show_prints_the_experts_and_the_active_parameters(tmp_path):
     from tiny import write_gguf
 
