@@ -132,4 +132,5 @@ def as_stored_preset(sources, device=None):
         rules.append(Rule(("lm_head.weight",), (), embedding.spec))
     if not rules:
         return None
-    return Preset("as-stored", rules, description="the GGUF file's own quantized blocks, unchanged")
+    # (dtype float32: the file's float matrices reach the compute dtype unrounded, as it holds them)
+    return Preset("as-stored", rules, description="the GGUF file's own quantized blocks, unchanged", dtype="float32")
