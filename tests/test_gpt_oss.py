@@ -74,22 +74,38 @@ def test_a_gpt_oss_folder_gives_transformers_logits(name, tmp_path):
 
 def test_an_mxfp4_folder_gives_the_logits_of_what_it_holds(tmp_path):
     """OpenAI's checkpoints: experts as MXFP4 blocks and scales (E, N, K/32, 16), gate and up rows
-    interleaved; `show` counts the parameters the blocks hold, not their bytes."""
+    interleaved. Dequantized, they are the values the blocks hold; loaded, they stay packed (as a
+    GGUF's MXFP4: int8 codes) and multiply with int8 activations. `show` counts the parameters the
+    blocks hold, not their bytes."""
     from tiny import gpt_oss_reference, save_gpt_oss_mxfp4
 
+    from llmcli import models
+    from llmcli.formats.open import open_model_file
     from llmcli.runtime.runtime import open_model
 
     model = _gpt_oss()
     folder = tmp_path / "mx"
     held = save_gpt_oss_mxfp4(model, folder)
-    rt = open_model(str(folder), device="cpu", dtype="float32", ctx_size=64)
+    mf = open_model_file(folder)
+    cpu = torch.device("cpu")
     ids = torch.tensor(PROMPT)
     with torch.no_grad():
         want = gpt_oss_reference(model, held)(ids).logits
-        assert _close(rt.loaded.model(ids, rt.new_cache()), want)
+        dequantized = models.build(mf.args, mf.state_dict(torch.float32, cpu), cpu)
+        assert _close(dequantized(ids, _cache(dequantized, mf.args)), want)
         assert not _close(model(ids).logits, want)  # (the blocks hold other numbers than the float model)
+        rt = open_model(str(folder), device="cpu", dtype="float32", ctx_size=64)
+        assert not isinstance(rt.loaded.model.model.layers[0].mlp.experts[0].up_proj, torch.nn.Linear)  # (packed)
+        got = rt.loaded.model(ids, rt.new_cache())
+        assert ((got - want).abs().amax(-1)[0] / want.abs().max()).median() < 5e-2
     out = json.loads(run_cli("show", str(folder), "--json").stdout)
     assert out["parameters"] == sum(p.numel() for p in model.parameters())
+
+
+def _cache(model, args):
+    from llmcli.cache.static import StaticKVCache
+
+    return StaticKVCache.for_model(args, 64, torch.device("cpu"), torch.float32)
 
 
 def test_mxfp4_blocks_read_as_ggml_reads_them():

@@ -107,12 +107,27 @@ def mxfp4_values(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return v.reshape(*b.shape[:-2], -1)
 
 
+def mxfp4_as_gguf(blocks: torch.Tensor, scales: torch.Tensor):
+    """HF's MXFP4 blocks (N, G, 16) and scales (N, G) -> GGUF's MXFP4 (N, G * 17) uint8 numpy, the
+    same codes: [e][byte j: element j low nibble, j + 16 high] (what formats/gguf.py and the
+    quantizers read as a GGUF's)."""
+    import numpy as np
+    import torch
+
+    b = blocks.to(torch.uint8).numpy()
+    codes = np.stack((b & 15, b >> 4), axis=-1).reshape(*b.shape[:-1], 32)  # element 2j, 2j + 1
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    out = np.concatenate((scales.to(torch.uint8).numpy()[..., None], packed), axis=-1)
+    return np.ascontiguousarray(out.reshape(b.shape[0], -1))
+
+
 def expert_parts(name: str, shape: tuple[int, ...]):
     """gpt-oss's 3-D expert tensors as llmcli's per-expert modules name them: [(module name, shape,
-    expert e, part(get))], get(checkpoint name) giving that tensor's slice of expert e and part()
-    that expert's matrix or bias from it (gate_up's columns alternate gate, up; the matrices are
-    stored (in, out): transposed here). [] for MXFP4 scales (read with their blocks); None for a
-    tensor of any other name."""
+    expert e, part(get), raw(get) or None)], get(checkpoint name) giving that tensor's slice of expert
+    e, part() that expert's matrix or bias from it (gate_up's columns alternate gate, up; the
+    matrices are stored (in, out): transposed here) and raw() an MXFP4 matrix's blocks in GGUF's
+    layout (kept packed: quant/gguf_import.py). [] for MXFP4 scales (read with their blocks); None
+    for a tensor of any other name."""
     m = _FUSED_EXPERTS.fullmatch(name)
     if m is None:
         return None
@@ -130,15 +145,16 @@ def expert_parts(name: str, shape: tuple[int, ...]):
         for proj, cols in halves:
             if suffix == "_bias":
                 n = len(range(shape[1])[cols])
-                out.append((f"{base}.{e}.{proj}.bias", (n,), e, lambda get, c=cols: get(name)[c]))
+                out.append((f"{base}.{e}.{proj}.bias", (n,), e, lambda get, c=cols: get(name)[c], None))
             elif suffix == "_blocks":  # rows (out features) interleaved for gate_up, as the bias
                 n = len(range(shape[1])[cols])
                 out.append((f"{base}.{e}.{proj}.weight", (n, shape[2] * 32), e,
-                            lambda get, c=cols: mxfp4_values(get(name)[c], get(scales)[c])))
+                            lambda get, c=cols: mxfp4_values(get(name)[c], get(scales)[c]),
+                            lambda get, c=cols: mxfp4_as_gguf(get(name)[c], get(scales)[c])))
             else:
                 n = len(range(shape[2])[cols])
                 out.append((f"{base}.{e}.{proj}.weight", (n, shape[1]), e,
-                            lambda get, c=cols: get(name)[:, c].T.contiguous()))
+                            lambda get, c=cols: get(name)[:, c].T.contiguous(), None))
     return out
 
 
@@ -155,7 +171,7 @@ def load_state_dict(files: list[Path], dtype: torch.dtype, device: torch.device)
         state[module_name(name)] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
     for name, t in fused.items():
         try:
-            for part, _, e, take in expert_parts(name, tuple(t.shape)):
+            for part, _, e, take, _ in expert_parts(name, tuple(t.shape)):
                 state[part] = take(lambda n: fused[n][e]).to(device=device, dtype=dtype)
         except KeyError as missing:
             raise CorruptModelError(f"{name} has no {missing}; download the model again") from None

@@ -42,9 +42,10 @@ class Source:
         return self.stored_bytes if self.stored_bytes is not None else 4 * self.numel
 
 
-def _expert_source(where: dict[str, Path], name: str, shape: tuple[int, ...], e: int, take) -> Source:
-    """One expert's matrix or bias of gpt-oss's 3-D tensors (hf_folder.expert_parts), float32;
-    `where`: each checkpoint tensor's shard (MXFP4 blocks and their scales may lie in two)."""
+def _expert_source(where: dict[str, Path], name: str, shape: tuple[int, ...], e: int, take, raw) -> Source:
+    """One expert's matrix or bias of gpt-oss's 3-D tensors (hf_folder.expert_parts): float32 values,
+    and an MXFP4 matrix's blocks in GGUF's layout (`raw`); `where`: each checkpoint tensor's shard
+    (MXFP4 blocks and their scales may lie in two)."""
     def get(n: str):
         if n not in where:
             raise CorruptModelError(f"the checkpoint has no {n}; download the model again")
@@ -54,7 +55,9 @@ def _expert_source(where: dict[str, Path], name: str, shape: tuple[int, ...], e:
     def values():
         return take(get).float()
 
-    return Source(name, shape, values)
+    if raw is None:
+        return Source(name, shape, values)
+    return Source(name, shape, values, "MXFP4", lambda: raw(get), stored_bytes=shape[0] * shape[1] // 32 * 17)
 
 
 _ITEMSIZE = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
