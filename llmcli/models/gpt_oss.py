@@ -31,6 +31,8 @@ QUERY_CHUNK = 256  # queries scored at a time: a long prompt's (heads, T, S) sco
 class Expert(nn.Module):
     """One expert: gate, up and down with biases and gpt-oss's clamped SwiGLU."""
 
+    act = "clamped_swiglu"  # (what runtime/native_step.py matches the C++ step's activation by)
+
     def __init__(self, hidden: int, intermediate: int, alpha: float, limit: float):
         super().__init__()
         self.alpha, self.limit = alpha, limit

@@ -30,13 +30,13 @@ import torch.nn.functional as F
 
 from .. import native
 from ..cache.static import StaticKVCache
-from ..models import gemma3, llama, moe, phi3, rope
+from ..models import gemma3, gpt_oss, llama, moe, phi3, rope
 from ..quant import float_rows
 from ..quant.gguf_blocks import STEP_TYPES, TYPE_IDS, GGUFBlockWeight
 from ..quant.held import model_formats, step_multiplies
 
 # the families it runs (GGUF's gemma3 is gemma3_text)
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral", "gpt_oss")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 KV_DTYPES = (torch.float32, torch.float16)  # a cache the C++ step reads and writes
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
@@ -46,7 +46,9 @@ _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              phi3.Transformer: (llama.DecoderLayer, F.silu, "silu"),  # fused projections, LongRoPE's tables
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh"),
-             moe.Transformer: (moe.DecoderLayer, F.silu, "silu")}  # (every layer's experts: qwen3moe, mixtral)
+             moe.Transformer: (moe.DecoderLayer, F.silu, "silu"),  # (every layer's experts: qwen3moe, mixtral)
+             # sinks, a biased router, experts with biases and the clamped SwiGLU of api.h's act 2
+             gpt_oss.Transformer: (gpt_oss.DecoderLayer, gpt_oss.Expert.act, "swiglu_oai")}
 
 
 class NativeStep:
@@ -139,7 +141,7 @@ class NativeStep:
         for layer in model.model.layers:
             if type(layer) is not layer_type or _act(layer.mlp) is not act:
                 return False
-            if layer_type is moe.DecoderLayer and not _takes_experts(layer.mlp):
+            if layer_type in (moe.DecoderLayer, gpt_oss.DecoderLayer) and not _takes_experts(layer.mlp):
                 return False
             projections = _projections(layer)
             if projections is None or not all(_is_blocks(m) for group in projections for m in group):
@@ -289,12 +291,16 @@ class NativeStep:
                     local_rope=args.layer_types[i] == "sliding_attention")
             else:
                 mlp_in, extra = layer.post_attention_layernorm, {}
+            if hasattr(a, "sinks"):  # gpt-oss
+                extra["sinks"] = a.sinks.detach().float()
             step.add_layer(norm(layer.input_layernorm), qkv, q_norm, k_norm, o, norm(mlp_in), gate_up, down,
                             cache.k[i], cache.v[i], a.window or 0, **extra)
             if isinstance(layer.mlp, moe.SparseMoe):
                 m = layer.mlp
                 step.set_experts(i, _router(m.gate), [tuple(_spec(p) for p in (x.gate_proj, x.up_proj, x.down_proj))
                                                       for x in m.experts], m.top_k, m.normalize or not m.softmax_first)
+                if m.gate.bias is not None:
+                    step.set_router_bias(i, m.gate.bias.detach().float())
         step.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
         emb = self.model.model.embed_tokens  # as the model's embed gives its rows (Gemma: times its normalizer)
         scale = float(self.model.embed_scale(torch.float32)) if self._gemma else 1.0
@@ -322,8 +328,11 @@ def _act(mlp):
 
 def _takes_experts(mlp) -> bool:
     """Whether the C++ step runs this MLP as its experts: a SparseMoe without a shared expert, every
-    expert's matrices GGUF blocks (read as stored), a router it can read as float32."""
+    expert's matrices GGUF blocks (read as stored), a router it can read as float32; gpt-oss's
+    experts with the SwiGLU's constants the C++ side has."""
     if not isinstance(mlp, moe.SparseMoe) or hasattr(mlp, "shared_expert"):
+        return False
+    if isinstance(mlp.experts[0], gpt_oss.Expert) and (mlp.experts[0].alpha, mlp.experts[0].limit) != (1.702, 7.0):
         return False
     experts = [p for x in mlp.experts for p in (x.gate_proj, x.up_proj, x.down_proj)]
     return all(_is_blocks(p) for p in experts) and (_is_blocks(mlp.gate) or mlp.gate.weight.device.type == "cpu")

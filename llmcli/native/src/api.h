@@ -76,9 +76,11 @@ struct LlmcliLayer {
     int64_t rows, max_len, window;  // window: attend to this many most recent slots (0: all)
     int64_t local_rope;  // 1: q and k turn by the second RoPE table (gemma3's local layers), 0: the first
     int64_t kv_half;  // 1: the cache holds float16 (keys and values rounded to nearest even as they are written)
+    const float* sinks;  // (heads,) or null: gpt-oss's logit a head that joins each softmax's denominator
 };
 
-// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU); refined: 1 for int8x2
+// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU), 2 gpt-oss's clamped SwiGLU
+// ((clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)); refined: 1 for int8x2
 // activations into the integer dot products (llmcli_mm's), 0 for int8
 LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
                                  float scale, int64_t act, int threads, int refined);
@@ -90,6 +92,8 @@ LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliP
 // gate, up and down, blocks as stored (not interleaved). The caller keeps them alive.
 LLMCLI_API int llmcli_step_set_experts(void* step, int64_t layer, const float* router, int64_t n_experts,
                                        int64_t used, int64_t renormalize, const LlmcliProjection* experts);
+// A bias (n_experts,) float32 added to layer `layer`'s router scores (after its set_experts; gpt-oss)
+LLMCLI_API int llmcli_step_set_router_bias(void* step, int64_t layer, const float* bias);
 // n tokens at once, x (n, hidden) their embeddings: token i's keys and values go to cache row
 // rows[i], slot slots[i], and it attends to that row's slots up to its own (tokens of one row at
 // consecutive slots see each other causally; rows never see each other). cos, sin (n, rotary_dim):
