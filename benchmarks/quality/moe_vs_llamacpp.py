@@ -144,11 +144,18 @@ def main() -> None:
             _sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
             from tiny import gpt_oss_reference
 
-            mx = open_model(str(folder.with_suffix(".mxfp4")), device="cpu", dtype="float32", ctx_size=256)
+            from llmcli import models
+            from llmcli.formats.open import open_model_file
+
+            mf, cpu = open_model_file(folder.with_suffix(".mxfp4")), torch.device("cpu")
+            dequantized = models.build(mf.args, mf.state_dict(torch.float32, cpu), cpu)
+            mx = open_model(str(mf.path), device="cpu", dtype="float32", ctx_size=256)
             with torch.no_grad():
-                want, got = gpt_oss_reference(ref, held)(ids).logits, mx.loaded.model(ids, mx.new_cache())
+                want = gpt_oss_reference(ref, held)(ids).logits
+                exact, got = dequantized(ids, mx.new_cache()), mx.loaded.model(ids, mx.new_cache())
             print(f"HF folder, MXFP4 experts: max |llmcli - transformers holding the blocks' values| = "
-                  f"{float((got - want).abs().max()):.2e}")
+                  f"{float((exact - want).abs().max()):.2e} dequantized, {float((got - want).abs().max()):.2e} as "
+                  "loaded (int8 codes times int8 activations)")
         python = a.llama_cpp / "venv/bin/python"
         converted = {}
 
