@@ -334,7 +334,7 @@ def _harmony_folder(tmp_path: Path, first: str) -> Path:
     (folder / "tokenizer.json").write_text(tok.to_str())
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "eos_token": "<|return|>", "pad_token": "<|endoftext|>",
-        "chat_template": (Path(__file__).parent / "data" / "gpt-oss.jinja").read_text()}))
+        "chat_template": (Path(__file__).parent / "data" / "templates" / "gpt-oss.jinja").read_text()}))
     return folder
 
 

@@ -76,7 +76,8 @@ def test_a_long_prompt_goes_in_several_calls_with_the_same_result(case_file):
 
 def test_what_the_lean_path_does_not_take_goes_to_the_torch_path(tiny_gguf, tiny_folder, tmp_path, monkeypatch):
     """None before anything loads: a folder, --quant, a GPU asked for, a quantized KV cache, a request
-    with a grammar, tools, beams; LongRoPE (phi3); LLMCLI_TORCH_PATH."""
+    with beams, guesses or a context shift; LongRoPE (phi3); LLMCLI_TORCH_PATH. A grammar and logprobs
+    stay on this path."""
     from test_native_step import CASES, _tiny
     from tiny import write_gguf
 
@@ -92,9 +93,11 @@ def test_what_the_lean_path_does_not_take_goes_to_the_torch_path(tiny_gguf, tiny
                   ModelFlags(str(tiny_gguf), dtype="bfloat16")):
         assert open_lean(flags) is None, flags
     schema = from_json_schema('{"type": "object"}')
-    for request in (Request(beams=2), Request(logprobs=2), Request(SamplingParams(temperature=0), guesses="lookup"),
-                    Request(context_shift=True), Request(grammar=schema)):
+    for request in (Request(beams=2), Request(SamplingParams(temperature=0), guesses="lookup"),
+                    Request(context_shift=True)):
         assert open_lean(ModelFlags(str(tiny_gguf), ctx_size=64), request) is None, request
+    for request in (Request(logprobs=2), Request(grammar=schema)):
+        assert isinstance(open_lean(ModelFlags(str(tiny_gguf), ctx_size=64), request), LeanRuntime), request
     phi3 = tmp_path / "phi3.gguf"
     write_gguf(_tiny("phi3"), phi3, CASES["phi3-longrope-q8_0"][1])
     assert open_lean(ModelFlags(str(phi3), ctx_size=64)) is None
@@ -164,7 +167,9 @@ def test_embed_on_a_gguf_pools_the_lean_step_s_states_without_torch(tiny_gguf):
 
 @pytest.mark.parametrize("model_type, overrides, qtype", [
     ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True), "Q8_0"),
-    ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=256), "Q4_K")])
+    ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=256), "Q4_K"),
+    ("qwen2_moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=512,
+                       norm_topk_prob=False), "Q8_0")])
 def test_the_lean_model_runs_a_mixture_of_experts_as_the_torch_path_s_step(model_type, overrides, qtype, tmp_path):
     """The experts of a GGUF (3-D tensors, a router) given to the step as the torch path gives them:
     bit for bit, a prompt then single tokens; `run` answers the same without torch."""

@@ -226,7 +226,7 @@ def test_a_moe_model_serves_and_takes_grammars_guesses_and_tools(tmp_path):
 
 
 @pytest.mark.parametrize("name, qtype", [("qwen3moe-top2-of-8-normalized", "Q8_0"), ("mixtral", "Q4_0"),
-                                         ("qwen3moe-top3-of-6-raw", "Q4_K")])
+                                         ("qwen3moe-top3-of-6-raw", "Q4_K"), ("qwen2moe-shared-expert", "Q8_0")])
 def test_the_native_step_runs_the_experts_as_the_model_does(name, qtype, tmp_path, monkeypatch):
     """The one-call C++ step (llmcli_step_set_experts) against the model's own forward on the same
     blocks: the router's float32 scores, the top k, each chosen expert's gate/up/down as stored, the
@@ -251,6 +251,8 @@ def test_the_native_step_runs_the_experts_as_the_model_does(name, qtype, tmp_pat
     model_type, overrides = CONFIGS[name]
     overrides = {**overrides, "moe_intermediate_size": 256} if "moe_intermediate_size" in overrides else \
         {**overrides, "intermediate_size": 256}  # (rows of 256: K-quants)
+    if "shared_expert_intermediate_size" in overrides:
+        overrides["shared_expert_intermediate_size"] = 512
     path = tmp_path / "moe.gguf"
     write_gguf(hf_model(model_type, seed=1, hidden_size=256, **overrides), path, qtype)
     rt = open_model(str(path), device="cpu", ctx_size=64)

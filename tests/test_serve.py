@@ -23,11 +23,13 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from llmcli.decode.batched import BatchEngine, Sequence
-from llmcli.decode.generate import generate
+from llmcli import native
+from llmcli.decode.batched import Sequence
 from llmcli.decode.request import Request
 from llmcli.decode.sampling import SamplingParams
 from llmcli.errors import ServeError
+from llmcli.runtime.flags import ModelFlags
+from llmcli.runtime.lean import LeanRuntime, open_lean
 from llmcli.runtime.runtime import Runtime, open_model
 from llmcli.serve.http import Server
 from llmcli.serve.listener import bind
@@ -37,11 +39,18 @@ GREEDY = SamplingParams(temperature=0)
 ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_folder):
-    """The tiny model served on an ephemeral port, 4 rows; one torch thread (tiny tensors)."""
+@pytest.fixture(scope="module", params=["torch", "lean"])
+def tiny(request, tiny_folder, tiny_gguf):
+    """The tiny model served on an ephemeral port, 4 rows: its folder on the torch path (one torch
+    thread: tiny tensors), and its Q8_0 GGUF on the torch-free path (runtime/lean.py)."""
     threads = torch.get_num_threads()
-    rt = open_model(str(tiny_folder), device="cpu", dtype="float32", threads=1)
+    if request.param == "lean":
+        if not native.int8_dot():
+            pytest.skip("no C++ compiler for the kernels, or only the portable ones")
+        rt = open_lean(ModelFlags(str(tiny_gguf), threads=1, rows=4))
+        assert isinstance(rt, LeanRuntime)
+    else:
+        rt = open_model(str(tiny_folder), device="cpu", dtype="float32", threads=1)
     srv = Server(rt, bind("127.0.0.1", 0), model_id="tiny", rows=4).start()
     yield srv
     srv.close()
@@ -303,7 +312,7 @@ def test_client_that_disconnects_is_cancelled_and_the_server_goes_on(tiny, clien
 def test_cancelling_a_finished_request_spares_the_next_one(tiny):
     """The engine keeps the cancelled requests, not their id()s, which the next request may reuse."""
     rt = tiny.rt
-    engine = BatchEngine(rt.loaded.model, rt.loaded.tokenizer, rt.placement.device, rt.placement.dtype, 2, 64)
+    engine = rt.batch_engine(2, 64, prompt_cache=0)
     ids = rt.prompt_ids(ASK)
     for _ in range(20):
         old = Sequence(ids, Request(GREEDY, 2))

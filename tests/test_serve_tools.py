@@ -211,3 +211,85 @@ def test_smollm2_with_a_tools_template_calls_from_the_first_token(smollm2_loaded
         jsonschema.validate(calls[0][1], SCHEMAS["get_weather"])
     finally:
         srv.close()
+
+
+def test_each_family_calls_a_tool_through_anthropic_messages(family):
+    """The same call through /v1/messages (the real anthropic client): a tool_use block whose input
+    validates, stop_reason tool_use, streamed as a block of its own; its result goes back as a
+    tool_result block."""
+    import anthropic
+
+    name, srv, _ = family
+    client = anthropic.Anthropic(base_url=srv.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=120)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    ask = dict(model="tiny", max_tokens=100, messages=ASK, tools=tools, extra_body={"temperature": 0},
+               tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    r = client.messages.create(**ask)
+    assert r.stop_reason == "tool_use", (name, r)
+    (use,) = [b for b in r.content if b.type == "tool_use"]
+    jsonschema.validate(use.input, SCHEMAS[use.name])
+    with client.messages.stream(**ask) as stream:
+        final = stream.get_final_message()
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [(use.name, use.input)]
+    turn = [*ASK, {"role": "assistant", "content": [b.model_dump() for b in r.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": '{"forecast": "sunny"}'}]}]
+    again = client.messages.create(**{**ask, "messages": turn})
+    assert again.usage.input_tokens > r.usage.input_tokens
+
+
+def test_each_family_calls_a_tool_through_openai_responses(family):
+    """The same call through /v1/responses (the real openai client): a function_call item whose
+    arguments validate, whole and streamed (its arguments as function_call_arguments events); its
+    output goes back as a function_call_output item, after previous_response_id."""
+    name, srv, client = family
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]  # Responses' flat shape
+    ask = dict(model="tiny", input=ASK, tools=tools, temperature=0, max_output_tokens=100, parallel_tool_calls=False)
+    r = client.responses.create(**ask)
+    assert r.status == "completed", (name, r)
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert call.call_id.startswith("call_") and call.name in SCHEMAS
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    with client.responses.stream(**ask) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.function_call_arguments.delta")
+        final = stream.get_final_response()
+    assert [(c.name, c.arguments) for c in final.output if c.type == "function_call"] == [(call.name, call.arguments)]
+    assert deltas == call.arguments
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"forecast": "sunny"}'}
+    again = client.responses.create(**{**ask, "previous_response_id": r.id, "input": [result], "max_output_tokens": 1})
+    turn = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": '{"forecast": "sunny"}'}]
+    assert again.usage.input_tokens == len(srv.rt.prompt_ids(turn, tools=parse_tools(TOOLS)))
+    # the same turn sent whole, the first answer's output items as the client returns them
+    whole = client.responses.create(**{**ask, "input": [*ASK, *(o.model_dump() for o in r.output), result],
+                                       "max_output_tokens": 1})
+    assert whole.usage.input_tokens == again.usage.input_tokens
+
+
+def test_each_family_calls_a_tool_through_ollama_chat(family):
+    """The same call through /api/chat (the real ollama client): message.tool_calls in ollama's
+    shape, arguments an object that validates, whole and streamed; the call and its result (a tool
+    message with tool_name) go back for a second turn. (The client keeps only type, items,
+    description and enum of a tool's properties: get_time's enum, as get_weather's bounds are lost.)"""
+    import ollama
+
+    name, srv, _ = family
+    client = ollama.Client(host=srv.url.removesuffix("/v1"), timeout=120)
+    options = {"temperature": 0, "num_predict": 100}
+    r = client.chat(model="tiny", messages=ASK, tools=[TIME], options=options)
+    assert r.message.tool_calls, (name, r)
+    assert r.done and r.done_reason == "stop"
+    calls = [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls]
+    for fn, args in calls:
+        jsonschema.validate(args, SCHEMAS[fn])
+    parts = list(client.chat(model="tiny", messages=ASK, tools=[TIME], options=options, stream=True))
+    streamed = [(c.function.name, dict(c.function.arguments)) for p in parts for c in p.message.tool_calls or []]
+    assert streamed == calls and parts[-1].done
+    fn, args = calls[0]
+    turn = [*ASK, r.message.model_dump(exclude_none=True),
+            {"role": "tool", "content": '{"forecast": "sunny"}', "tool_name": fn}]
+    again = client.chat(model="tiny", messages=turn, tools=[TIME], options={**options, "num_predict": 4})
+    assert again.prompt_eval_count > r.prompt_eval_count
+    info = client.show("tiny")
+    assert "tools" in info.capabilities

@@ -10,6 +10,11 @@ request. It starts `llmcli serve MODEL` on a free port (and stops it), or uses -
 
     python -m benchmarks.serving.concurrent_clients [--model smollm2] [--rows 8] [-c 1024] [--tokens 32] [--levels 1,8,50]
     python -m benchmarks.serving.concurrent_clients --url http://127.0.0.1:8080/v1      # a server already running
+    python -m benchmarks.serving.concurrent_clients --models A,B [--models-max 1]        # models loaded on demand
+
+With --models, the server starts with no model and client i asks for model i mod len(models), so the
+models alternate: the report adds how many loads the server made (each model once, unless
+--models-max makes them take turns) and the server's peak RSS.
 """
 
 from __future__ import annotations
@@ -37,14 +42,14 @@ TOPICS = ["the sea", "a city at night", "an old library", "a mountain village", 
           "a train journey", "a forest in autumn", "a market", "a winter morning"]
 
 
-def ask(client: openai.OpenAI, i: int, tokens: int, stream: bool) -> dict:
+def ask(client: openai.OpenAI, i: int, tokens: int, stream: bool, model: str = "") -> dict:
     """One request: {"ok", "seconds", "ttft", "tokens", "error"}."""
     messages = [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}]
     t0 = time.perf_counter()
     try:
         if stream:
             ttft, finish, made = None, None, 0
-            for c in client.chat.completions.create(model="", messages=messages, temperature=0, max_tokens=tokens,
+            for c in client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=tokens,
                                                     stream=True, stream_options={"include_usage": True}):
                 if c.choices and c.choices[0].delta.content and ttft is None:
                     ttft = time.perf_counter() - t0
@@ -53,7 +58,7 @@ def ask(client: openai.OpenAI, i: int, tokens: int, stream: bool) -> dict:
                 if c.usage:
                     made = c.usage.completion_tokens
         else:
-            r = client.chat.completions.create(model="", messages=messages, temperature=0, max_tokens=tokens)
+            r = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=tokens)
             ttft, finish, made = None, r.choices[0].finish_reason, r.usage.completion_tokens
         return {"ok": finish is not None, "seconds": time.perf_counter() - t0, "ttft": ttft, "tokens": made, "error": None}
     except Exception as e:  # noqa: BLE001 - every failure is a finding: counted, and its kind shown
@@ -70,8 +75,9 @@ def health(url: str) -> dict:
         return {}
 
 
-def level(url: str, clients: int, tokens: int, timeout: float) -> dict:
-    """`clients` requests at once (a barrier releases them together), even-numbered ones streamed."""
+def level(url: str, clients: int, tokens: int, timeout: float, models: list[str] = ()) -> dict:
+    """`clients` requests at once (a barrier releases them together), even-numbered ones streamed;
+    client i asks for models[i mod len(models)] where models are given."""
     before = health(url)
     client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=timeout)
     results: list[dict] = [{}] * clients
@@ -79,7 +85,7 @@ def level(url: str, clients: int, tokens: int, timeout: float) -> dict:
 
     def one(i: int) -> None:
         start.wait()
-        results[i] = ask(client, i, tokens, stream=i % 2 == 0)
+        results[i] = ask(client, i, tokens, stream=i % 2 == 0, model=models[i % len(models)] if models else "")
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
     t0 = time.perf_counter()
@@ -125,7 +131,8 @@ def loopback_only(url: str) -> None:
 
 
 def start_server(a, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "llmcli", "serve", a.model, "--port", "0", "--rows", str(a.rows), "-c", str(a.ctx)]
+    model = ["--models-max", str(a.models_max)] if a.models else [a.model]
+    cmd = [sys.executable, "-m", "llmcli", "serve", *model, "--port", "0", "--rows", str(a.rows), "-c", str(a.ctx)]
     cmd += (["-t", str(a.threads)] if a.threads else []) + list(extra)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "NO_COLOR": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
@@ -135,16 +142,29 @@ def start_server(a, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]
         if line.startswith("serving "):
             killer.cancel()
             threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
-            return proc, line.split(" on ")[1].split()[0]
+            return proc, line.rsplit(" on ", 1)[1].split()[0]
     killer.cancel()
     sys.exit(f"error: the server did not start ({proc.wait()})")
 
+
+
+def _peak_rss(pid: int) -> int | None:
+    """A process's peak resident memory in bytes (Linux's VmHWM), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", help="a running server's base URL (http://127.0.0.1:PORT/v1); default: start one")
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--models", help="several models, comma-separated: the server loads them on demand, clients alternate")
+    ap.add_argument("--models-max", type=int, default=2, help="with --models: the server's --models-max")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("-c", "--ctx", type=int, default=1024)
     ap.add_argument("-t", "--threads", type=int, default=None)
@@ -154,6 +174,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="seconds a request may take")
     a = ap.parse_args()
     levels = [int(n) for n in a.levels.split(",")]
+    models = a.models.split(",") if a.models else []
     if max(levels) > 200 or a.rounds > 5 or a.tokens > 512:
         sys.exit("error: this benchmark is bounded: at most 200 clients, 5 rounds, 512 tokens")
     proc = None
@@ -163,15 +184,22 @@ def main() -> None:
         proc, url = start_server(a)
     loopback_only(url)
     try:
-        ask(openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=a.timeout), 0, 4, False)  # warm-up
+        if not models:
+            ask(openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=a.timeout), 0, 4, False)  # warm-up
         load0 = os.getloadavg()[0]
         for r in range(a.rounds):
-            served = url if a.url else f"{a.model} --rows {a.rows} -c {a.ctx}"
+            served = url if a.url else f"{a.models or a.model} --rows {a.rows} -c {a.ctx}"
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
             print(f"\n{cpu_name()}, {cores} cores, load average {load0:.1f} before; {served}; "
                   f"{a.tokens} tokens per request; round {r + 1}")
-            report([level(url, n, a.tokens, a.timeout) for n in levels])
+            report([level(url, n, a.tokens, a.timeout, models) for n in levels])
         print(f"load average {os.getloadavg()[0]:.1f} after")
+        if models:
+            h = health(url)
+            peak = _peak_rss(proc.pid) if proc is not None else None
+            print(f"loads: {h.get('loads')} for {len(models)} models (--models-max {a.models_max}); loaded now: "
+                  f"{', '.join(m['model'] for m in h.get('models', []))}"
+                  + (f"; server peak RSS {peak / 1e6:.0f} MB" if peak else ""))
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)

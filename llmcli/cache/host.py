@@ -28,6 +28,11 @@ class HostKVCache(CacheSlots):
     def for_model(cls, args, max_len: int, dtype=np.float16, rows: int = 1) -> "HostKVCache":
         return cls(args.num_hidden_layers, args.num_key_value_heads, args.head_dim, max_len, dtype, rows)
 
+    def move_row(self, src: int, dst: int, n: int) -> None:
+        """Row dst takes row src's first n slots (batched.py keeps its live rows at the front)."""
+        for t in (self.k_layers, self.v_layers):
+            t[:, dst, :, :n] = t[:, src, :, :n]
+
     @property
     def nbytes(self) -> int:
         return self.k_layers.nbytes + self.v_layers.nbytes

@@ -12,30 +12,29 @@ every prompt the shorter did.
     n = cache.restore(prompt, kv, row)     # copy the longest held prefix of `prompt` into row `row`; its length
     cache.store(ids, kv, row)              # keep row `row`'s first len(ids) slots (they hold `ids`)
 
-`kv` is a StaticKVCache (batched.py's rows); entries are in its storage dtype, on its device, every
-layer's slots in one tensor (its k_layers'), copied in and out in one op each.
+`kv` is batched.py's rows: a StaticKVCache (torch tensors) or a HostKVCache (numpy arrays); entries
+are in its storage dtype, on its device, every layer's slots in one array (its k_layers'), copied in
+and out in one op each.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-
-from .one_thread import one_thread
 
 
 @dataclass(eq=False)
 class Entry:
     ids: np.ndarray  # (n,) int64: the tokens whose keys and values are held
-    k: torch.Tensor  # (layers, KV, n, D)
-    v: torch.Tensor
+    k: object  # (layers, KV, n, D): a torch tensor or a numpy array, as the rows' cache holds them
+    v: object
     nbytes: int = field(init=False)
 
     def __post_init__(self):
-        self.nbytes = sum(t.numel() * t.element_size() for t in (self.k, self.v))
+        self.nbytes = self.k.nbytes + self.v.nbytes
 
 
 class PromptCache:
@@ -68,7 +67,7 @@ class PromptCache:
             return 0
         self.entries.move_to_end(key)  # the most recently used
         entry = self.entries[key]
-        with one_thread():
+        with _copying(kv):
             for t, held in ((kv.k_layers, entry.k), (kv.v_layers, entry.v)):
                 t[:, row, :, :n] = held[:, :, :n]
         self.hits += 1
@@ -79,7 +78,7 @@ class PromptCache:
         """Keep the first len(ids) slots of row `row` of `kv`, which hold `ids`."""
         n = len(ids)
         a = np.asarray(ids, dtype=np.int64)
-        per_token = sum(t[:, row, :, :1].numel() * t.element_size() for t in (kv.k_layers, kv.v_layers))
+        per_token = sum(t[:, row, :, :1].nbytes for t in (kv.k_layers, kv.v_layers))
         if n == 0 or n * per_token > self.max_bytes:
             return
         for key, entry in list(self.entries.items()):
@@ -89,8 +88,8 @@ class PromptCache:
                 return
             if shared == len(entry.ids):  # this one starts the new one: the new one serves its prompts
                 self._drop(key)
-        with one_thread():
-            entry = Entry(a, kv.k_layers[:, row, :, :n].clone(), kv.v_layers[:, row, :, :n].clone())
+        with _copying(kv):
+            entry = Entry(a, _copy(kv.k_layers[:, row, :, :n]), _copy(kv.v_layers[:, row, :, :n]))
         self.entries[self._next] = entry
         self._next += 1
         self.nbytes += entry.nbytes
@@ -116,3 +115,16 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if differ.size else n
+
+
+def _copying(kv):
+    """torch's copies on the calling thread alone (one_thread.py); numpy's are that already."""
+    if isinstance(kv.k_layers, np.ndarray):
+        return contextlib.nullcontext()
+    from .one_thread import one_thread
+
+    return one_thread()
+
+
+def _copy(t):
+    return t.copy() if isinstance(t, np.ndarray) else t.clone()

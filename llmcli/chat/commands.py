@@ -25,7 +25,9 @@ COMMANDS = [  # (name, arguments, what it does)
     ("/clear", "", "forget the conversation, keep the system prompt"),
     ("/set", "parameter <name> <value>", "change a parameter: " + ", ".join(PARAMETER_NAMES) + ", max-tokens, stop"),
     ("/set", "system <text>", "change the system prompt"),
-    ("/show", "[info|parameters|system|template]", "the model, the parameters, the context in use"),
+    ("/set", "think on|off", "a reasoning model thinks before it answers, or not"),
+    ("/show", "[info|parameters|system|template|thinking]", "the model, the parameters, the context in use; "
+              "thinking: the last reply's"),
     ("/save", "<file>", "save the conversation as JSON"),
     ("/load", "<file>", "load a conversation saved with /save"),
     ("/regen", "", "forget the last reply and generate it again"),
@@ -35,7 +37,7 @@ COMMANDS = [  # (name, arguments, what it does)
 ]
 FENCE = '"""'  # opens and closes a message of several lines
 NAMES = tuple(dict.fromkeys(name for name, _, _ in COMMANDS))
-SHOW_SECTIONS = ("info", "parameters", "system", "template")
+SHOW_SECTIONS = ("info", "parameters", "system", "template", "thinking")
 
 
 class CommandError(LlmcliError):
@@ -145,7 +147,11 @@ def _set(session, rest):
         if not name or not raw.strip():
             raise CommandError("usage: /set parameter <name> <value>, e.g. /set parameter temp 0.7")
         return Outcome(set_parameter(session.conv, name, raw.strip()))
-    raise CommandError("usage: /set parameter <name> <value> or /set system <text>")
+    if what == "think":
+        if value.lower() not in ("on", "off"):
+            raise CommandError("usage: /set think on|off")
+        return Outcome(session.set_think(value.lower() == "on"))
+    raise CommandError("usage: /set parameter <name> <value>, /set system <text> or /set think on|off")
 
 
 _MAX_TOKENS_NAMES = ("max-tokens", "n", "num-predict", "predict", "n-predict")
@@ -186,6 +192,11 @@ def _show(session, rest):
     section = rest.lower() or "all"
     if section not in (*SHOW_SECTIONS, "all"):
         raise CommandError(f"/show takes one of {', '.join(SHOW_SECTIONS)} (or nothing for all)")
+    if section == "thinking":
+        turn = session.last
+        if turn is None or not turn.reasoning:
+            return Outcome("the last reply had no thinking" if turn is not None else "no reply yet")
+        return Outcome(turn.reasoning)
     loaded, conv = session.rt.loaded, session.conv
     a = loaded.args
     parts = {

@@ -36,6 +36,7 @@ class Turn:
     stopped_by: str | None = None  # finish "length": "max_tokens" or "context" (generate.limit_reason)
     calls: list = field(default_factory=list)  # with tools: formats.tool_reply.Call, each whole and valid
     calls_cut: bool = False  # with tools: the reply ended inside a call
+    reasoning: str = ""  # a reasoning model's thinking before the text (/show thinking)
 
 
 # How the REPL's settings are named in a request's messages (/set parameter stop ...)
@@ -84,7 +85,22 @@ class ChatSession:
                 "weights": loaded.weights_type, "path": str(loaded.path)}
 
     def encode(self, messages: list[dict]) -> list[int]:
-        return self.rt.prompt_ids(messages, tools=self.request.tools)
+        return self.rt.prompt_ids(messages, tools=self.request.tools, request=self.request)
+
+    @property
+    def thinks(self) -> bool:
+        """Whether replies start with thinking (a reasoning model, not switched off)."""
+        return self.rt.reasoning_format is not None and self.request.think is not False \
+            and self.request.reasoning_budget != 0
+
+    def set_think(self, on: bool) -> str:
+        """/set think on|off: the template's switch (or the thinking closed at once where it has none)."""
+        if self.rt.reasoning_format is None:
+            raise InvalidParameterError(f"{self.rt.loaded.name} does not think (its chat template has no <think> tags "
+                                        "or analysis channel)")
+        budget = self.request.reasoning_budget
+        self.request = self.request.with_(think=on, reasoning_budget=None if not on or budget == 0 else budget)
+        return "thinking on" if on else "thinking off"
 
     def context_used(self) -> int:
         """Tokens the conversation takes in the context now (0 before the first message)."""
@@ -156,7 +172,7 @@ class ChatSession:
         prompt, self._prompt = self._prompt, None
         request = self.reply_request()
         t0 = time.perf_counter()
-        pieces, tokens, ttft, last = [], 0, None, None
+        pieces, thoughts, tokens, ttft, last = [], [], 0, None, None
         shift = self.rt.context_shift(self.conv.window()) if request.context_shift else None
         reader = self.rt.call_reader(request)
         calls_cut = False
@@ -166,7 +182,9 @@ class ChatSession:
                 if chunk.tokens and ttft is None:
                     ttft = time.perf_counter() - t0
                 tokens += len(chunk.tokens)
-                text = reader.push(chunk.text, chunk.tokens)[0] if reader else chunk.text
+                thoughts.append(chunk.reasoning)
+                calls_from = [] if chunk.reasoning else chunk.tokens  # (a thinking token is no call's opener)
+                text = reader.push(chunk.text, calls_from)[0] if reader else chunk.text
                 if chunk.finish_reason:
                     last = chunk
                     if reader:
@@ -177,8 +195,10 @@ class ChatSession:
                     yield text
         finally:
             chunks.close()
-            text = "".join(pieces)
+            text, thinking = "".join(pieces), "".join(thoughts)
             message = {"role": "assistant", "content": text}
+            if thinking:  # for the templates that render it (Qwen3's drops it from earlier turns)
+                message["reasoning_content"] = thinking
             calls = reader.calls if reader else []
             if calls:  # as OpenAI writes them, for the template to render in later turns
                 message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
@@ -191,7 +211,7 @@ class ChatSession:
             self.last = Turn(text, last.finish_reason if last else "interrupted", tokens,
                              last.stats.ttft_s if last else ttft, last.stats if last else None,
                              len(prompt) + tokens if not (shift and shift.shifts) else self.cache.length + 1,
-                             last.stopped_by if last else None, calls, calls_cut)
+                             last.stopped_by if last else None, calls, calls_cut, thinking)
 
     def calls_json(self) -> str | None:
         """The last reply's calls as --tools prints them (one JSON line), or None."""

@@ -17,9 +17,9 @@ import typer
 
 from ..errors import InvalidParameterError
 from .options import (CacheRam, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile, JsonSchema, MinP, Offline, PresencePenalty,
-                      Quant, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, TopK,
-                      TopP, Verbose, cache_ram_bytes, check_text_options, model_flags, read_grammar, sampling_params,
-                      stderr_console)
+                      Quant, ReasoningBudget, Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp,
+                      Think, Threads, TopK, TopP, Verbose, cache_ram_bytes, check_text_options, check_thinks,
+                      model_flags, read_grammar, sampling_params, stderr_console)
 
 
 def batch(
@@ -38,7 +38,7 @@ def batch(
     json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
     ctx_size: CtxSize = None, device: Device = "auto", dtype: Dtype = "auto", threads: Threads = None,
     quant: Quant = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
-    cache_ram: CacheRam = None,
+    cache_ram: CacheRam = None, think: Think = None, reasoning_budget: ReasoningBudget = None,
 ):
     """Answer every request in INPUT (JSONL) into --output (JSONL), several sequences at a time."""
     from ..decode.request import Request
@@ -47,7 +47,8 @@ def batch(
     _check_numbers(rows, retries)
     request = Request(sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                       frequency_penalty, seed),
-                      max_tokens, tuple(stop or ()), grammar=read_grammar(json_schema, regex, grammar))
+                      max_tokens, tuple(stop or ()), grammar=read_grammar(json_schema, regex, grammar), think=think,
+                      reasoning_budget=reasoning_budget)
     prompt_cache = cache_ram_bytes(cache_ram)
     fallback_value = _fallback(fallback)
     check_text_options(system)
@@ -65,7 +66,7 @@ def batch(
         if jobs:
             flags = model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size, quant=quant,
                                 registry=registry, offline=offline, rows=min(rows, len(jobs)))
-            bad += _run(err, flags, jobs, output, verbose, prompt_cache, raw=raw, retries=retries,
+            bad += _run(err, flags, jobs, output, verbose, prompt_cache, request, raw=raw, retries=retries,
                         fallback=fallback_value)
         if bad:
             err.print(f"error: {len(bad)} input lines were skipped (see the warnings above); fix them and run again "
@@ -87,16 +88,21 @@ def _fallback(text: str):
         raise InvalidParameterError(f"--fallback must be JSON (null, \"text\", {{...}}), got {text!r} ({e.msg})") from None
 
 
-def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, **settings) -> list:
+def _run(err, flags, jobs, output: Path, verbose: bool, prompt_cache: int | None, request, **settings) -> list:
     """Load the model, answer the jobs into `output`; returns the lines that could not start.
     `settings`: BatchRunner's (raw, retries, fallback)."""
-    from ..runtime.runtime import open_model
+    from ..runtime.lean import open_lean
     from ..serve.batch_jobs import ResultWriter
     from ..serve.batch_runner import BatchRunner
     from .startup import opening
 
-    with opening(err) as progress:
-        rt = open_model(flags, progress)
+    with opening(err) as progress:  # (the torch-free path where it runs the model: runtime/lean.py)
+        rt = open_lean(flags, None, progress)
+        if rt is None:
+            from ..runtime.runtime import open_model
+
+            rt = open_model(flags, progress)
+    check_thinks(rt, request)  # the command's --think and --reasoning-budget
     engine = rt.batch_engine(flags.rows, prompt_cache=prompt_cache)  # retries and shared system prompts reuse KV
     runner = BatchRunner(rt, engine, **settings)
     t0, bad = time.perf_counter(), []

@@ -10,9 +10,9 @@ import typer
 
 from ..errors import InvalidParameterError
 from .options import (ChatTemplateFile, ContextShift, CtxSize, Device, Dtype, FrequencyPenalty, GrammarFile,
-                      JsonSchema, KvOffload, KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant, Regex,
-                      RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, ToolChoice,
-                      ToolsFile, TopK, TopP, check_text_options, model_flags, read_chat_template,
+                      JsonSchema, KvOffload, KvType, MaxTokens, MinP, Offline, PresencePenalty, Quant, ReasoningBudget,
+                      Regex, RegistryFile, RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Think, Threads,
+                      ToolChoice, ToolsFile, TopK, TopP, check_text_options, check_thinks, model_flags, read_chat_template,
                       read_grammar, read_tools, report_plan, sampling_params, stderr_console)
 
 # the default is runtime.flags.DEFAULT_MODEL
@@ -41,6 +41,7 @@ def chat(
     kv_type: KvType = "auto", kv_offload: KvOffload = "auto", context_shift: ContextShift = False,
     json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
     tools_file: ToolsFile = None, tool_choice: ToolChoice = "auto", chat_template_file: ChatTemplateFile = None,
+    think: Think = None, reasoning_budget: ReasoningBudget = None,
     registry: RegistryFile = None, offline: Offline = False,
 ):
     """Chat with a model: a REPL at a terminal (/? lists its commands); piped, one message per line."""
@@ -55,7 +56,8 @@ def chat(
     request = Request(sampling_params(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                       frequency_penalty, seed),
                       max_tokens, tuple(stop or ()), grammar=read_grammar(json_schema, regex, grammar),
-                      **read_tools(tools_file, tool_choice), context_shift=context_shift)  # every reply follows it
+                      **read_tools(tools_file, tool_choice), context_shift=context_shift, think=think,
+                      reasoning_budget=reasoning_budget)  # every reply follows it
     check_text_options(system)
     template = read_chat_template(chat_template_file)
     if single and sys.stdin.isatty():  # before the model loads, to fail at once
@@ -74,6 +76,7 @@ def chat(
             from ..runtime.runtime import open_model
 
             rt = open_model(flags, progress)
+    check_thinks(rt, request)
     report_plan(err, rt, verbose=False)
     session = ChatSession(rt, conv, _decode_step(rt, compile), request)
     raise typer.Exit(repl.run(session, render=render, single=single, check_model=load is not None))

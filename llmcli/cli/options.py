@@ -51,6 +51,9 @@ DraftTokens = Annotated[Optional[int], typer.Option("--draft-tokens", help="Most
 Lookup = Annotated[bool, typer.Option("--lookup", help="Speculative decoding by prompt lookup: guesses copied from earlier in the context; greedy only (--temp 0).")]
 LookupNgram = Annotated[int, typer.Option("--lookup-ngram", help="Longest n-gram --lookup matches (transformers' max_matching_ngram_size).")]
 CacheRam = Annotated[Optional[int], typer.Option("--cache-ram", help="MiB of finished requests' KV kept for later prompts that start the same way (a shared system prompt, a growing conversation), least recently used dropped first; 0 keeps none (default: a quarter of the memory the plan leaves free, at most 1024).", show_default=False)]
+Think = Annotated[Optional[bool], typer.Option("--think/--no-think", help="A reasoning model thinks before it answers, or not (the chat template's switch, e.g. Qwen3's enable_thinking; a model without one has its thinking closed at once). Default: the template's.", show_default=False)]
+ReasoningBudget = Annotated[Optional[int], typer.Option("--reasoning-budget", help="A reasoning model thinks for at most N tokens, then its thinking is closed and it answers; 0: no thinking.", show_default=False)]
+ShowThinking = Annotated[bool, typer.Option("--show-thinking", help="A reasoning model's thinking on stderr (dimmed at a terminal); -v shows it too.")]
 Quant = Annotated[Optional[str], typer.Option("--quant", help="Quantize at load with a preset (q8, q4, q4_g128, q4_mixed, bf16, f16, f32) or a preset .toml file.", show_default=False)]
 
 
@@ -114,6 +117,14 @@ def read_grammar(json_schema: Path | None, regex: str | None, grammar: Path | No
     from ..decode.constrained import from_flags
 
     return from_flags(json_schema, regex, grammar)
+
+
+def check_thinks(rt, request) -> None:
+    """--think and --reasoning-budget need a model that thinks (one line, before anything is generated)."""
+    if rt.reasoning_format is None and (request.think or request.reasoning_budget is not None):
+        flag = "--think" if request.think else "--reasoning-budget"
+        raise InvalidParameterError(f"{rt.loaded.name} does not think (its chat template has no <think> tags or "
+                                    f"analysis channel); drop {flag}")
 
 
 def read_tools(path: Path | None, choice: str = "auto") -> dict:

@@ -116,6 +116,13 @@ def dropped_notice(dropped: list[dict], ctx_size: int) -> str:
             f"to fit the context of {ctx_size} tokens; the system prompt stays, /save keeps everything")
 
 
+def thinking_note(turn) -> str:
+    """The last reply's thinking, collapsed to its start on one line."""
+    first = " ".join(turn.reasoning.split())
+    tokens = f", {turn.stats.reasoning_tokens} tokens" if turn.stats is not None else ""
+    return f"▸ thought: {first[:60]}{'…' if len(first) > 60 else ''} ({len(turn.reasoning)} characters{tokens}; /show thinking)"
+
+
 def after_reply_notes(session: ChatSession) -> tuple[str, str | None, bool]:
     """(stats line, why the reply ended early or None, whether that must be said even when piped:
     a reply cut by a full context is, a reply cut at the max-tokens the user asked for is not)."""
@@ -170,6 +177,8 @@ def _sigint_stops_reply():
 def stream_reply(session: ChatSession, ui: Ui, dropped: list[dict]) -> None:
     if dropped:
         ui.note(dropped_notice(dropped, session.ctx_size), style="yellow")
+    if session.thinks and ui.interactive:
+        ui.note("thinking…")
     writer, wrote = None, False
     with _sigint_stops_reply() as interrupt:
         try:
@@ -191,6 +200,8 @@ def stream_reply(session: ChatSession, ui: Ui, dropped: list[dict]) -> None:
                 sys.stdout.write(calls + "\n")
                 sys.stdout.flush()
     stats, why, always = after_reply_notes(session)
+    if session.last.reasoning and ui.interactive:  # collapsed: /show thinking opens it
+        ui.note(thinking_note(session.last))
     if ui.interactive:
         ui.note(stats)
     if why and (ui.interactive or always):

@@ -12,9 +12,10 @@ from ..errors import InvalidParameterError
 from .options import (Beams, ChatTemplateFile, Compile, ContextShift, CtxSize, Device, Draft, DraftQuant, DraftTokens,
                       Dtype, FrequencyPenalty, GrammarFile, JsonSchema, KvOffload, KvType, LengthPenalty, Lookup,
                       LookupNgram, MaxTokens, MinP, ModelArg, Offline, PresencePenalty, Quant, Regex, RegistryFile,
-                      RepeatLastN, RepeatPenalty, Seed, Stop, System, Temp, Threads, ToolChoice, ToolsFile, TopK, TopP,
-                      Verbose, check_text_options, model_flags, read_chat_template, read_grammar,
-                      read_tools, report_plan, sampling_params, stderr_console)
+                      ReasoningBudget, RepeatLastN, RepeatPenalty, Seed, ShowThinking, Stop, System, Temp, Think,
+                      Threads, ToolChoice, ToolsFile, TopK, TopP, Verbose, check_text_options, check_thinks,
+                      model_flags, read_chat_template, read_grammar, read_tools, report_plan, sampling_params,
+                      stderr_console)
 
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when absent or '-'.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
@@ -38,7 +39,9 @@ def run(
     lookup: Lookup = False, lookup_ngram: LookupNgram = 3,
     json_out: JsonOut = False, json_schema: JsonSchema = None, regex: Regex = None, grammar: GrammarFile = None,
     tools_file: ToolsFile = None, tool_choice: ToolChoice = "auto", chat_template_file: ChatTemplateFile = None,
-    logprobs: LogprobsN = None, verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
+    logprobs: LogprobsN = None, think: Think = None, reasoning_budget: ReasoningBudget = None,
+    show_thinking: ShowThinking = False,
+    verbose: Verbose = False, registry: RegistryFile = None, offline: Offline = False,
 ):
     """Generate one answer to PROMPT and stream it to stdout."""
     from ..decode.request import Request
@@ -50,7 +53,8 @@ def run(
                       max_tokens, tuple(stop or ()), ignore_eos, read_grammar(json_schema, regex, grammar),
                       **read_tools(tools_file, tool_choice), logprobs=logprobs, beams=beams,
                       length_penalty=length_penalty, guesses="draft" if draft else "lookup" if lookup else None,
-                      draft_tokens=draft_tokens, lookup_ngram=lookup_ngram, context_shift=context_shift)
+                      draft_tokens=draft_tokens, lookup_ngram=lookup_ngram, context_shift=context_shift,
+                      think=think, reasoning_budget=reasoning_budget)
     check_text_options(system)
     if logprobs is not None and not json_out:
         raise InvalidParameterError("--logprobs needs --json: the log-probabilities are part of the JSON object")
@@ -61,11 +65,14 @@ def run(
                         chat_template=template)
     err = stderr_console()
     rt, draft_rt = _open(err, flags, draft, draft_quant, text, request)
+    check_thinks(rt, request)
     report_plan(err, rt, verbose)
     if verbose:
         _report_model(err, rt)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    answer = _answer(rt, draft_rt, messages, request, raw, compile, held=json_out or request.constrained)
+    thoughts = ThinkingWriter(sys.stderr) if show_thinking or verbose else None
+    answer = _answer(rt, draft_rt, messages, request, raw, compile, held=json_out or request.constrained,
+                     thoughts=thoughts)
     _print_result(err, rt, request, answer, json_out, verbose)
 
 
@@ -125,6 +132,7 @@ class _Answer:
     def __init__(self, held: bool):
         self.held = held  # --json, a grammar or tools: printed at the end, not streamed
         self.pieces: list[str] = []
+        self.thoughts: list[str] = []  # a reasoning model's thinking (never on stdout)
         self.last = None
         self.grammar = self.generation = self.shift = None
         self.reader = None  # formats.tool_reply.CallReader, with --tools
@@ -135,14 +143,43 @@ class _Answer:
     def text(self) -> str:
         return "".join(self.pieces)
 
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.thoughts)
 
-def _answer(rt, draft_rt, messages, request, raw: bool, compile: bool, held: bool) -> _Answer:
+
+class ThinkingWriter:
+    """A reasoning model's thinking as it comes, on `stream` (stderr), dimmed at a terminal; a line
+    break once it is over, before the answer."""
+
+    def __init__(self, stream):
+        import os
+
+        self.stream = stream
+        self.dim = stream.isatty() and not os.environ.get("NO_COLOR")
+        self.open = False
+
+    def write(self, text: str) -> None:
+        if text:
+            self.stream.write(("\x1b[2m" if self.dim and not self.open else "") + text)
+            self.open = True
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.open:
+            self.stream.write(("\x1b[0m" if self.dim else "") + "\n")
+            self.stream.flush()
+            self.open = False
+
+
+def _answer(rt, draft_rt, messages, request, raw: bool, compile: bool, held: bool, thoughts=None) -> _Answer:
     """Generate, streaming the text to stdout as it comes unless it is `held` for the end (a
-    reply with tools may be calls)."""
+    reply with tools may be calls); a reasoning model's thinking goes to `thoughts`
+    (a ThinkingWriter) where it is shown."""
     from ..decode.stream import output_limit
 
     out = _Answer(held)
-    ids = rt.prompt_ids(messages, raw=raw, tools=request.tools)
+    ids = rt.prompt_ids(messages, raw=raw, tools=request.tools, request=request)
     out.grammar, out.reader = rt.grammar(request), rt.call_reader(request)
     if request.beams > 1 and rt.plan is not None:  # the search's own cache: beams x (prompt + answer)
         answer_room = output_limit(len(ids), rt.ctx_size, request.max_tokens)
@@ -153,7 +190,13 @@ def _answer(rt, draft_rt, messages, request, raw: bool, compile: bool, held: boo
     draft = draft_rt.draft(rt.ctx_size, compile) if draft_rt is not None else None
     out.generation = rt.generate(ids, request, rt.new_cache(), step, shift=out.shift, draft=draft)
     for chunk in out.generation:
-        text = out.reader.push(chunk.text, chunk.tokens)[0] if out.reader else chunk.text
+        out.thoughts.append(chunk.reasoning)
+        if thoughts is not None:
+            thoughts.write(chunk.reasoning)
+            if chunk.text or chunk.finish_reason is not None:
+                thoughts.close()
+        tokens = [] if chunk.reasoning else chunk.tokens  # (a thinking token is no call's opener)
+        text = out.reader.push(chunk.text, tokens)[0] if out.reader else chunk.text
         if out.reader and chunk.finish_reason is not None:
             rest, out.calls_whole = out.reader.finish()
             text += rest
@@ -184,9 +227,16 @@ def _print_result(err, rt, request, answer: _Answer, json_out: bool, verbose: bo
 
             problem = IncompleteOutputError(incomplete_message(answer.grammar, stats.completion_tokens,
                                                                request.max_tokens))
-    elif answer.generation.constraint is not None:  # checked before anything is printed
+    elif answer.grammar is not None and answer.generation.constraint is not None:  # checked before anything is printed
         problem = check_constrained(answer.grammar, answer.generation.constraint, answer.text, last.finish_reason,
                                     stats, request.max_tokens)
+        thinking = getattr(answer.generation.constraint, "reasoning", None)  # (think_first.ThinkFirst)
+        if problem is not None and thinking is not None and thinking.thinking:
+            from ..errors import IncompleteOutputError
+
+            problem = IncompleteOutputError(
+                f"the output was cut at {stats.completion_tokens} tokens while the model was still thinking, before "
+                f"{answer.grammar.what} began; raise -n/--max-tokens or cap the thinking with --reasoning-budget")
     if json_out:
         sys.stdout.write(json.dumps(result_json(rt, answer), ensure_ascii=False) + "\n")
     elif problem is None and calls:  # the answer is the calls; text the model wrote before them goes aside
@@ -221,11 +271,14 @@ def result_json(rt, answer: _Answer) -> dict:
     stats = answer.last.stats
     calls = answer.reader.calls if answer.reader is not None else []
     finish = "tool_calls" if calls and answer.last.finish_reason == "stop" else answer.last.finish_reason
-    out = {"model": rt.loaded.name, "text": answer.text, "finish_reason": finish,
+    out = {"model": rt.loaded.name, "text": answer.text,
+           **({"reasoning": answer.reasoning} if rt.reasoning_format is not None else {}), "finish_reason": finish,
            **({"tool_calls": calls_json(calls)} if calls else {}),
            **({"stopped_by": answer.last.stopped_by} if answer.last.stopped_by else {}),
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-                     "total_tokens": stats.prompt_tokens + stats.completion_tokens},
+                     "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+                     **({"completion_tokens_details": {"reasoning_tokens": stats.reasoning_tokens}}
+                        if rt.reasoning_format is not None else {})},
            "timings": {"load_s": round(rt.loaded.load_seconds, 4), **stats.as_dict()}}
     if answer.generation.logprobs is not None:
         out["logprobs"] = logprobs_json(answer.generation.logprobs, rt.loaded.tokenizer)
@@ -243,6 +296,8 @@ def _report_stats(err, answer: _Answer) -> None:
               f"(finish: {answer.last.finish_reason}); ttft {stats.ttft_s * 1000:.0f} ms; "
               f"prefill {stats.prefill_tps:.1f} t/s; decode {stats.decode_tps:.1f} t/s; seed {stats.seed}[/dim]")
     err.print(f"[dim]decode step: {answer.step}[/dim]")
+    if stats.reasoning_tokens:
+        err.print(f"[dim]thinking: {stats.reasoning_tokens} of the {stats.completion_tokens} tokens[/dim]")
     extra = stats.extra
     if "acceptance_rate" in extra:
         err.print(f"[dim]speculative: {extra['accepted_tokens']} of {extra['draft_tokens']} guessed tokens "

@@ -16,11 +16,13 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidParameterError
-from .options import (CacheRam, ChatTemplateFile, Device, Dtype, ModelArg, Offline, Quant, RegistryFile, Threads,
-                      cache_ram_bytes, check_text_options, model_flags, read_chat_template,
+from .options import (CacheRam, ChatTemplateFile, Device, Dtype, Offline, Quant, RegistryFile, Threads,
+                      cache_ram_bytes, check_text_options, check_thinks, model_flags, read_chat_template,
                       read_grammar, report_plan, stderr_console)
 from .signals import Terminated
 
+DEFAULT_PORT = 8080
+OLLAMA_PORT = 11434  # ollama's: `serve --ollama` listens there, where ollama's tools look for it
 DEFAULT_CTX = 4096  # per request when -c is not given: the KV cache holds rows x this many tokens
 DEFAULT_TIMEOUT = 30.0  # seconds; llama-server's --timeout is 600, which lets a slow client hold a connection long
 QUEUE_PER_ROW = 8  # serve/http.py's default (not imported here: the help text is built before the server loads)
@@ -50,10 +52,11 @@ Cors = Annotated[Optional[list[str]], typer.Option("--cors", help="Let web pages
 
 
 def serve(
-    model: ModelArg,
+    models: Annotated[Optional[list[str]], typer.Argument(help="The model to serve (as for `llmcli run`). None: any model a request names, loaded on demand; several: these loaded now, any other on demand.", show_default=False)] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on. The server has no authentication: "
                                       "anything that can reach it can use it, so keep 127.0.0.1 unless the network is yours.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
+    port: Annotated[Optional[int], typer.Option("--port", help=f"Port to listen on (default {DEFAULT_PORT}; {OLLAMA_PORT} with --ollama; 0: any free port).", show_default=False)] = None,
+    ollama: Annotated[bool, typer.Option("--ollama", help=f"Listen on ollama's port, {OLLAMA_PORT}, unless --port says otherwise, for tools that look for ollama there. ollama's API (/api/chat, /api/generate, /api/tags, ...) is served on any port.")] = False,
     rows: Annotated[int, typer.Option("--rows", help="Requests decoded together (continuous batching); more wait for a free row.")] = 8,
     queue: Annotated[Optional[int], typer.Option("--queue", help=f"Requests that may wait for a free row (default: {QUEUE_PER_ROW} x --rows). One more than --rows + --queue gets 503 with Retry-After.", show_default=False)] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers (also how long an idle keep-alive connection stays open) and then its body, and to take each part of an answer; a slower one gets 408 or is closed.")] = DEFAULT_TIMEOUT,
@@ -68,11 +71,16 @@ def serve(
     max_tokens: MaxTokens = None, system: System = None,
     json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Requests that ask for no format (response_format, grammar, tools) get output valid under this JSON Schema file.", show_default=False, rich_help_panel="Request defaults")] = None,
     grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Requests that ask for no format get output in this grammar (GBNF or Lark, as run's --grammar).", show_default=False, rich_help_panel="Request defaults")] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="A reasoning model thinks before it answers, or not, for requests that do not say (chat_template_kwargs.enable_thinking).", show_default=False, rich_help_panel="Request defaults")] = None,
+    reasoning_budget: Annotated[Optional[int], typer.Option("--reasoning-budget", help="Most thinking tokens of a reasoning model, for requests that do not say (reasoning_budget); 0: no thinking.", show_default=False, rich_help_panel="Request defaults")] = None,
     api_key: ApiKey = None, cors: Cors = None,
+    models_max: Annotated[int, typer.Option("--models-max", help="Models loaded at once when they load on demand (no MODEL or several); the least recently used idle one makes room.")] = 3,
+    keep_alive: Annotated[Optional[str], typer.Option("--keep-alive", help="How long a model loaded on demand stays after its last request: 30s, 5m, 1h, 0 (at once) or -1 (for good); default 5m. Given, it applies to the models named on the command line too.", show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per request on stderr, and the memory plan.")] = False,
 ):
-    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics)."""
-    from ..runtime.runtime import open_model
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /metrics), Anthropic's (/v1/messages) and ollama's (/api/chat, /api/generate, /api/tags, ...); with no MODEL or several, any model a request names."""
+    from ..decode.request import Request
+    from ..runtime.lean import open_lean
     from ..serve.http import Server
     from ..serve.listener import Timeouts, bind
     from .startup import opening
@@ -83,17 +91,25 @@ def serve(
         raise InvalidParameterError(f"--queue must be from 0 to 100000, got {queue}")
     if not 0.1 <= timeout <= 3600:  # also refuses nan
         raise InvalidParameterError(f"--timeout must be from 0.1 to 3600 seconds, got {timeout}")
+    if port is None:
+        port = OLLAMA_PORT if ollama else DEFAULT_PORT
     if not 0 <= port <= 65535:
         raise InvalidParameterError(f"--port must be from 0 to 65535, got {port}")
     if ctx_size is not None and ctx_size < 2:
         raise InvalidParameterError(f"--ctx-size must be at least 2, got {ctx_size}")
+    models = list(models or [])
+    if len(set(models)) != len(models):
+        raise InvalidParameterError("a model is named twice; name each once")
+    if not 1 <= models_max <= 64:
+        raise InvalidParameterError(f"--models-max must be from 1 to 64, got {models_max}")
+    idle = DEFAULT_KEEP_ALIVE if keep_alive is None else _seconds(keep_alive)
     prompt_cache = cache_ram_bytes(cache_ram)
     if pooling is not None and pooling not in POOLINGS:
         raise InvalidParameterError(f"--pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     defaults = _defaults(dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                               repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, seed=seed),
-                         max_tokens, system, read_grammar(json_schema, None, grammar))
+                         max_tokens, system, read_grammar(json_schema, None, grammar), think, reasoning_budget)
     if api_key is not None and not api_key.strip():
         raise InvalidParameterError("--api-key (or LLMCLI_API_KEY) is empty; give a key, or leave it out")
     origins = _origins(cors or [])
@@ -103,23 +119,51 @@ def serve(
         print(f"warning: --host {host} lets other machines reach this server, which has no authentication "
               "(--api-key)", file=sys.stderr)
     listener = bind(host, port)  # a busy port fails now, before the model loads
+    flags = model_flags(models[0] if models else "", device=device, dtype=dtype, threads=threads,
+                        ctx_size=ctx_size, quant=quant, registry=registry, offline=offline, rows=rows,
+                        ctx_cap=DEFAULT_CTX, allow_encoder=True, chat_template=template)
+    asked = Request(think=think, reasoning_budget=reasoning_budget)
+
+    def open_one(name: str, progress=None):
+        """(the torch-free path where it runs the model: runtime/lean.py)"""
+        rt = open_lean(flags.with_(model=name), None, progress)
+        if rt is None:
+            from ..runtime.runtime import open_model
+
+            rt = open_model(flags.with_(model=name), progress)
+        return rt
+
+    def resolve(name: str) -> str:
+        from ..hub import fetch
+
+        return str(fetch.locate(name, registry_file=registry, offline=offline).path)
+
     try:
+        opened = []
         with opening(err) as progress:
-            rt = open_model(model_flags(model, device=device, dtype=dtype, threads=threads, ctx_size=ctx_size,
-                                        quant=quant, registry=registry, offline=offline, rows=rows,
-                                        ctx_cap=DEFAULT_CTX, allow_encoder=True, chat_template=template), progress)
-        report_plan(err, rt, verbose)
-        server = Server(rt, listener, model_id=model, rows=rows, queue=queue,
+            for name in models:
+                opened.append((name, open_one(name, progress)))
+        for _, rt in opened:
+            report_plan(err, rt, verbose)
+            check_thinks(rt, asked)
+        first = opened[0] if opened else (None, None)
+        on_demand = {} if len(models) == 1 else dict(
+            more=tuple(opened[1:]), open_model=open_one, resolve=resolve, models_max=models_max,
+            keep_alive=None if idle < 0 else idle, kept=None if keep_alive is None or idle < 0 else idle)
+        server = Server(first[1], listener, model_id=first[0], rows=rows, queue=queue,
                         timeouts=Timeouts(head=timeout, body=timeout, write=timeout), defaults=defaults,
-                        api_key=api_key, cors_origins=origins, pooling=pooling, prompt_cache=prompt_cache)
+                        api_key=api_key, cors_origins=origins, pooling=pooling, prompt_cache=prompt_cache, **on_demand)
     except BaseException:
         listener.close()
         raise
     _log_to_stderr(verbose)
-    if verbose:
-        err.print(_details(rt, server), markup=False, style="dim")
+    if verbose and first[1] is not None:
+        err.print(_details(first[1], server), markup=False, style="dim")
+    what = models[0] if len(models) == 1 else (
+        f"models on demand ({', '.join(models) + ' loaded; ' if models else ''}at most {models_max} at once)")
     try:  # a signal as the banner is written stops the server as cleanly as one later
-        err.print(f"serving {model} on {server.url} ({_capacity(server)})", markup=False)
+        also = f"; ollama's API at {server.url.removesuffix('/v1')}/api" if ollama else ""
+        err.print(f"serving {what} on {server.url} ({_capacity(server)}){also}", markup=False)
         server.serve_forever()
     except (KeyboardInterrupt, Terminated) as e:  # the usual way to stop a server: exit 0
         why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
@@ -127,12 +171,28 @@ def serve(
         err.print(f"stopped ({why})", markup=False)
 
 
+DEFAULT_KEEP_ALIVE = 300.0  # seconds a model loaded on demand stays idle (ollama's 5m)
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def _seconds(text: str) -> float:
+    """30s, 5m, 1h, a number of seconds, or -1 (for good)."""
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * _UNITS[t[-1]] if t and t[-1] in _UNITS else float(t)
+    except ValueError:
+        value = float("nan")
+    if not (value == -1 or 0 <= value <= 7 * 86400):
+        raise InvalidParameterError(f"--keep-alive must be a duration such as 30s, 5m or 1h, 0 or -1, got {text!r}")
+    return value
+
+
 def _capacity(server) -> str:
     """What the banner says the server does: rows of tokens, and embeddings if it makes them."""
     e = server.embedder
     embeds = f"embeddings: {e.dimensions} dimensions, {e.pooling.mode} pooling" if e is not None else ""
     if server.loop is None:
-        return embeds
+        return embeds or f"{server.rows} rows a model"
     engine = server.loop.engine
     return f"{engine.rows} rows of {engine.max_len} tokens" + (f"; {embeds}" if embeds else "")
 
@@ -153,16 +213,18 @@ def _details(rt, server) -> str:
     return "; ".join(parts)
 
 
-def _defaults(sampling: dict, max_tokens: int | None, system: str | None, grammar):
+def _defaults(sampling: dict, max_tokens: int | None, system: str | None, grammar, think: bool | None = None,
+              reasoning_budget: int | None = None):
     """openai_api.Defaults from the flags given (checked as run checks them)."""
     from ..decode.request import Request
     from ..decode.sampling_plain import SamplingParams
     from ..serve.openai_api import Defaults
 
     given = {k: v for k, v in sampling.items() if v is not None}
-    Request(SamplingParams(**given), max_tokens)  # InvalidParameterError naming the flag, as for run
+    # InvalidParameterError naming the flag, as for run
+    Request(SamplingParams(**given), max_tokens, think=think, reasoning_budget=reasoning_budget)
     check_text_options(system)
-    return Defaults(given, max_tokens, system, grammar)
+    return Defaults(given, max_tokens, system, grammar, think, reasoning_budget)
 
 
 def _origins(origins: list[str]) -> tuple[str, ...]:

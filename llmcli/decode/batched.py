@@ -1,6 +1,8 @@
 """Several sequences decoded together: one forward pass per step for every running sequence.
 
-Continuous batching over a StaticKVCache of `rows` rows. Each sequence owns one row and its own
+Continuous batching over a KV cache of `rows` rows: the engine's backend holds it and runs the steps,
+rows_torch.TorchRows on a torch model (a StaticKVCache) or rows_lean.LeanRows on the torch-free CPU
+path (a HostKVCache, numpy pickers; BatchEngine.over). Each sequence owns one row and its own
 length; the live rows are always rows [0, n) so that a step is a (n, 1) forward over a plain slice
 of the cache (forward_layout's `slots`: row b's token goes to slot length_b and sees slots
 0..length_b). A finished sequence's row is refilled from the last live row (one copy of its
@@ -34,14 +36,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
-import torch
-
-from ..cache import common_prefix, new_cache
+from ..cache import common_prefix
 from ..cache.prompt_cache import PromptCache
-from .generate import Chunk, limit_reason, output_limit, text_stream
-from .picker import Logprobs, Picker
-from .prefill import prefill, prefill_runner
 from .request import Request
+from .stream import Chunk, Logprobs, limit_reason, output_limit, text_stream
 
 
 JOINED_TOKENS = 256  # tokens a decode step takes with new prompts in it (more: a prompt is prefilled alone)
@@ -58,6 +56,8 @@ class Sequence:
     request: Request = field(default_factory=Request)
     constraint: object = None
     tag: object = None
+    reasoning: object = None  # reasoning.Reasoning: a reasoning model's thinking split off its answer
+    owner: object = None  # whose it is, for the caller (a server: the model it was prepared for)
     logprobs: Logprobs | None = field(default=None, init=False)
 
     def __post_init__(self):
@@ -70,16 +70,15 @@ class Sequence:
 class _Running:
     """A running sequence: its row's length, its Picker and its text stream."""
 
-    def __init__(self, req: Sequence, limit: int, device: torch.device, model, tokenizer):
-        self.req, self.limit = req, limit
-        self.picker = Picker(req.request.sampling, req.prompt, device, head=getattr(model, "lm_head", None),
-                             constraint=req.constraint, logprobs=req.logprobs)
+    def __init__(self, req: Sequence, limit: int, picker, tokenizer):
+        self.req, self.limit, self.picker = req, limit, picker
         self.stats = self.picker.stats
         self.length = 0  # tokens in its cache row
         self.last = -1  # the token the next step feeds
         self.pending: int | None = None  # the token text_stream reads next
         self.text = text_stream(self._feed(), tokenizer, tuple(s for s in req.request.stop if s), req.prompt,
-                                self.stats, limit_reason(limit, req.request.max_tokens), req.request.ignore_eos)
+                                self.stats, limit_reason(limit, req.request.max_tokens), req.request.ignore_eos,
+                                req.reasoning)
 
     def _feed(self) -> Iterator[int]:
         while self.pending is not None:
@@ -93,30 +92,37 @@ class _Running:
 
 
 class BatchEngine:
-    def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, rows: int, max_len: int,
-                 kv_type: str | None = None, prompt_cache: PromptCache | None = None, step=None):
-        """`rows` sequences at most at once, each up to `max_len` tokens (prompt + output); the cache
-        stores keys and values as `kv_type` says (None: the compute `dtype`; "bf16" or "f16": that
-        storage type; the rows need a static cache). `prompt_cache`: finished sequences' KV, reused
-        by later prompts that start the same way (None: every prompt is prefilled whole). `step` runs
-        the decode steps, called as the model with `slots` (Runtime.decode_step's native step;
-        default: the model); prefill runs the model."""
+    def __init__(self, model, tokenizer, device, dtype, rows: int, max_len: int, kv_type: str | None = None,
+                 prompt_cache: PromptCache | None = None, step=None):
+        """`rows` sequences at most at once, each up to `max_len` tokens (prompt + output), on a torch
+        model (rows_torch.py); the cache stores keys and values as `kv_type` says (None: the compute
+        `dtype`; "bf16" or "f16": that storage type; the rows need a static cache). `prompt_cache`:
+        finished sequences' KV, reused by later prompts that start the same way (None: every prompt
+        is prefilled whole). `step` runs the decode steps, called as the model with `slots`
+        (Runtime.decode_step's native step; default: the model); prefill runs the model.
+        BatchEngine.over() takes the torch-free path's rows (rows_lean.py)."""
+        from .rows_torch import TorchRows
+
         if rows < 1:
             raise ValueError("rows must be at least 1")
-        if kv_type not in (None, "bf16", "f16"):
-            raise ValueError("a batch of rows needs a float KV cache: kv_type None, bf16 or f16")
-        self.model, self.tokenizer, self.device = model, tokenizer, device
-        self.step_fn = step or model
-        self.finds_top = hasattr(step, "last_top")  # the step finds each row's largest logits (top=k)
-        self.prefill_fn = prefill_runner(model, step)
+        self._start(TorchRows(model, device, dtype, rows, max_len, kv_type, step), tokenizer, rows, max_len, prompt_cache)
+
+    @classmethod
+    def over(cls, backend, tokenizer, rows: int, max_len: int, prompt_cache: PromptCache | None = None) -> "BatchEngine":
+        """An engine whose cache, pickers, prefill and steps are `backend`'s (rows_lean.LeanRows)."""
+        engine = object.__new__(cls)
+        engine._start(backend, tokenizer, rows, max_len, prompt_cache)
+        return engine
+
+    def _start(self, backend, tokenizer, rows: int, max_len: int, prompt_cache: PromptCache | None) -> None:
+        self.backend, self.tokenizer = backend, tokenizer
+        self.cache, self.step_fn = backend.cache, backend.step_fn
         self.rows, self.max_len = rows, max_len
-        self.cache = new_cache(model.args, max_len, device, dtype, kv_type, batch=rows)
         self.prompt_cache = prompt_cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[_Running] = []  # running[i] holds cache row i
         self.cancelled: set[Sequence] = set()  # sequences to drop (held, not id()s: a freed id can be reused)
         self.lock = threading.Lock()
-        self.clean = 0  # slots [0, clean) of every row hold finite numbers (see _clean_up_to)
         self.steps = 0  # decode steps run
         self.row_steps = 0  # rows decoded over all steps (steps x batch size)
 
@@ -138,11 +144,14 @@ class BatchEngine:
 
     # ------------------------------------------------------------------ the engine's side
 
-    @torch.inference_mode()
     def step(self) -> list[tuple[Sequence, Chunk]]:
         """Admit waiting requests into free rows (prefilling each), then one decode step for every
         running sequence. Returns the chunks made, in row order; a chunk with a finish_reason is its
         request's last."""
+        with self.backend.mode():
+            return self._step()
+
+    def _step(self) -> list[tuple[Sequence, Chunk]]:
         events: list[tuple[Sequence, Chunk]] = []
         self._drop_cancelled()
         prompts: dict[int, list[int]] = {}  # row: the prompt tokens the decode step runs for it
@@ -167,22 +176,18 @@ class BatchEngine:
                 self._free(i)
 
     def _admit(self, req: Sequence, events, prompts: dict[int, list[int]]) -> None:
-        seq = _Running(req, output_limit(len(req.prompt), self.max_len, req.request.max_tokens), self.device,
-                        self.model, self.tokenizer)
+        seq = _Running(req, output_limit(len(req.prompt), self.max_len, req.request.max_tokens),
+                       self.backend.picker(req), self.tokenizer)
         row = len(self.running)
-        view = self.cache.row(row)
         # what an earlier or a running sequence computed of this prompt (one token is left to run for the logits)
-        reuse = self._reuse(req, row)
-        view.length = seq.stats.cached_tokens = reuse
+        reuse = seq.stats.cached_tokens = self._reuse(req, row)
         rest = req.prompt[reuse:]
         if self._joins_step(rest, prompts):  # prefilled by the next decode step
             prompts[row] = rest
             seq.length = reuse
             self.running.append(seq)
             return
-        hidden = seq.picker.wants_hidden
-        out = prefill(self.prefill_fn, rest, view, self.device, hidden=hidden)
-        logits, h = out if hidden else (out, None)
+        logits, h = self.backend.prefill(rest, row, reuse, seq.picker.wants_hidden)
         seq.length = len(req.prompt)
         self.running.append(seq)
         if not self._emit(row, logits, h, events):
@@ -228,7 +233,7 @@ class BatchEngine:
     def _joins_step(self, rest: list[int], prompts: dict[int, list[int]]) -> bool:
         """Whether a new prompt's `rest` can go into the next decode step's call (the native step's
         pieces), beside the running rows' tokens and the prompts already joining it."""
-        if getattr(self.step_fn, "pieces", None) is None or not self.step_fn.fits(self.cache):
+        if not self.backend.joins:
             return False
         taken = len(self.running) + sum(len(p) - 1 for p in prompts.values())
         return taken + len(rest) <= JOINED_TOKENS
@@ -237,26 +242,13 @@ class BatchEngine:
         n = len(self.running)
         ends = [s.length + len(prompts.get(i, (0,))) for i, s in enumerate(self.running)]
         self.cache.length = max(ends)
-        self._clean_up_to(self.cache.length)
-        top = max(s.picker.wants_top for s in self.running) if self.finds_top else 0
-        if prompts:
-            pieces = [(i, s.length, prompts.get(i) or [s.last]) for i, s in enumerate(self.running)]
-            out = self.step_fn.pieces(pieces, self.cache, top=top)
-            if out is None:  # (_joins_step checked what pieces takes)
-                raise RuntimeError("the native step refused a batch step")
-            logits, h = out[0].unsqueeze(1), out[1].unsqueeze(1)
-        else:
-            slots = torch.tensor([s.length for s in self.running], dtype=torch.long, device=self.device)
-            tokens = torch.tensor([[s.last] for s in self.running], dtype=torch.long, device=self.device)
-            logits, h = self.step_fn(tokens, self.cache, slots=slots, last_only=True, hidden=True,
-                                     **({"top": top} if top else {}))
-        found = self.step_fn.last_top if top else None
-        found = None if found is None else (found[0].tolist(), found[1].tolist())  # one conversion for all rows
+        self.backend.clean_up_to(self.cache.length, [s.length for s in self.running])
+        top = max(s.picker.wants_top for s in self.running) if self.backend.finds_top else 0
+        pieces = [(i, s.length, prompts.get(i) or [s.last]) for i, s in enumerate(self.running)]
+        row_logits, row_h, found = self.backend.decode(pieces, bool(prompts), top)
         self.steps += 1
         self.row_steps += n
         done = []
-        # each row's (V,) and (H,) in one op each: 2 indexing ops a row, each slow right after a step
-        row_logits, row_h = logits[:, -1].unbind(0), h[:, -1].unbind(0)
         for i, seq in enumerate(self.running):
             seq.length = ends[i]
             top_i = None if found is None else (found[0][i], found[1][i])
@@ -265,24 +257,7 @@ class BatchEngine:
         for i in reversed(done):
             self._free(i)
 
-    def _clean_up_to(self, n: int) -> None:
-        """Make slots [0, n) of every row finite. A step reads each row up to the longest row's end;
-        the mask gives the slots past a row's own end zero weight, but 0 x NaN is NaN, and the cache
-        comes from torch.empty (its pages are touched only as contexts fill). Slots below `clean`
-        are finite in every row (zeroed, or written by some sequence); live slots are never zeroed.
-        Done 64 slots ahead at a time, so that it costs a step now and then, not every step."""
-        if n <= self.clean:
-            return
-        end = min(self.max_len, n + 64)
-        live = len(self.running)
-        for t in self.cache.k + self.cache.v:
-            for b, seq in enumerate(self.running):
-                if max(self.clean, seq.length) < end:
-                    t[b, :, max(self.clean, seq.length):end] = 0
-            t[live:, :, self.clean:end] = 0
-        self.clean = end
-
-    def _emit(self, row: int, logits: torch.Tensor, h, events, top=None) -> bool:
+    def _emit(self, row: int, logits, h, events, top=None) -> bool:
         """Pick row's next token from logits (V,) (`top`: their largest, where the step found them),
         push it through its text stream; False once the sequence has finished."""
         seq = self.running[row]

@@ -72,13 +72,15 @@ def token_stream(model, prompt: list[int], cache, params: SamplingParams, max_ne
 
 
 def generate(model, tokenizer: Tokenizer, prompt: list[int], request: Request, cache, step=None, *,
-             constraint=None, shift=None, draft=None) -> Generation:
+             constraint=None, shift=None, draft=None, reasoning=None) -> Generation:
     """Stream the completion of `prompt` (token ids) as `request` asks; `step` runs decode steps
     (default: the model). `constraint` (constrained.TokenConstraint, one per sequence) is required
     where the request is constrained (its grammar, or its tools' grammar: the caller binds either to
     the tokenizer). With `shift` (context_shift.ContextShift) generation goes past the context: only
     max_tokens ends it. `draft` (speculative.DraftModel) guesses tokens where the request's guesses
-    are "draft"; "lookup" guesses from the context; beams > 1 searches."""
+    are "draft"; "lookup" guesses from the context; beams > 1 searches. `reasoning`
+    (reasoning.Reasoning, one per sequence) splits a reasoning model's thinking off; its budget and
+    a grammar that waits for the answer ride in `constraint` (think_first.py)."""
     if not prompt:
         raise ValueError("empty prompt")
     if request.constrained and constraint is None:
@@ -96,7 +98,7 @@ def generate(model, tokenizer: Tokenizer, prompt: list[int], request: Request, c
     else:
         tokens = stream(model, prompt, cache, request.sampling, limit, device, stats, step, shift)
     chunks = text_stream(tokens, tokenizer, tuple(s for s in request.stop if s), prompt, stats,
-                         limit_reason(limit, request.max_tokens), request.ignore_eos)
+                         limit_reason(limit, request.max_tokens), request.ignore_eos, reasoning)
     return Generation(chunks, constraint, recorder)
 
 

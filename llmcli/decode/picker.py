@@ -11,25 +11,11 @@ Beam search is the exception: it ranks every beam's continuations together (beam
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-
 import torch
 
 from .sampling_plain import RESCORED, near_tie, wanted_top
-from .stream import Stats  # noqa: F401 (re-exported)
+from .stream import Logprobs, Stats  # noqa: F401 (re-exported)
 from .sampling import SamplingParams, make_generator, penalty_history, sample, token_logprobs, top_k
-
-
-@dataclass
-class Logprobs:
-    """Per sampled token: (id, logprob, [(id, logprob) of the `top` most likely]), from the model's own
-    distribution: before penalties, temperature, truncation and any grammar mask (as OpenAI reports)."""
-
-    top: int = 0
-    entries: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
-
-    def record(self, logits: torch.Tensor, token: int) -> None:
-        self.entries.append((token, *token_logprobs(logits, token, self.top)))
 
 
 def rescore_near_ties(head, logits: torch.Tensor, h: torch.Tensor, top=None) -> torch.Tensor:
@@ -109,7 +95,7 @@ class Picker:
         token = sample(allowed, penalty_history(self.history, self.params, self.device), self.params, self.generator,
                        top)
         if self.logprobs is not None:
-            self.logprobs.record(logits, token)
+            self.logprobs.add(token, *token_logprobs(logits, token, self.logprobs.top))
         if self.constraint is not None:
             self.constraint.advance(token)
         self.history.append(token)

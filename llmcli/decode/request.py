@@ -19,6 +19,7 @@ from ..errors import InvalidParameterError
 from ..formats.tools import Tool
 from ..text_input import check_text
 from .constrained import Grammar
+from .reasoning import EFFORTS, FORMATS
 from .sampling_plain import SamplingParams
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI allows
@@ -29,6 +30,8 @@ FLAGS = {
     "stop": "--stop", "grammar": "--json-schema, --regex or --grammar", "tools": "--tools",
     "tool_choice": "--tool-choice", "logprobs": "--logprobs", "max_tokens": "--max-tokens", "beams": "--beams",
     "draft": "--draft", "lookup": "--lookup", "draft_tokens": "--draft-tokens", "context_shift": "--context-shift",
+    "think": "--think/--no-think", "reasoning_budget": "--reasoning-budget", "reasoning_format": "--reasoning-format",
+    "reasoning_effort": "--reasoning-effort",
     "hint": "",  # ends the message of a clash with the grammar (the REPL says how to undo its setting)
 }
 
@@ -60,6 +63,13 @@ class Request:
     lookup_ngram: int = 3
     context_shift: bool = False  # a full context drops its oldest tokens instead of ending the output
     cache_prompt: bool = True  # a server's prompt cache may reuse and keep this prompt's KV
+    # a reasoning model (reasoning.py): thinking on or off (None: the template's default), the most
+    # thinking tokens before the thinking is closed (None: no limit; 0: off), whether the thinking is
+    # split off the answer ("auto") or left in it with its tags ("none"), gpt-oss's effort
+    think: bool | None = None
+    reasoning_budget: int | None = None
+    reasoning_format: str = "auto"
+    reasoning_effort: str | None = None
     spelling: InitVar[Mapping[str, str] | None] = None
 
     def __post_init__(self, spelling: Mapping[str, str] | None) -> None:
@@ -76,6 +86,7 @@ class Request:
             refuse(f"{names['logprobs']} must be in 0..{MAX_LOGPROBS}, got {self.logprobs}", "logprobs")
         self._check_tools(names, refuse)
         self._check_strategy(names, refuse)
+        self._check_reasoning(names, refuse)
         constrained = self.grammar is not None or bool(self.tools)
         if constrained and any(self.stop):
             verb = "do" if names["stop"].endswith("s") else "does"
@@ -120,6 +131,24 @@ class Request:
         if (self.beams > 1 or self.guesses) and (self.grammar is not None or self.tools or self.logprobs is not None):
             refuse(f"{names['beams']}, {names['draft']} and {names['lookup']} do not combine with a grammar or "
                    f"{names['logprobs']} yet", "beams")
+
+    def _check_reasoning(self, names, refuse) -> None:
+        budget = self.reasoning_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            refuse(f"{names['reasoning_budget']} must be a whole number of at least 0 (0: no thinking), got {budget!r}",
+                   "reasoning_budget")
+        if self.think is False and budget:
+            refuse(f"{names['think']} off and {names['reasoning_budget']} {budget} contradict each other; pass one",
+                   "reasoning_budget")
+        if self.reasoning_format not in FORMATS:
+            refuse(f"{names['reasoning_format']} must be one of {', '.join(FORMATS)}, got {self.reasoning_format!r}",
+                   "reasoning_format")
+        if self.reasoning_effort is not None and self.reasoning_effort not in EFFORTS:
+            refuse(f"{names['reasoning_effort']} must be one of {', '.join(EFFORTS)}, got {self.reasoning_effort!r}",
+                   "reasoning_effort")
+        if budget is not None and (self.beams > 1 or self.guesses):
+            refuse(f"{names['reasoning_budget']} does not combine with {names['beams']}, {names['draft']} or "
+                   f"{names['lookup']} yet", "reasoning_budget")
 
     @property
     def constrained(self) -> bool:

@@ -219,3 +219,16 @@ def _min_p(x: np.ndarray, p: float) -> np.ndarray:
     if p <= 0:
         return x
     return np.where(np.exp(x - np.max(x)) < p, -np.inf, x)
+
+
+def token_logprobs_array(logits: np.ndarray, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """sampling.token_logprobs in numpy: the log-probability of `token` under softmax(logits) (V,)
+    and the n most likely tokens with theirs, most likely first."""
+    x = logits.astype(np.float64)
+    top = np.max(x)
+    logprobs = x - (top + np.log(np.sum(np.exp(x - top))))
+    alternatives = []
+    if n > 0:
+        values, ids = largest(logprobs, min(n, logprobs.shape[-1]))
+        alternatives = list(zip(ids, values))
+    return float(logprobs[token]), alternatives

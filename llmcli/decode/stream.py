@@ -1,6 +1,7 @@
 """The half of generation that needs no tensors: token ids -> text chunks (end-of-sequence ids, stop
-strings, whole characters), the output limit and which limit ended a sequence, the timing stats, and
-the Generation a caller iterates. generate.py (torch) and lean.py (numpy) both end in text_stream.
+strings, whole characters, a reasoning model's thinking apart from its answer), the output limit and
+which limit ended a sequence, the timing stats, and the Generation a caller iterates. generate.py
+(torch), lean.py (numpy) and batched.py all end in text_stream.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     seed: int = -1
+    reasoning_tokens: int = 0  # of completion_tokens, those generated while thinking (reasoning.py)
     extra: dict = field(default_factory=dict)  # what a decoding strategy adds (beams, draft acceptance)
 
     @property
@@ -52,6 +54,8 @@ class Chunk:
     finish_reason: str | None = None  # set on the last chunk: "stop" or "length"
     stats: Stats | None = None
     stopped_by: str | None = None  # with finish_reason "length": "max_tokens" or "context"
+    stop: str | None = None  # with finish_reason "stop" by a stop string (not an end token): which one
+    reasoning: str = ""  # thinking text of a reasoning model (`text` is then the answer's only)
 
 
 def _partial_stop(text: str, stops: Iterable[str]) -> int:
@@ -66,26 +70,55 @@ def _partial_stop(text: str, stops: Iterable[str]) -> int:
 
 
 def text_stream(tokens: Iterator[int], tokenizer: Tokenizer, stops: tuple[str, ...], context: list[int],
-                stats: Stats, stopped_by: str | None = None, ignore_eos: bool = False) -> Iterator[Chunk]:
+                stats: Stats, stopped_by: str | None = None, ignore_eos: bool = False,
+                reasoning=None) -> Iterator[Chunk]:
     """Token ids -> text chunks; ends on an end-of-sequence id (unless `ignore_eos`), a stop string,
-    or the token limit (`stopped_by` names it on the last chunk: limit_reason())."""
+    or the token limit (`stopped_by` names it on the last chunk: limit_reason()). `reasoning`
+    (reasoning.Reasoning) splits a reasoning model's thinking off into Chunk.reasoning; the stop
+    strings apply to the answer only."""
     decoder = StreamDecoder(tokenizer, context)
     pending = ""  # decoded text held back because it might be the start of a stop string
+
+    def split(token, text):
+        if reasoning is None:
+            return "", text
+        think, text = reasoning.push(token, text)
+        stats.reasoning_tokens = reasoning.tokens
+        return think, text
+
+    def rest():
+        return reasoning.finish() if reasoning is not None else ("", "")
+
     for token in tokens:
         if token in tokenizer.eos_ids and not ignore_eos:
             tokens.close()
-            yield Chunk(pending, [token], "stop", stats)
+            think, more = rest()
+            yield _ended(pending + more, [token], "stop", stats, think, stops)
             return
-        pending += decoder.push(token)
-        hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
+        think, new = split(token, decoder.push(token))
+        pending += new
+        hits = [(i, s) for i, s in ((pending.find(s), s) for s in stops) if i >= 0]
         if hits:
             tokens.close()
-            yield Chunk(pending[: min(hits)], [token], "stop", stats)
+            at, stop = min(hits, key=lambda hit: hit[0])
+            yield Chunk(pending[:at], [token], "stop", stats, stop=stop, reasoning=think)
             return
         keep = _partial_stop(pending, stops)
         out, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")
-        yield Chunk(out, [token])
-    yield Chunk(pending + decoder.flush(), [], "length", stats, stopped_by)
+        yield Chunk(out, [token], reasoning=think)
+    think, new = split(None, decoder.flush())
+    more_think, more = rest()
+    yield _ended(pending + new + more, [], "length", stats, think + more_think, stops, stopped_by)
+
+
+def _ended(text: str, tokens: list[int], finish: str, stats: Stats, think: str, stops, stopped_by=None) -> Chunk:
+    """The last chunk; a stop string in the answer's held-back end still cuts it."""
+    hits = [(i, s) for i, s in ((text.find(s), s) for s in stops) if i >= 0]
+    stop = None
+    if hits:
+        at, stop = min(hits, key=lambda hit: hit[0])
+        text, finish, stopped_by = text[:at], "stop", None
+    return Chunk(text, tokens, finish, stats, stopped_by, stop, reasoning=think)
 
 
 def output_limit(prompt_tokens: int, ctx_size: int, max_tokens: int | None) -> int:
@@ -104,11 +137,24 @@ def limit_reason(limit: int, max_tokens: int | None) -> str:
     return "max_tokens" if max_tokens is not None and limit == max_tokens else "context"
 
 
+@dataclass
+class Logprobs:
+    """Per sampled token: (id, logprob, [(id, logprob) of the `top` most likely]), from the model's own
+    distribution: before penalties, temperature, truncation and any grammar mask (as OpenAI reports).
+    The pickers add the entries (picker.py in torch, picker_plain.py in numpy)."""
+
+    top: int = 0
+    entries: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+
+    def add(self, token: int, logprob: float, alternatives: list[tuple[int, float]]) -> None:
+        self.entries.append((token, logprob, alternatives))
+
+
 class Generation:
     """The chunks of one completion (iterate; close() stops between two tokens), and what rode along:
     `constraint` (None without a grammar) and `logprobs` (None unless the request asks)."""
 
-    def __init__(self, chunks: Iterator[Chunk], constraint, logprobs):  # logprobs: picker.Logprobs or None
+    def __init__(self, chunks: Iterator[Chunk], constraint, logprobs):  # logprobs: Logprobs or None
         self._chunks, self.constraint, self.logprobs = chunks, constraint, logprobs
 
     def __iter__(self) -> "Generation":

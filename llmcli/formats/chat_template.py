@@ -29,6 +29,7 @@ from datetime import datetime
 from functools import lru_cache
 
 import jinja2
+import jinja2.ext
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -183,9 +184,21 @@ def _one_line(e) -> str:
     return " ".join(str(e).split())[:300]
 
 
+class _Generation(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (Hugging Face's mark of the assistant's tokens for
+    training, in SmolLM3's template): the body as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
-    env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _Generation])
     env.filters["tojson"] = _bounded_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

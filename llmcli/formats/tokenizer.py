@@ -174,7 +174,9 @@ def _special_ids(backend: Backend) -> frozenset[int]:
 def _end_ids(backend: Backend, declared: list[int]) -> frozenset[int]:
     special = backend.get_added_tokens_decoder()
     texts = {tok.content: i for i, tok in special.items() if tok.special}
-    harmony = all(t in texts for t in HARMONY_ENDS)  # gpt-oss: <|end|> ends a message, not the reply
+    # gpt-oss's harmony format ends each message of one reply (its thinking, then its answer) with
+    # <|end|>: there <|return|> and <|call|> end the reply, and <|end|> does not (HARMONY_ENDS)
+    harmony = "<|channel|>" in {tok.content for tok in special.values()} or all(t in texts for t in HARMONY_ENDS)
     known = {i for t, i in texts.items() if t in END_OF_TURN_TEXTS or (harmony and t in HARMONY_ENDS)}
     ends = frozenset(i for i in declared if i is not None) | known
     return ends - {texts.get("<|end|>")} if harmony else ends
@@ -330,8 +332,10 @@ def from_hf_folder(folder: Path, config: dict) -> Tokenizer:
         raise UnsupportedModelError(f"{folder} has no tokenizer.json or tokenizer.model")
     # tokens declared in tokenizer_config (added_tokens_decoder) that the backend lacks
     for _id, spec in sorted(tok_config.get("added_tokens_decoder", {}).items(), key=lambda kv: int(kv[0])):
-        if backend.token_to_id(spec["content"]) is None:
-            backend.add_special_tokens([AddedToken(spec["content"], special=spec.get("special", True), normalized=False)])
+        if backend.token_to_id(spec["content"]) is None:  # (special false: a plain added token, kept when decoding)
+            special = spec.get("special", True)
+            token = AddedToken(spec["content"], special=special, normalized=False)
+            (backend.add_special_tokens if special else backend.add_tokens)([token])
     bos_token = _token_content(tok_config.get("bos_token"))
     eos_token = _token_content(tok_config.get("eos_token"))
     bos_id = backend.token_to_id(bos_token) if bos_token else config.get("bos_token_id")

@@ -43,6 +43,7 @@ def declare(lib) -> None:
     lib.llmcli_step_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
     lib.llmcli_step_set_experts.argtypes = [_P, _I64, _P, _I64, _I64, _I64, ctypes.POINTER(Projection)]
     lib.llmcli_step_set_router_bias.argtypes = [_P, _I64, _P]
+    lib.llmcli_step_set_shared_expert.argtypes = [_P, _I64, _P, ctypes.POINTER(Projection)]
     lib.llmcli_step_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
     lib.llmcli_step_set_embedding.argtypes = [_P, _P, ctypes.c_int, _I64, ctypes.c_float]
     lib.llmcli_step_set_rope.argtypes = [_P, _P, _P, _P, _P, _I64]
@@ -179,6 +180,19 @@ class Step:
         self._keep.append(bias)
         if bias.ndim != 1 or self._lib.llmcli_step_set_router_bias(self._h, layer, bias.ctypes.data):
             raise ValueError("the router bias does not match the layer's experts")
+
+    def set_shared_expert(self, layer: int, gate, specs) -> None:
+        """Layer `layer`'s shared expert (after set_experts): gate (hidden,) float32 and its (gate, up,
+        down) specs, blocks as stored; every token adds its output times sigmoid(gate . input)."""
+        gate = np.ascontiguousarray(array(gate), dtype=np.float32).reshape(-1)
+        if gate.shape != (self.hidden,):
+            raise ValueError("the shared expert's gate does not match the hidden size")
+        group, _, _ = self._group(list(specs[:2]))
+        down, _, _ = self._group([specs[2]])
+        arr = (Projection * 3)(group[0], group[1], down[0])
+        self._keep += [gate, arr]
+        if self._lib.llmcli_step_set_shared_expert(self._h, layer, gate.ctypes.data, ctypes.cast(arr, ctypes.POINTER(Projection))):
+            raise ValueError("the shared expert does not match the layer, or is an interleaved copy")
 
     def set_head(self, norm, head) -> None:
         arr, rows, K = self._group(head)

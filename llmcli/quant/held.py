@@ -142,7 +142,7 @@ def describe(specs) -> str:
     return ", ".join(name for name, _ in Counter(s.name() for s in specs).most_common())
 
 
-ROUTER = ".mlp.gate.weight"  # a mixture of experts' router: the native step reads it as float32
+ROUTER = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")  # a mixture of experts' routers: read as float32
 
 
 def step_multiplies(formats: dict[str, QuantSpec], tied: bool, step_types) -> bool:

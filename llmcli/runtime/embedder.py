@@ -105,19 +105,19 @@ class Embedder:
         return self.model.hidden_states(tokens, cache)
 
 
-def _float32(vector) -> np.ndarray:
+def as_float32(vector) -> np.ndarray:
     return vector if isinstance(vector, np.ndarray) else vector.float().numpy()
 
 
 def floats(vector) -> list[float]:
     """A float32 vector's values (numpy or torch) as the shortest decimals that read back as the same
     float32s (JSON stays short: 0.0123457 rather than 0.012345679104328156)."""
-    return [float(x) for x in _float32(vector).astype(np.float32).astype(str)]
+    return [float(x) for x in as_float32(vector).astype(np.float32).astype(str)]
 
 
 def floats_json(vector) -> str:
     """The same, as a JSON array."""
-    return "[" + ", ".join(_float32(vector).astype(np.float32).astype(str)) + "]"
+    return "[" + ", ".join(as_float32(vector).astype(np.float32).astype(str)) + "]"
 
 
 def embedder_of(rt, pooling: str | None = None, normalize: bool | None = None, batch_size: int = BATCH_TEXTS) -> Embedder:

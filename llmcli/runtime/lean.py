@@ -8,8 +8,8 @@ does not pay for `import torch`.
 open_lean says None, before anything is loaded, for whatever needs torch: a GPU (asked for, or
 possibly there), --quant or a registry quant, a folder, an encoder, a family or block type the step
 does not run, a KV cache the planner would quantize or offload, and requests the lean generator does
-not take (a grammar, tools, logprobs, beams, guesses, a context shift: decode/lean.py's takes()).
-LeanRuntime answers what `run`, `chat`, `bench` and `embed` ask of a runtime.py Runtime.
+not take (beams, guesses, a context shift: decode/lean.py's takes()). LeanRuntime answers what
+`run`, `chat`, `bench`, `embed`, `batch` and `serve` ask of a runtime.py Runtime.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import time
 import numpy as np
 
 from .. import heap, native
+from ..decode.batched import BatchEngine
 from ..decode.lean import generate_lean, takes
+from ..decode.rows_lean import LeanRows
+from ..decode.think_first import think_first
 from ..decode.request import Request
-from ..formats import chat_template
 from ..formats.info import runs_as
 from ..formats.open import open_model_file
-from ..formats.prompt import conversation_ids
 from ..hub import fetch
 from .budget import detect_budget
 from .device import place_without_torch
@@ -34,12 +35,14 @@ from .flags import ModelFlags, context_choice
 from .lean_step import ACTIVATIONS, TABLE_POSITIONS, LeanModel
 from .loaded import LoadedModel
 from .plan import Plan, plan
+from .prompting import Prompting
 
 TORCH_PATH_ENV = "LLMCLI_TORCH_PATH"  # set (to 1): every command takes the torch path (comparisons, bug reports)
 
 
-class LeanRuntime:
-    """Runtime's face for `run` and `chat`: prompt_ids, new_cache, decode_step, describe_step, generate."""
+class LeanRuntime(Prompting):
+    """Runtime's face for `run`, `chat`, `bench`, `embed`, `batch` and `serve`: prompt_ids, new_cache,
+    decode_step, describe_step, generate, batch_engine (prompts, grammars and tools: prompting.py's)."""
 
     native_decodes = True
     generates = True
@@ -71,23 +74,8 @@ class LeanRuntime:
     def describe_step(self, step) -> str:
         return f"native (one C++ call a step, {native.describe()} kernels, f16 KV cache)"  # (Runtime's words)
 
-    def prompt_ids(self, messages: list[dict], raw: bool = False, tools=None) -> list[int]:
-        """Runtime.prompt_ids for messages without tools."""
-        if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-            raise ValueError("tools need the torch path's runtime")
-        tok = self.loaded.tokenizer
-        if raw:
-            return tok.encode(chat_template.plain_prompt(messages))
-        return conversation_ids(tok, self.loaded.chat_template, messages)
-
     def embedder(self, pooling: str | None = None, normalize: bool | None = None, batch_size: int = BATCH_TEXTS):
         return embedder_of(self, pooling, normalize, batch_size)
-
-    def grammar(self, request: Request):
-        return request.grammar
-
-    def call_reader(self, request: Request):
-        return None
 
     def context_shift(self, messages, raw: bool = False):
         return None
@@ -95,14 +83,25 @@ class LeanRuntime:
     def generate(self, prompt: list[int], request: Request, cache, step=None, *, shift=None, draft=None):
         if shift is not None or draft is not None:
             raise ValueError("a context shift or a draft model needs the torch path")
-        return generate_lean(self.model, self.loaded.tokenizer, prompt, request, cache)
+        reasoning = self.reasoning(prompt, request)
+        constraint = think_first(reasoning, self.constraint(request), self.loaded.tokenizer.eos_ids)
+        return generate_lean(self.model, self.loaded.tokenizer, prompt, request, cache, constraint, reasoning)
+
+    def batch_engine(self, rows: int, max_len: int | None = None, prompt_cache: int | None = None) -> BatchEngine:
+        """Runtime.batch_engine on this path: the rows in a host cache, every step one C++ call."""
+        max_len = max_len or self.ctx_size
+        self._cache = None  # (the step is built again for the rows' cache)
+        engine = BatchEngine.over(LeanRows(self.model, rows, max_len), self.loaded.tokenizer, rows, max_len,
+                                  self.prompt_cache(prompt_cache))
+        self.model.warm_up(engine.cache)  # the C++ buffers for the rows' cache, before a first request
+        return engine
 
 
 def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) -> LeanRuntime | None:
     """The model `flags` name on the torch-free path, or None where it needs torch (module docstring)."""
     if os.environ.get(TORCH_PATH_ENV) or (request is not None and not takes(request)):
         return None
-    if flags.quant is not None or flags.rows != 1 or flags.kv_type not in (None, "auto", "f16") \
+    if flags.quant is not None or flags.kv_type not in (None, "auto", "f16") \
             or flags.kv_offload == "on":
         return None
     placement = place_without_torch(flags.device, flags.dtype, flags.threads)
@@ -126,7 +125,7 @@ def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) 
     label = "/".join(sorted(model_file.block_types())) + " as stored"
     memory = plan(args, weights, label, detect_budget("cpu"), np.dtype(np.float32), ctx, ctx_source=source,
                   ctx_given=flags.ctx_size is not None, kv_type=None if flags.kv_type == "auto" else flags.kv_type,
-                  kv_offload=flags.kv_offload, rows=1, float_kv="f16")
+                  kv_offload=flags.kv_offload, rows=flags.rows, float_kv="f16", lean=True)
     if memory.choice.kv_type != "f16" or memory.choice.device_layers is not None:
         return None  # the planner quantizes or offloads the cache: the torch path's caches
     model = LeanModel.open(model_file, placement.threads, kernels, model_file.release_pages)
@@ -144,8 +143,9 @@ def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) 
                          model_file.nbytes, stored, placement, 0.0, metadata, runs_as(model_file.format, stored))
     loaded.interleaved = model.interleaved
     rt = LeanRuntime(loaded, ctx, memory, model_file.pooling, min(model_file.max_text_tokens or ctx, ctx))
-    rt._cache = model.new_cache(ctx)
-    model.warm_up(rt._cache)
+    if flags.rows == 1:  # (a batch engine's rows make their own cache, and warm up on it)
+        rt._cache = model.new_cache(ctx)
+        model.warm_up(rt._cache)
     loaded.load_seconds = time.perf_counter() - t0
     heap.trim()
     return rt

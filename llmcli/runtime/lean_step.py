@@ -26,7 +26,7 @@ from ..native.checks import TYPE_IDS
 from ..native.interleave import interleave_rows, unpermute_blocks, unpermuted_order
 
 ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh",
-               "qwen3_moe": "silu", "mixtral": "silu"}  # (mixtures of experts: every layer's, no shared expert)
+               "qwen3_moe": "silu", "mixtral": "silu", "qwen2_moe": "silu"}  # (mixtures of experts: every layer's)
 MAX_TOKENS = 512  # tokens of one call (native_step.MAX_TOKENS): a longer prompt goes in several
 TABLE_POSITIONS = 1 << 16  # RoPE rows made once (native_step.TABLE_POSITIONS); a longer context: not this path
 _EMPTY = np.empty(0, np.float32)
@@ -59,6 +59,7 @@ class Layer:
     window: int
     router: np.ndarray | None = None  # a mixture of experts: (E, hidden) float32
     experts: list | None = None  # [(gate, up, down) Weights], each expert's rows of the file's 3-D tensors
+    shared: tuple | None = None  # qwen2moe's shared expert: (its gate (hidden,) float32, (gate, up, down) Weights)
 
 
 class LeanModel:
@@ -75,7 +76,9 @@ class LeanModel:
         self.gemma = args.model_type == "gemma3_text"
         self.attn_scale = args.query_pre_attn_scalar ** -0.5 if self.gemma else args.head_dim ** -0.5
         self.interleaved = (0, 0.0)  # bytes copied for the kernels at load, seconds
-        self._step, self._cache = None, None  # the C++ step and the cache it was built on
+        # (the cache, the C++ step built on it), replaced whole: a server's embedding thread builds
+        # steps of its own beside the decoding thread's (each step has its own team of threads)
+        self._built = (None, None)
         self._tables: list[np.ndarray] | None = None  # cos, sin (and the local pair) of positions [0, L)
 
     # ------------------------------------------------------------------ building
@@ -129,6 +132,7 @@ class LeanModel:
         seen, total = set(), 0
         arrays = [w.data for layer in self.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down) for w in g]
         arrays += [w.data for layer in self.layers for x in (layer.experts or ()) for w in x]
+        arrays += [a for layer in self.layers if layer.shared for a in (layer.shared[0], *(w.data for w in layer.shared[1]))]
         arrays += [layer.router for layer in self.layers if layer.router is not None]
         arrays += [n for layer in self.layers for n in layer.norms.values() if n is not None]
         arrays += [self.head.data, self.head_norm, self.embedding[0]]
@@ -157,6 +161,23 @@ class LeanModel:
         cache.length += n
         return logits, h[first:], found
 
+    def pieces(self, pieces: list[tuple[int, int, list[int]]], cache: HostKVCache, top: int = 0):
+        """Several rows of several tokens in one call: pieces (row, slot, token ids), each row's tokens
+        at consecutive slots from `slot`, which are their positions too (batched.py's rows) -> (logits
+        (P, vocab), final normed hidden states (P, hidden), (values, indices) (P, top) or None) of each
+        piece's last token. Each token's numbers are those it gets alone."""
+        n = sum(len(ids) for _, _, ids in pieces)
+        if not pieces or n > MAX_TOKENS or any(not ids or not 0 <= row < cache.k[0].shape[0]
+                                               or at < 0 or at + len(ids) > cache.max_len for row, at, ids in pieces):
+            raise ValueError("pieces that do not fit one call or the cache")
+        # the pieces' earlier tokens first, then each one's last: the logits are the last P rows'
+        order = [(row, at + i, t) for row, at, ids in pieces for i, t in enumerate(ids[:-1])]
+        order += [(row, at + len(ids) - 1, ids[-1]) for row, at, ids in pieces]
+        rows, at, ids = (np.asarray(c, dtype=np.int64) for c in zip(*order))
+        first = n - len(pieces)
+        logits, h, found = self._step_for(cache).run_ids(ids, rows, at, at, first, top)
+        return logits, h[first:], found
+
     def prefill(self, ids: list[int], cache: HostKVCache, top: int = 0):
         """A prompt of any length into the cache, MAX_TOKENS a call -> the last call's outputs (the
         last token's logits, hidden state and top)."""
@@ -168,7 +189,7 @@ class LeanModel:
         """The final normed hidden states (n, hidden) of a text, run alone through a cache of its own
         (no logits made): what an embedding pools."""
         cache = self.new_cache(max(len(ids), 1))
-        step = self._step_for(cache)
+        step = self._build(cache)  # (its own step: it may run beside another thread's decode step)
         out = []
         for i in range(0, len(ids), MAX_TOKENS):
             piece = np.asarray(ids[i:i + MAX_TOKENS], dtype=np.int64)
@@ -176,7 +197,6 @@ class LeanModel:
             _, h, _ = step.run_ids(piece, np.zeros(len(piece), np.int64), at, at, len(piece), 0)
             cache.length += len(piece)
             out.append(h)
-        self._step = self._cache = None  # (the step held this cache's arrays)
         return np.concatenate(out)
 
     def warm_up(self, cache: HostKVCache) -> float:
@@ -194,8 +214,14 @@ class LeanModel:
         self.kernels.dot_rows_into(w.stored, w.type_id, w.K, np.asarray(ids, dtype=np.int64), h, logits)
 
     def _step_for(self, cache: HostKVCache):
-        if cache is self._cache:
-            return self._step
+        built, step = self._built
+        if built is cache:
+            return step
+        step = self._build(cache)
+        self._built = (cache, step)
+        return step
+
+    def _build(self, cache: HostKVCache):
         if cache.max_len > TABLE_POSITIONS:
             raise ValueError(f"a context of {cache.max_len} is past the RoPE tables")
         a = self.args
@@ -211,12 +237,13 @@ class LeanModel:
             if layer.experts:
                 step.set_experts(i, layer.router, [tuple(w.spec() for w in x) for x in layer.experts],
                                  a.num_experts_per_tok, a.norm_topk_prob or not a.softmax_first)
+            if layer.shared:
+                step.set_shared_expert(i, layer.shared[0], tuple(w.spec() for w in layer.shared[1]))
         step.set_head(self.head_norm, [self.head.spec()])
         step.set_embedding(self.embedding[0], self.embedding[1], self.embed_scale)
         if self._tables is None or self._tables[0].shape[0] < cache.max_len:
             self._tables = self._make_tables(max(cache.max_len, 1024))
         step.set_rope(self._tables)
-        self._step, self._cache = step, cache
         return step
 
     def _make_tables(self, L: int) -> list[np.ndarray]:
@@ -303,7 +330,12 @@ def _read(tensors: dict, args, arch: str):
             norms["post_norm"] = norm(b + "ffn_norm.weight")
         if norms["in_norm"] is None or norms["post_norm"] is None or (args.qk_norm and norms["q_norm"] is None):
             return None
-        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen))
+        shared = None
+        if getattr(args, "shared_expert_intermediate_size", 0):
+            shared = (norm(b + "ffn_gate_inp_shexp.weight"), tuple(matrix(f"{b}ffn_{kind}_shexp") for kind in ("gate", "up", "down")))
+            if shared[0] is None or shared[0].size != args.hidden_size or any(w is None for w in shared[1]):
+                return None
+        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen, shared))
     embd = tensors.get("token_embd.weight")
     head = matrix("output") if "output.weight" in tensors else matrix("token_embd")
     head_norm = norm("output_norm.weight")

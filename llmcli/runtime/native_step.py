@@ -36,7 +36,8 @@ from ..quant.gguf_blocks import STEP_TYPES, TYPE_IDS, GGUFBlockWeight
 from ..quant.held import model_formats, step_multiplies
 
 # the families it runs (GGUF's gemma3 is gemma3_text)
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral", "gpt_oss")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral", "qwen2_moe",
+               "gpt_oss")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 KV_DTYPES = (torch.float32, torch.float16)  # a cache the C++ step reads and writes
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
@@ -46,7 +47,7 @@ _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              phi3.Transformer: (llama.DecoderLayer, F.silu, "silu"),  # fused projections, LongRoPE's tables
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh"),
-             moe.Transformer: (moe.DecoderLayer, F.silu, "silu"),  # (every layer's experts: qwen3moe, mixtral)
+             moe.Transformer: (moe.DecoderLayer, F.silu, "silu"),  # (every layer's experts: qwen3moe, mixtral, qwen2moe)
              # sinks, a biased router, experts with biases and the clamped SwiGLU of api.h's act 2
              gpt_oss.Transformer: (gpt_oss.DecoderLayer, gpt_oss.Expert.act, "swiglu_oai")}
 
@@ -299,6 +300,10 @@ class NativeStep:
                 m = layer.mlp
                 step.set_experts(i, _router(m.gate), [tuple(_spec(p) for p in (x.gate_proj, x.up_proj, x.down_proj))
                                                       for x in m.experts], m.top_k, m.normalize or not m.softmax_first)
+                if hasattr(m, "shared_expert"):
+                    x = m.shared_expert
+                    step.set_shared_expert(i, _router(m.shared_expert_gate),
+                                           tuple(_spec(p) for p in (x.gate_proj, x.up_proj, x.down_proj)))
                 if m.gate.bias is not None:
                     step.set_router_bias(i, m.gate.bias.detach().float())
         step.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
@@ -327,15 +332,17 @@ def _act(mlp):
 
 
 def _takes_experts(mlp) -> bool:
-    """Whether the C++ step runs this MLP as its experts: a SparseMoe without a shared expert, every
-    expert's matrices GGUF blocks (read as stored), a router it can read as float32; gpt-oss's
+    """Whether the C++ step runs this MLP as its experts: a SparseMoe whose experts' matrices (and its
+    shared expert's) are GGUF blocks (read as stored), routers it can read as float32; gpt-oss's
     experts with the SwiGLU's constants the C++ side has."""
-    if not isinstance(mlp, moe.SparseMoe) or hasattr(mlp, "shared_expert"):
+    if not isinstance(mlp, moe.SparseMoe):
         return False
     if isinstance(mlp.experts[0], gpt_oss.Expert) and (mlp.experts[0].alpha, mlp.experts[0].limit) != (1.702, 7.0):
         return False
-    experts = [p for x in mlp.experts for p in (x.gate_proj, x.up_proj, x.down_proj)]
-    return all(_is_blocks(p) for p in experts) and (_is_blocks(mlp.gate) or mlp.gate.weight.device.type == "cpu")
+    shared = [mlp.shared_expert] if hasattr(mlp, "shared_expert") else []
+    experts = [p for x in [*mlp.experts, *shared] for p in (x.gate_proj, x.up_proj, x.down_proj)]
+    routers = [mlp.gate, *([mlp.shared_expert_gate] if shared else [])]
+    return all(_is_blocks(p) for p in experts) and all(_is_blocks(r) or r.weight.device.type == "cpu" for r in routers)
 
 
 def _router(gate) -> torch.Tensor:

@@ -106,6 +106,7 @@ def activation_bytes(args, ctx: int, dtype: object, rows: int = 1) -> int:
 # What the process holds before any model: Python, torch and the kernels' libraries (~230 MB resident
 # after `import llmcli.cli`, measured), or a GPU's context and its libraries' workspaces (an estimate)
 RUNTIME_BYTES = {"cpu": 256 * 2**20}
+LEAN_RUNTIME_BYTES = 64 * 2**20  # the same without torch (the torch-free path, runtime/lean.py): ~57 MB measured
 GPU_RUNTIME_BYTES = 512 * 2**20
 
 
@@ -237,13 +238,19 @@ def human(n: int) -> str:
 
 
 def _parts(args, weights: int, weights_label: str, ctx: int, dtype, choice: CacheChoice, budget: Budget,
-           rows: int = 1) -> list[Part]:
+           rows: int = 1, lean: bool = False) -> list[Part]:
+    """`lean`: the torch-free path's (its C++ step reads the float16 cache as it is: no float32 buffer)."""
     d = budget.device
-    return ([Part(f"weights {weights_label}", weights, d)] + kv_parts(args, ctx, dtype, choice, d, rows)
+    kv = kv_parts(args, ctx, dtype, choice, d, rows)
+    if lean:
+        kv = [p for p in kv if not p.name.startswith("KV attention buffer")]
+        runtime = Part("runtime (Python, numpy, kernels; no torch)", LEAN_RUNTIME_BYTES, d, counted=False)
+    else:
+        runtime = Part("runtime (Python, torch, kernels)" if d == "cpu" else f"runtime ({d} context, estimate)",
+                       runtime_bytes(d), d, counted=False)
+    return ([Part(f"weights {weights_label}", weights, d)] + kv
             + [Part(f"activations ({min(PREFILL_CHUNK, ctx)}-token prefill chunk or {rows}-row step, estimate)",
-                    activation_bytes(args, ctx, dtype, rows), d),
-               Part("runtime (Python, torch, kernels)" if d == "cpu" else f"runtime ({d} context, estimate)",
-                    runtime_bytes(d), d, counted=False)])
+                    activation_bytes(args, ctx, dtype, rows), d), runtime])
 
 
 def _from(budget: Budget) -> str:
@@ -303,15 +310,15 @@ def _largest_context(args, weights, label, dtype, choice, budget, upto: int, row
 
 def plan(args, weights: int, weights_label: str, budget: Budget, dtype: object, ctx: int, *,
          ctx_source: str = "the model's trained context", ctx_given: bool = False, kv_type: str | None = None,
-         kv_offload: str = "auto", rows: int = 1, float_kv: str | None = None) -> Plan:
+         kv_offload: str = "auto", rows: int = 1, float_kv: str | None = None, lean: bool = False) -> Plan:
     """The first cache choice that keeps `ctx` (for each of `rows` sequences) in `budget`, or (when
-    `ctx` was not asked for explicitly) the largest context that fits, with a note.
-    NotEnoughMemoryError when nothing fits."""
+    `ctx` was not asked for explicitly) the largest context that fits, with a note. `lean`: for the
+    torch-free path (_parts). NotEnoughMemoryError when nothing fits."""
     kv_offload = check_kv_offload(kv_offload, kv_type)
     choices = _choices(args, budget, kv_type, kv_offload, rows, float_kv)
     d = budget.device
     for choice in choices:
-        parts = _parts(args, weights, weights_label, ctx, dtype, choice, budget, rows)
+        parts = _parts(args, weights, weights_label, ctx, dtype, choice, budget, rows, lean)
         if _fits(parts, budget):
             p = Plan(args, dtype, budget, ctx, ctx, ctx_source, choice, parts, rows=rows)
             if choice != choices[0]:

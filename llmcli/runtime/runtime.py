@@ -8,31 +8,21 @@ flags (ModelFlags) to a ready model (Runtime).
 
 from __future__ import annotations
 
-import json
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import heap, native
 from ..cache import check_kv_type
-from ..cache.prompt_cache import PromptCache
 from ..cache.context_shift import ContextShift, prefix_length
 from ..decode.batched import BatchEngine
-from ..decode.constrained import Grammar, GrammarCompiler, TokenConstraint
 from ..decode.generate import Generation, generate
 from ..decode.request import Request
 from ..decode.speculative import DraftModel
-from ..decode.tool_grammar import opener_id, tool_grammar
+from ..decode.think_first import think_first
 from ..errors import InvalidParameterError, UnsupportedModelError
-from ..formats import chat_template
 from ..formats.open import ModelFile, open_model_file
-from ..formats.prompt import conversation_ids
-from ..formats.tool_reply import CallReader
-from ..formats.tools import (Tool, ToolSupport, ToolsUnsupportedError, history, no_tools_message, template_support,
-                             unknown_format_message)
 from ..hub import fetch
 from ..models import is_encoder
 from ..models.pooling import Pooling
@@ -43,24 +33,19 @@ from .loader import LoadedModel, load_model
 from .native_step import NativeStep
 from .flags import DEFAULT_CONTEXT, DEFAULT_MODEL, ModelFlags, check_ctx_size, context_choice  # noqa: F401 (re-exported)
 from .plan import Plan, check_kv_offload, plan
+from .prompting import Prompting
 from .probe import detect_budget, weights_from_files
 
-PROMPT_CACHE_MAX = 1 << 30  # bytes: the prompt cache's default at most (serve, batch; --cache-ram sets it)
-PROMPT_CACHE_NO_PLAN = 256 << 20  # its default for a runtime built without a memory plan
-CACHED_TOOL_GRAMMARS = 64  # distinct tool sets whose grammars a runtime keeps (a server sees the same ones again)
 
 
 @dataclass
-class Runtime:
+class Runtime(Prompting):
     loaded: LoadedModel
     ctx_size: int
     plan: Plan | None = None  # which cache new_cache() makes (None: static, compute dtype)
     pooling: Pooling | None = None  # how the model's files say to embed a text (None: they do not)
     max_text_tokens: int | None = None  # the longest text it embeds (None: ctx_size)
     registry_quant: str | None = None  # the registry name whose `quant` was applied at load (no --quant given)
-    _compiler: GrammarCompiler | None = field(default=None, init=False, repr=False)
-    _tool_grammars: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def generates(self) -> bool:
@@ -133,18 +118,9 @@ class Runtime:
         bytes (None: prompt_cache_budget(); 0: none kept)."""
         p = self.placement
         step = self.decode_step(compile=False)
-        budget = self.prompt_cache_budget() if prompt_cache is None else prompt_cache
         return BatchEngine(self.loaded.model, self.loaded.tokenizer, p.device, p.dtype, rows, max_len or self.ctx_size,
-                           self.kv_type, PromptCache(budget) if budget > 0 else None,
+                           self.kv_type, self.prompt_cache(prompt_cache),
                            step=step if getattr(step, "native", False) else None)
-
-    def prompt_cache_budget(self) -> int:
-        """The prompt cache's default size: a quarter of what the memory plan leaves free beside the
-        model and its KV cache, at most PROMPT_CACHE_MAX (PROMPT_CACHE_NO_PLAN without a plan)."""
-        if self.plan is None:
-            return PROMPT_CACHE_NO_PLAN
-        left = self.plan.budget.free - self.plan.taken_bytes - self.plan.host_bytes * (self.plan.budget.host_free is None)
-        return max(0, min(PROMPT_CACHE_MAX, left // 4))
 
     @property
     def kv_type(self) -> str | None:
@@ -160,85 +136,20 @@ class Runtime:
         keep = prefix_length(lambda m: self.prompt_ids(m, raw=raw), messages)
         return ContextShift(keep, self.loaded.model.inv_freq_for(self.ctx_size))
 
-    def prompt_ids(self, messages: list[dict], raw: bool = False, tools: list[Tool] | None = None) -> list[int]:
-        """Token ids for a conversation: through the model's chat template, where only the
-        template's structure makes control tokens (formats/prompt.py). `raw`: the messages' text as
-        it is, special tokens written in it included (the user writes the whole prompt). `tools`:
-        offered to the model through its template (ToolsUnsupportedError if it takes none); past
-        tool calls and results (OpenAI's shape) are rendered as the template renders them."""
-        tok, template = self.loaded.tokenizer, self.loaded.chat_template
-        if raw:
-            return tok.encode(chat_template.plain_prompt(messages))
-        if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-            return conversation_ids(tok, template, messages)
-        support = self.tool_support() if tools else template_support(template)
-        messages = history(messages)
-        if support is None:  # past calls for a template that takes no tools: as it renders them
-            return conversation_ids(tok, template, messages)
-        messages, variables = support.prepare(messages, tools)
-        return conversation_ids(tok, template, messages, **variables)
-
     def generate(self, prompt: list[int], request: Request, cache, step=None, *, shift=None,
                  draft: DraftModel | None = None) -> Generation:
         """decode.generate() on this model: `prompt` (token ids) completed as `request` asks, the
-        constraint of its grammar or tools bound to this tokenizer."""
+        constraint of its grammar or tools bound to this tokenizer; a reasoning model's thinking
+        split off, free of the grammar and within the request's budget."""
+        reasoning = self.reasoning(prompt, request)
+        constraint = think_first(reasoning, self.constraint(request), self.loaded.tokenizer.eos_ids)
         return generate(self.loaded.model, self.loaded.tokenizer, prompt, request, cache, step,
-                        constraint=self.constraint(request), shift=shift, draft=draft)
-
-    def grammar(self, request: Request) -> Grammar | None:
-        """What the output follows: the request's grammar, or its tools' calls in the syntax of this
-        model's chat template (ToolsUnsupportedError for a template without tools), or None."""
-        if not request.tools:
-            return request.grammar
-        fmt = self.tool_support().format
-        key = (fmt.name, json.dumps([t.definition for t in request.tools], sort_keys=True), request.tool_choice,
-               request.parallel_tool_calls)
-        with self._lock:
-            if key in self._tool_grammars:
-                self._tool_grammars.move_to_end(key)
-                return self._tool_grammars[key]
-        grammar = tool_grammar(fmt, list(request.tools), request.tool_choice, self.loaded.tokenizer,
-                               request.parallel_tool_calls)
-        with self._lock:
-            self._tool_grammars[key] = grammar
-            while len(self._tool_grammars) > CACHED_TOOL_GRAMMARS:
-                self._tool_grammars.popitem(last=False)
-        return grammar
-
-    def constraint(self, request: Request) -> TokenConstraint | None:
-        """A fresh matcher for one sequence of `request` (None: unconstrained)."""
-        grammar = self.grammar(request)
-        return None if grammar is None else self.compiler().constraint(grammar)
-
-    def compiler(self) -> GrammarCompiler:
-        """Grammars bound to this model's tokenizer, built on first use (about a second)."""
-        with self._lock:
-            if self._compiler is None:
-                self._compiler = GrammarCompiler(self.loaded.tokenizer)
-            return self._compiler
-
-    def call_reader(self, request: Request) -> CallReader | None:
-        """What takes the tool calls out of one reply to `request` (None without tools)."""
-        if not request.tools:
-            return None
-        fmt = self.tool_support().format
-        return CallReader(fmt, opener_id(fmt, self.loaded.tokenizer), list(request.tools),
-                          calls_only=request.tool_choice != "auto")
+                        constraint=constraint, shift=shift, draft=draft, reasoning=reasoning)
 
     def draft(self, ctx_size: int, compile: bool = False) -> DraftModel:
         """This model as another's draft (speculative decoding): its own cache of `ctx_size` tokens."""
         return DraftModel(self.loaded.model, self.new_cache(ctx_size), self.placement.device, self.decode_step(compile))
 
-    def tool_support(self) -> ToolSupport:
-        """How the model's chat template takes tools; ToolsUnsupportedError when it takes none, or
-        writes calls in a syntax llmcli does not know: tools are refused, never ignored."""
-        template = self.loaded.chat_template
-        support = template_support(template)
-        if support is None:
-            raise ToolsUnsupportedError(no_tools_message(template))
-        if support.format is None:
-            raise ToolsUnsupportedError(unknown_format_message())
-        return support
 
 
 def locate(model: str, *, registry: Path | None = None, offline: bool = False, progress=None) -> Path:

@@ -116,10 +116,15 @@ async def _disconnect(receive) -> None:
 
 class EventStream(Response):
     """Server-sent events: `data: {json}` for each object `events` yields, then `data: [DONE]`. An
-    error once the headers are out goes as an event (the openai client raises it)."""
+    error once the headers are out goes as an event (the openai client raises it). With `named`
+    (an error's body as that API shapes it), the events are (name, object) pairs, each sent as
+    `event: name` and its data, and no [DONE] follows (Anthropic's stream). With `lines` (the same
+    for another API), each object is one line of JSON, an error too, and nothing follows (ollama's
+    NDJSON stream)."""
 
-    def __init__(self, events, run: EngineRun, request: Request, write_s: float):
+    def __init__(self, events, run: EngineRun, request: Request, write_s: float, named=None, lines=None):
         self.events, self.run, self.request, self.write_s = events, run, request, write_s
+        self.named, self.lines = named, lines
         self.status_code, self.background = 200, None
 
     async def __call__(self, scope, receive, send) -> None:
@@ -132,18 +137,22 @@ class EventStream(Response):
                 raise ClientGone from None
 
         async def pump() -> None:
+            media = b"application/x-ndjson" if self.lines else b"text/event-stream"
             await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+                        "headers": [(b"content-type", media), (b"cache-control", b"no-cache")]})
             try:
                 async for event in self.events:
-                    await write(sse_event(event))
+                    await write(json_line(event) if self.lines else
+                                sse_event(event[1], event[0]) if self.named else sse_event(event))
             except ClientGone:
                 raise
             except Exception as e:
                 err = as_api_error(e, self.request)
                 self.request.state.note = err.message
-                await write(sse_event(err.body()))
-            await write(b"data: [DONE]\n\n")
+                await write(json_line(self.lines(err)) if self.lines else
+                            sse_event(self.named(err), "error") if self.named else sse_event(err.body()))
+            if not self.named and not self.lines:
+                await write(b"data: [DONE]\n\n")
             await write(b"", more=False)
 
         try:
@@ -182,7 +191,8 @@ class AccessLog:
         async def sending(message) -> None:
             if message["type"] == "http.response.start":
                 seen["status"] = message["status"]
-                seen["stream"] = dict(message.get("headers", [])).get(b"content-type", b"").startswith(b"text/event-stream")
+                seen["stream"] = dict(message.get("headers", [])).get(b"content-type", b"").startswith(
+                    (b"text/event-stream", b"application/x-ndjson"))
             await send(message)
 
         try:
@@ -228,5 +238,11 @@ def json_response(status: int, obj: dict, headers: dict | None = None) -> Respon
     return Response(data, status, headers, media_type="application/json")
 
 
-def sse_event(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n\n"
+def sse_event(obj: dict, name: str | None = None) -> bytes:
+    event = b"event: " + name.encode() + b"\n" if name else b""
+    return event + b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n\n"
+
+
+def json_line(obj: dict) -> bytes:
+    """One object of an NDJSON stream (ollama's)."""
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n"

@@ -34,9 +34,10 @@ from ..json_input import JsonInputError, jsonl_lines, load_json
 SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                    "seed": "seed", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
                    "frequency_penalty": "frequency_penalty"}
-KNOWN_FIELDS = {"id", "prompt", "messages", "system", "max_tokens", "stop", "json_schema", *SAMPLING_FIELDS}
+KNOWN_FIELDS = {"id", "prompt", "messages", "system", "max_tokens", "stop", "json_schema", "reasoning_budget",
+                *SAMPLING_FIELDS}
 ROLES = ("system", "user", "assistant")
-SPELLING = {"stop": '"stop"', "max_tokens": '"max_tokens"',
+SPELLING = {"stop": '"stop"', "max_tokens": '"max_tokens"', "reasoning_budget": '"reasoning_budget"',
             "grammar": '"json_schema" (or --json-schema, --regex, --grammar)'}  # how a line's checks name fields
 
 
@@ -141,6 +142,11 @@ def _request_fields(obj: dict, request: Request, n: int) -> dict:
             sampling[name] = value
     if sampling:
         fields["sampling"] = request.sampling.with_(**sampling)
+    budget = obj.get("reasoning_budget")
+    if budget is not None:  # a reasoning model's thinking tokens (-1: no limit, as llama-server's)
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+            raise InvalidParameterError(f'"reasoning_budget" must be a whole number >= -1, got {id_key(budget)}')
+        fields["reasoning_budget"] = None if budget == -1 else budget
     schema = obj.get("json_schema")
     if schema is not None:
         if not isinstance(schema, (dict, bool)):

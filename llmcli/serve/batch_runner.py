@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..decode.batched import Sequence
+from ..decode.think_first import think_first
 from ..errors import InvalidOutputError, LlmcliError
 from .batch_jobs import LineError, next_cap
 
@@ -30,6 +31,7 @@ class Pending:
     cap: int | None
     attempts: int = 1
     pieces: list[str] = field(default_factory=list)
+    thoughts: list[str] = field(default_factory=list)  # a reasoning model's thinking
 
 
 class BatchRunner:
@@ -59,6 +61,7 @@ class BatchRunner:
             for req, chunk in self.engine.step():
                 p = req.tag
                 p.pieces.append(chunk.text)
+                p.thoughts.append(chunk.reasoning)
                 if chunk.finish_reason is not None:
                     self.tokens += chunk.stats.completion_tokens
                     result = self._finished(p, chunk)
@@ -68,7 +71,7 @@ class BatchRunner:
 
     def _start(self, job) -> LineError | None:
         try:
-            prompt = self.rt.prompt_ids(job.messages, raw=self.raw)
+            prompt = self.rt.prompt_ids(job.messages, raw=self.raw, request=job.request)
             self._submit(Pending(job, prompt, job.request.max_tokens))
         except LlmcliError as e:  # a prompt with no room raises PromptTooLongError in submit
             return LineError(job.line, str(e), job.key)
@@ -76,8 +79,10 @@ class BatchRunner:
 
     def _submit(self, p: Pending) -> None:
         request = p.job.request.with_(max_tokens=p.cap) if p.cap != p.job.request.max_tokens else p.job.request
-        p.pieces = []
-        self.engine.submit(Sequence(p.prompt, request, self.rt.constraint(request), tag=p))
+        p.pieces, p.thoughts = [], []
+        reasoning = self.rt.reasoning(p.prompt, request)
+        constraint = think_first(reasoning, self.rt.constraint(request), self.rt.loaded.tokenizer.eos_ids)
+        self.engine.submit(Sequence(p.prompt, request, constraint, tag=p, reasoning=reasoning))
 
     def _finished(self, p: Pending, chunk) -> dict | None:
         """The result to write, or None when the next attempt was submitted instead."""
@@ -104,6 +109,9 @@ class BatchRunner:
                 return None
         usage = {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens}
         why = {"stopped_by": chunk.stopped_by} if chunk.stopped_by else {}
+        if self.rt.reasoning_format is not None:  # a reasoning model's thinking beside its answer
+            why["reasoning"] = "".join(p.thoughts)
+            usage["reasoning_tokens"] = stats.reasoning_tokens
         if problem is not None:
             self.fallbacks += 1
             return {"id": p.job.id, "fallback": True, "value": self.fallback, "error": problem, "text": text,

@@ -7,7 +7,8 @@ together and independent.
     choice.finish_reason, choice.body()          # once its last chunk was pushed
 
 With tools, the reader holds back what may open a call, and a call goes out whole, as one
-tool_calls delta, once its JSON is complete (its arguments parse and validate).
+tool_calls delta, once its JSON is complete (its arguments parse and validate). A reasoning model's
+thinking (Chunk.reasoning) goes out as `reasoning_content` deltas, apart from the content.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class ChatChoice:
     def __init__(self, index: int, cursor=None, reader=None):
         self.index, self.cursor, self.reader = index, cursor, reader
         self.pieces: list[str] = []
+        self.thoughts: list[str] = []  # the thinking of a reasoning model
         self.entries: list[dict] = []  # every logprobs entry
         self.unsent: list[dict] = []  # entries not streamed yet (their text was held back)
         self.last = None  # the chunk with the finish_reason
@@ -32,15 +34,18 @@ class ChatChoice:
         self.unsent += entries
         if self.reader is None:
             text = chunk.text
-        else:
-            text, _ = self.reader.push(chunk.text, chunk.tokens)
+        else:  # (a thinking token is no call's opener)
+            text, _ = self.reader.push(chunk.text, [] if chunk.reasoning else chunk.tokens)
         if chunk.finish_reason is not None:
             self.last = chunk
             if self.reader is not None:
                 rest, self.whole = self.reader.finish()
                 text += rest
         self.pieces.append(text)
+        self.thoughts.append(chunk.reasoning)
         out = []
+        if chunk.reasoning:
+            out.append(({"reasoning_content": chunk.reasoning}, None if text else self._take()))
         if text or (chunk.finish_reason is not None and self.unsent):
             out.append(({"content": text}, self._take()))
         calls = self.reader.calls if self.reader is not None else []
@@ -70,7 +75,7 @@ class ChatChoice:
         text = "".join(self.pieces)
         content = None if self.calls and not text.strip() else text
         return api.chat_choice(self.index, content, self.finish_reason, self.entries if self.cursor else None,
-                               self.last.stopped_by, self.calls)
+                               self.last.stopped_by, self.calls, "".join(self.thoughts))
 
 
 class CompletionChoice:

@@ -15,9 +15,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
-import torch
-
-from ..runtime.embedder import floats
+from ..runtime.embedder import as_float32, floats
 from .openai_api import ApiError
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
@@ -72,11 +70,11 @@ def _ids(value) -> bool:
             and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
 
 
-def embeddings_response(model: str, vectors: torch.Tensor, tokens: int, as_base64: bool) -> dict:
-    """vectors (N, dimensions) float32 -> OpenAI's list of embedding objects, with usage."""
-    def encode(v: torch.Tensor):
+def embeddings_response(model: str, vectors, tokens: int, as_base64: bool) -> dict:
+    """vectors (N, dimensions) float32, numpy or torch -> OpenAI's list of embedding objects, with usage."""
+    def encode(v):
         if as_base64:
-            return base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii")
+            return base64.b64encode(as_float32(v).astype("<f4").tobytes()).decode("ascii")
         return floats(v)
 
     data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vectors)]

@@ -33,7 +33,9 @@ JSON_OBJECT = '{"type": "object"}'  # response_format json_object: any JSON obje
 CACHED_GRAMMARS = 64  # distinct schemas and grammars kept compiled (clients send the same ones again)
 # How a request's checks name its fields (decode.Request's spelling), and the field an error names as `param`
 SPELLING = {"stop": "stop", "grammar": "response_format or grammar", "tools": "tools", "tool_choice": "tool_choice",
-            "logprobs": "top_logprobs", "max_tokens": "max_tokens"}
+            "logprobs": "top_logprobs", "max_tokens": "max_tokens", "think": "chat_template_kwargs.enable_thinking",
+            "reasoning_budget": "reasoning_budget", "reasoning_format": "reasoning_format",
+            "reasoning_effort": "reasoning_effort"}
 PARAMS = {"grammar": "response_format", "logprobs": "top_logprobs"}
 
 
@@ -59,6 +61,8 @@ class Defaults:
     max_tokens: int | None = None  # both endpoints (else chat: the context; completions: 16)
     system: str | None = None  # chat: a system message for conversations that have none
     grammar: object = None  # constrained.Grammar (--json-schema, --grammar) for requests that ask for no format
+    think: bool | None = None  # a reasoning model thinks or not (--think/--no-think), unless the request says
+    reasoning_budget: int | None = None  # its thinking tokens at most (--reasoning-budget), unless the request says
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Job:
     messages: list[dict] | None = None  # [{"role", "content": str, ...}]: system/user/assistant/tool
     prompt: str | list[int] | None = None  # raw text, or token ids
     n: int = 1  # choices, each sampled on its own
+    template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs: more variables for the template
 
 
 # ------------------------------------------------------------------------------ requests
@@ -98,8 +103,11 @@ def chat_job(body: dict, defaults: Defaults = Defaults()) -> Job:
     tools = _tools(body)
     asks_no_format = schema is None and grammar is None and not tools and body.get("response_format") is None
     grammar = defaults.grammar if asks_no_format else _schema(schema) if schema is not None else _grammar(grammar)
-    request = _request(_params(body, defaults), max_tokens, _stop(body), grammar, logprobs, body, **tools)
-    return Job(request, *_streaming(body), _model(body), messages=messages, n=_integer(body, "n", 1, MAX_N, 1))
+    kwargs = _template_kwargs(body)
+    request = _request(_params(body, defaults), max_tokens, _stop(body), grammar, logprobs, body, **tools,
+                       **_reasoning(body, kwargs, defaults))
+    return Job(request, *_streaming(body), _model(body), messages=messages, n=_integer(body, "n", 1, MAX_N, 1),
+               template_kwargs=kwargs)
 
 
 def completion_job(body: dict, defaults: Defaults = Defaults()) -> Job:
@@ -113,11 +121,11 @@ def completion_job(body: dict, defaults: Defaults = Defaults()) -> Job:
                n=_integer(body, "n", 1, MAX_N, 1))
 
 
-def _request(params: SamplingParams, max_tokens, stop, grammar, logprobs, body: dict, **tools) -> Request:
+def _request(params: SamplingParams, max_tokens, stop, grammar, logprobs, body: dict, **fields) -> Request:
     """The generation asked for, checked as every front end's is; a clash is a 400 naming its field."""
     try:
         return Request(params, max_tokens, stop, grammar=grammar, logprobs=logprobs,
-                       cache_prompt=_bool(body, "cache_prompt", default=True), spelling=SPELLING, **tools)
+                       cache_prompt=_bool(body, "cache_prompt", default=True), spelling=SPELLING, **fields)
     except RequestError as e:
         raise ApiError(400, str(e), PARAMS.get(e.field, e.field)) from None
     except InvalidParameterError as e:
@@ -142,6 +150,38 @@ def _grammar(text: str | None):
         return from_grammar(text, "grammar")
     except GrammarError as e:
         raise ApiError(400, str(e), "grammar") from None
+
+
+def _template_kwargs(body: dict) -> dict:
+    """chat_template_kwargs (vLLM's and llama-server's): variables for the chat template, e.g.
+    {"enable_thinking": false}; JSON-like values only."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise ApiError(400, "chat_template_kwargs must be an object of template variables", "chat_template_kwargs")
+    if any(k in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token") for k in kwargs):
+        raise ApiError(400, "chat_template_kwargs may not set messages, tools, add_generation_prompt or the "
+                            "special tokens", "chat_template_kwargs")
+    return kwargs
+
+
+def _reasoning(body: dict, kwargs: dict, defaults: Defaults = Defaults()) -> dict:
+    """The thinking a request asks for: reasoning_format (none: the tags stay in content),
+    reasoning_budget (llama-server's; -1: no limit), reasoning_effort (gpt-oss), and the switch
+    chat_template_kwargs.enable_thinking (which the template reads as it is)."""
+    fmt = body.get("reasoning_format")
+    if fmt is not None and not isinstance(fmt, str):
+        raise ApiError(400, "reasoning_format must be a string: auto, deepseek or none", "reasoning_format")
+    budget = _integer(body, "reasoning_budget", -1, None, defaults.reasoning_budget)
+    think = kwargs.get("enable_thinking", defaults.think)
+    effort = body.get("reasoning_effort")
+    if effort is None and isinstance(body.get("reasoning"), dict):  # the Responses API's shape
+        effort = body["reasoning"].get("effort")
+    if effort == "minimal":  # OpenAI's lowest; gpt-oss knows low, medium, high
+        effort = "low"
+    return {"reasoning_format": fmt or "auto", "reasoning_budget": None if budget in (None, -1) else budget,
+            "think": think if isinstance(think, bool) else None, "reasoning_effort": effort}
 
 
 def _tools(body: dict) -> dict:
@@ -266,6 +306,9 @@ def _messages(messages) -> list[dict]:
         for key in ("tool_call_id", "name") if role == "tool" else ():
             if isinstance(m.get(key), str):
                 message[key] = m[key]
+        thought = m.get("reasoning_content", m.get("thinking")) if role == "assistant" else None
+        if isinstance(thought, str) and thought:  # for templates that render it (Qwen3's, gpt-oss's `thinking`)
+            message["reasoning_content"] = message["thinking"] = thought
         out.append(message)
     return out
 
@@ -370,7 +413,8 @@ def usage(stats: list) -> dict:
     prompt tokens whose KV came from the prompt cache."""
     prompt, completion = stats[0].prompt_tokens, sum(s.completion_tokens for s in stats)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": sum(s.reasoning_tokens for s in stats)}}
 
 
 def _stopped(stopped_by: str | None) -> dict:
@@ -386,8 +430,10 @@ def tool_call(call, index: int | None = None) -> dict:
 
 
 def chat_choice(index: int, content: str | None, finish: str, logprobs: list[dict] | None, stopped_by: str | None,
-                calls: list | None = None) -> dict:
+                calls: list | None = None, reasoning: str | None = None) -> dict:
     message = {"role": "assistant", "content": content, "refusal": None}
+    if reasoning:  # llama-server's and vLLM's field for a reasoning model's thinking
+        message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [tool_call(c) for c in calls]
     return {"index": index, "message": message,

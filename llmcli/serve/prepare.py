@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..decode.batched import Sequence
 from ..decode.sampling_plain import MAX_SEED
+from ..decode.think_first import think_first
 from ..errors import GrammarError
 from ..formats.tools import ToolsUnsupportedError
 from . import openai_api as api
@@ -30,8 +31,9 @@ class Preparer:
     def chat(self, job: api.Job) -> tuple[list[Sequence], list[ChatChoice]]:
         request = job.request
         try:
-            ids = self.rt.prompt_ids(job.messages, tools=request.tools)
-            seqs = self._sequences(job, ids, "messages")
+            ids = self.rt.prompt_ids(job.messages, tools=request.tools, request=request,
+                                     variables=job.template_kwargs)
+            seqs = self._sequences(job, ids, "messages", thinks=True)
         except ToolsUnsupportedError as e:
             raise ApiError(400, str(e), "tools", "tools_not_supported") from None
         choices = [ChatChoice(i, self._cursor(s), self.rt.call_reader(request)) for i, s in enumerate(seqs)]
@@ -46,7 +48,7 @@ class Preparer:
 
     # ------------------------------------------------------------------ pieces
 
-    def _sequences(self, job: api.Job, ids: list[int], param: str) -> list[Sequence]:
+    def _sequences(self, job: api.Job, ids: list[int], param: str, thinks: bool = False) -> list[Sequence]:
         if not ids:
             raise ApiError(400, f"the {param} is empty", param)
         vocab = self.rt.loaded.args.vocab_size
@@ -61,7 +63,9 @@ class Preparer:
                 constraint = self.rt.constraint(choice)
             except GrammarError as e:
                 raise ApiError(400, str(e), "tools" if request.tools else "grammar") from None
-            seqs.append(Sequence(ids, choice, constraint))
+            reasoning = self.rt.reasoning(ids, choice) if thinks else None
+            constraint = think_first(reasoning, constraint, self.rt.loaded.tokenizer.eos_ids)
+            seqs.append(Sequence(ids, choice, constraint, reasoning=reasoning))
         return seqs
 
     def _cursor(self, seq: Sequence):

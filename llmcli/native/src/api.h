@@ -94,6 +94,10 @@ LLMCLI_API int llmcli_step_set_experts(void* step, int64_t layer, const float* r
                                        int64_t used, int64_t renormalize, const LlmcliProjection* experts);
 // A bias (n_experts,) float32 added to layer `layer`'s router scores (after its set_experts; gpt-oss)
 LLMCLI_API int llmcli_step_set_router_bias(void* step, int64_t layer, const float* bias);
+// Layer `layer`'s shared expert (after its set_experts): every token runs it beside its chosen
+// experts and adds its output times sigmoid(gate . the normed input); gate (hidden) float32; expert:
+// its gate, up and down projections, blocks as stored. The caller keeps them alive.
+LLMCLI_API int llmcli_step_set_shared_expert(void* step, int64_t layer, const float* gate, const LlmcliProjection* expert);
 // n tokens at once, x (n, hidden) their embeddings: token i's keys and values go to cache row
 // rows[i], slot slots[i], and it attends to that row's slots up to its own (tokens of one row at
 // consecutive slots see each other causally; rows never see each other). cos, sin (n, rotary_dim):

@@ -100,6 +100,12 @@ struct Experts {
     bool renormalize = false;       // the chosen experts' probabilities rescaled to sum to one
     std::vector<Group> gate_up, down;
     int64_t inter = 0;
+    // a shared expert every token runs beside its chosen ones (Qwen2-MoE), weighted by
+    // sigmoid(shared_gate . x): none where shared_gate is null (llmcli_step_set_shared_expert)
+    const float* shared_gate = nullptr;  // (hidden)
+    Group shared_gate_up, shared_down;
+    int64_t shared_inter = 0;
+    unsigned shared_down_in = 0;
 };
 
 struct Layer {
@@ -161,9 +167,25 @@ class Step {
         return true;
     }
 
+    // See llmcli_step_set_router_bias (api.h)
     bool set_router_bias(int64_t layer, const float* bias) {
         if (layer < 0 || layer >= (int64_t)layers.size() || !layers[layer].experts) return false;
         layers[layer].experts->router_bias = bias;
+        return true;
+    }
+
+    // See llmcli_step_set_shared_expert (api.h)
+    bool set_shared_expert(int64_t layer, const float* gate, const LlmcliProjection* p) {
+        if (layer < 0 || layer >= (int64_t)layers.size() || !layers[layer].experts || !gate) return false;
+        Layer& l = layers[layer];
+        Experts& e = *l.experts;
+        Group gu, dn;
+        if (p[0].grouped || p[1].grouped || p[2].grouped || !own(p, 2, gu) || !own(p + 2, 1, dn)) return false;
+        const int64_t si = p[0].N;
+        if (p[1].N != si || p[0].K != hidden || p[1].K != hidden || p[2].N != hidden || p[2].K != si) return false;
+        e.shared_gate = gate, e.shared_inter = si, e.shared_down_in = layouts_of(dn);
+        l.gate_up_in |= layouts_of(gu);  // (the normed input, quantized for the experts' and its own rows)
+        e.shared_gate_up = std::move(gu), e.shared_down = std::move(dn);
         return true;
     }
 
@@ -351,6 +373,8 @@ class Step {
     std::vector<int64_t> moe_ids, moe_order, moe_row, moe_start;
     std::vector<float> moe_w, moe_gu, moe_dn;  // each pair's weight; gate/up outputs; down outputs (a row a pair)
     Activation a_moe, a_sorted;  // act(gate) * up a pair; several tokens' inputs copied to their pairs' rows
+    std::vector<float> shared_w, shared_gu, shared_dn;  // the shared expert's: a token's weight, gate/up, down
+    Activation a_shared;  // its act(gate) * up, a row a token
     std::vector<std::vector<float>> scores;  // each thread's
     // each thread's finders of the k largest logits of each row (a thread's chunks of the head come
     // in any order: its own range's, then those it takes from another's), merged after the head: a
@@ -425,21 +449,26 @@ class Step {
         const int64_t k = e.used, I = e.inter, P = N * k, E = (int64_t)e.gate_up.size();
         moe_ids.resize(P), moe_w.resize(P), moe_gu.resize(P * 2 * I), moe_dn.resize(P * hidden);
         a_moe.resize(P, I);
+        const int64_t SI = e.shared_gate ? e.shared_inter : 0;  // (the shared expert's rows follow the experts' in each stage)
+        shared_w.resize(N), shared_gu.resize(N * 2 * SI), shared_dn.resize(N * hidden);
+        a_shared.resize(N, SI);
         per_token(stages, [this, &e](int64_t m) { route(e, m); });
         if (N == 1) {  // a decode step: its k pairs are k experts, each read once
-            stages.push_back({P * 2 * I, 16, [this, &e, I](int, int64_t lo, int64_t hi) {
-                for (int64_t p = lo / (2 * I); p * 2 * I < hi; ++p) {
+            stages.push_back({P * 2 * I + 2 * SI, 16, [this, &e, I, P](int, int64_t lo, int64_t hi) {
+                for (int64_t p = lo / (2 * I); p < P && p * 2 * I < hi; ++p) {
                     const int64_t b = std::max(lo, p * 2 * I) - p * 2 * I, end = std::min(hi, (p + 1) * 2 * I) - p * 2 * I;
                     project_rows(e.gate_up[moe_ids[p]], a.q, a.x.data(), p / e.used, 1, moe_gu.data() + p * 2 * I,
                                  2 * I, b, end);
                 }
+                shared_up(e, P * 2 * I, lo, hi);
             }, {}});
             moe_gate(stages, l, I, P);
             stages.push_back({hidden, 16, [this, &e, P](int, int64_t lo, int64_t hi) {
                 for (int64_t p = 0; p < P; ++p)
                     project_rows(e.down[moe_ids[p]], a_moe.q, a_moe.x.data(), p, 1, moe_dn.data() + p * hidden, hidden,
                                  lo, hi);
-                moe_sum(lo, hi);
+                shared_down(e, lo, hi);
+                moe_sum(lo, hi, e.shared_gate != nullptr);
             }, {}});
             return;
         }
@@ -465,14 +494,15 @@ class Step {
                 if (l.gate_up_in) a_sorted.q.quantize(a_sorted.x.data(), r, r + 1, l.gate_up_in & ~kColsLayout);
             }
         }, {}});
-        stages.push_back({E * 2 * I, 16, [this, &e, I](int, int64_t lo, int64_t hi) {
-            for (int64_t x = lo / (2 * I); x * 2 * I < hi; ++x) {  // expert x's rows of [lo, hi)
+        stages.push_back({E * 2 * I + 2 * SI, 16, [this, &e, I, E](int, int64_t lo, int64_t hi) {
+            for (int64_t x = lo / (2 * I); x < E && x * 2 * I < hi; ++x) {  // expert x's rows of [lo, hi)
                 const int64_t s0 = moe_start[x], s1 = moe_start[x + 1];
                 if (s0 == s1) continue;
                 const int64_t b = std::max(lo, x * 2 * I) - x * 2 * I, end = std::min(hi, (x + 1) * 2 * I) - x * 2 * I;
                 project_rows(e.gate_up[x], a_sorted.q, a_sorted.x.data(), s0, s1 - s0, moe_gu.data() + s0 * 2 * I,
                              2 * I, b, end);
             }
+            shared_up(e, E * 2 * I, lo, hi);
         }, {}});
         moe_gate(stages, l, I, P);
         stages.push_back({hidden, 16, [this, &e, E](int, int64_t lo, int64_t hi) {
@@ -482,22 +512,44 @@ class Step {
                     project_rows(e.down[x], a_moe.q, a_moe.x.data(), s0, s1 - s0, moe_dn.data() + s0 * hidden, hidden,
                                  lo, hi);
             }
-            moe_sum(lo, hi);
+            shared_down(e, lo, hi);
+            moe_sum(lo, hi, e.shared_gate != nullptr);
         }, {}});
+    }
+
+    // The shared expert's gate and up rows of [lo, hi) past `at` (where the experts' rows of the
+    // stage end), every token's from its normed input
+    void shared_up(const Experts& e, int64_t at, int64_t lo, int64_t hi) {
+        if (!e.shared_gate || hi <= at) return;
+        project_rows(e.shared_gate_up, a.q, a.x.data(), 0, N, shared_gu.data(), 2 * e.shared_inter,
+                     std::max(lo, at) - at, hi - at);
+    }
+
+    // The shared expert's down rows [lo, hi) of every token
+    void shared_down(const Experts& e, int64_t lo, int64_t hi) {
+        if (e.shared_gate)
+            project_rows(e.shared_down, a_shared.q, a_shared.x.data(), 0, N, shared_dn.data(), hidden, lo, hi);
     }
 
     // act(gate) * up of each of the P rows of moe_gu (in pair order for one token, expert order for
     // several) into a_moe's row, quantized for the experts' down
+    // (and the shared expert's: N rows more, into a_shared)
     void moe_gate(std::vector<Stage>& stages, const Layer& l, int64_t I, int64_t P) {
-        stages.push_back({P, 1, [this, &l, I](int, int64_t lo, int64_t hi) {
+        const Experts& e = *l.experts;
+        stages.push_back({P + (e.shared_gate ? N : 0), 1, [this, &l, &e, I, P](int, int64_t lo, int64_t hi) {
             for (int64_t r = lo; r < hi; ++r) {
-                const float* g = moe_gu.data() + r * 2 * I;
-                float* o = a_moe.row(r);
-                std::copy(g, g + I, o);
-                if (act == 1) gelu_tanh_mul(o, g + I, I);
-                else if (act == 2) swiglu_oai_mul(o, g + I, I);
-                else silu_mul(o, g + I, I);
-                if (l.down_in) a_moe.q.quantize(a_moe.x.data(), r, r + 1, l.down_in & ~kColsLayout);
+                const bool shared = r >= P;
+                const int64_t n = shared ? e.shared_inter : I;
+                const float* g = shared ? shared_gu.data() + (r - P) * 2 * n : moe_gu.data() + r * 2 * I;
+                Activation& out = shared ? a_shared : a_moe;
+                const int64_t row = shared ? r - P : r;
+                float* o = out.row(row);
+                std::copy(g, g + n, o);
+                if (act == 1) gelu_tanh_mul(o, g + n, n);
+                else if (act == 2) swiglu_oai_mul(o, g + n, n);
+                else silu_mul(o, g + n, n);
+                const unsigned in = shared ? e.shared_down_in : l.down_in;
+                if (in) out.q.quantize(out.x.data(), row, row + 1, in & ~kColsLayout);
             }
         }, {}});
     }
@@ -505,7 +557,8 @@ class Step {
     // y's columns [lo, hi) of every token: its pairs' down outputs weighted, summed in its choices'
     // order (a token's numbers whatever tokens came with it). moe_dn holds a row a pair: in pair
     // order for one token, in expert order (moe_order) for several
-    void moe_sum(int64_t lo, int64_t hi) {
+    // (then the shared expert's output times its weight, where the layer has one)
+    void moe_sum(int64_t lo, int64_t hi, bool shared) {
         const int64_t k = (int64_t)moe_ids.size() / N;
         for (int64_t m = 0; m < N; ++m) {
             float* ym = y.data() + m * hidden;
@@ -514,6 +567,11 @@ class Step {
                 const int64_t p = m * k + s;
                 const float* d = moe_dn.data() + (N > 1 ? moe_row[p] : p) * hidden;
                 const float w = moe_w[p];
+                for (int64_t i = lo; i < hi; ++i) ym[i] += w * d[i];
+            }
+            if (shared) {
+                const float* d = shared_dn.data() + m * hidden;
+                const float w = shared_w[m];
                 for (int64_t i = lo; i < hi; ++i) ym[i] += w * d[i];
             }
         }
@@ -543,6 +601,11 @@ class Step {
         for (int64_t s = 0; s < k; ++s) {
             moe_ids[m * k + s] = order[s];
             moe_w[m * k + s] = score[order[s]] / (e.renormalize ? chosen : total);
+        }
+        if (e.shared_gate) {
+            float g = 0.f;
+            for (int64_t j = 0; j < hidden; ++j) g += e.shared_gate[j] * xm[j];
+            shared_w[m] = 1.f / (1.f + std::exp(-g));
         }
     }
 
@@ -627,6 +690,10 @@ LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_d
 
 LLMCLI_API int llmcli_step_add_layer(void* step, const LlmcliLayer* layer) {
     return static_cast<Step*>(step)->add_layer(*layer) ? 0 : 1;
+}
+
+LLMCLI_API int llmcli_step_set_shared_expert(void* step, int64_t layer, const float* gate, const LlmcliProjection* expert) {
+    return static_cast<Step*>(step)->set_shared_expert(layer, gate, expert) ? 0 : 1;
 }
 
 LLMCLI_API int llmcli_step_set_experts(void* step, int64_t layer, const float* router, int64_t n_experts,
