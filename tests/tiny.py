@@ -217,7 +217,10 @@ _GEMMA3_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedfor
 # HF model_type -> llama.cpp architecture
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
              "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe",
-             "mixtral": "llama"}
+             "mixtral": "llama", "gpt_oss": "gpt-oss"}
+# gpt-oss's names where llama.cpp's differ from the other families' (its converter's)
+_GPT_OSS_LAYER = {"post_attention_layernorm": "post_attention_norm", "mlp.router": "ffn_gate_inp",
+                  "self_attn.sinks": "attn_sinks"}
 
 
 def gguf_name(hf: str, arch: str = "llama") -> str:
@@ -226,6 +229,10 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     parts = hf.split(".")  # model.layers.N.<module...>.weight
     layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
     names = {**_LAYER, **_GEMMA3_LAYER} if arch == "gemma3" else _LAYER
+    if arch == "gpt-oss":
+        if hf.endswith(".self_attn.sinks"):  # a parameter, stored as a weight
+            return f"blk.{layer}.attn_sinks.weight"
+        names = {**_LAYER, **_GPT_OSS_LAYER}
     return f"blk.{layer}.{names[module]}.{kind}"
 
 
@@ -286,6 +293,14 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
             w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(factor) / np.log(orig))))
             w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
             w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    if rope.get("rope_type") == "yarn":  # as llama.cpp's converter writes it
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope.get("beta_fast", 32.0))
+        w.add_rope_scaling_yarn_beta_slow(rope.get("beta_slow", 1.0))
+    if arch == "gpt-oss":
+        w.add_sliding_window(cfg.sliding_window)
     if hasattr(cfg, "num_experts_per_tok"):  # a mixture of experts
         w.add_expert_count(getattr(cfg, "num_experts", None) or cfg.num_local_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -309,6 +324,9 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
     for name, t in model.state_dict().items():
         if cfg.tie_word_embeddings and name == "lm_head.weight":
             continue
+        if arch == "gpt-oss" and ".mlp.experts." in name:  # (E, H, 2I) interleaved gate/up, (E, I, H) down
+            held.update(_write_gpt_oss_experts(w, name, t.detach().float().numpy(), type_of))
+            continue
         if ".mlp.experts." in name:  # transformers' (E, 2I, H) gate_up and (E, H, I) down, as llama.cpp's 3-D tensors
             held.update(_write_experts(w, name, t.detach().float().numpy(), type_of))
             continue
@@ -326,7 +344,8 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
         else:
             a_file = a
         qt = gguf.GGMLQuantizationType[type_of(name, a.shape)]
-        if name.endswith(".mlp.gate.weight"):  # a router: llama-quantize leaves ffn_gate_inp in F32
+        if name.endswith(".mlp.gate.weight") or name.endswith(".mlp.router.weight"):
+            # a router: llama-quantize leaves ffn_gate_inp in F32
             qt = gguf.GGMLQuantizationType.F32
         if a.ndim == 2 and qt not in (gguf.GGMLQuantizationType.F32,):
             q = quantize(a_file, qt.name)
@@ -374,6 +393,83 @@ def _write_experts(w, name: str, a: np.ndarray, type_of) -> dict[str, np.ndarray
             back = np.stack([dequantize(q[e], qt).reshape(m.shape[1:]) for e in range(E)])
         for e in range(E):
             held[f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.weight"] = np.asarray(back[e], dtype=np.float32)
+    return held
+
+
+def _write_gpt_oss_experts(w, name: str, a: np.ndarray, type_of) -> dict[str, np.ndarray]:
+    """gpt-oss's 3-D experts as llama.cpp's converter writes them: gate_up_proj (E, H, 2I) (columns
+    alternating gate, up) -> ffn_gate_exps and ffn_up_exps (E, I, H), down_proj (E, I, H) -> ffn_down_exps
+    (E, H, I), the biases split the same way; the per-expert values the file holds, under llmcli's names
+    (`mlp.experts.3.gate_proj.weight`)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from benchmarks.shapes import quantize
+
+    layer, what = name.split(".")[2], name.rsplit(".", 1)[-1]
+    if what.endswith("_bias"):
+        parts = {"gate": a[:, 0::2], "up": a[:, 1::2]} if what.startswith("gate_up") else {"down": a}
+        for kind, m in parts.items():
+            w.add_tensor(f"blk.{layer}.ffn_{kind}_exps.bias", np.ascontiguousarray(m, dtype=np.float32))
+        return {f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.bias": np.asarray(m[e], dtype=np.float32)
+                for kind, m in parts.items() for e in range(a.shape[0])}
+    if what == "gate_up_proj":
+        parts = {"gate": a[:, :, 0::2].transpose(0, 2, 1), "up": a[:, :, 1::2].transpose(0, 2, 1)}
+    else:
+        parts = {"down": a.transpose(0, 2, 1)}
+    held = {}
+    for kind, m in parts.items():
+        m = np.ascontiguousarray(m, dtype=np.float32)
+        qt = gguf.GGMLQuantizationType[type_of(f"model.layers.{layer}.mlp.experts.0.{kind}_proj.weight", m.shape[1:])]
+        if qt == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(f"blk.{layer}.ffn_{kind}_exps.weight", m)
+            back = m
+        else:
+            q = np.stack([quantize(m[e], qt.name) for e in range(m.shape[0])])
+            w.add_tensor(f"blk.{layer}.ffn_{kind}_exps.weight", q, raw_dtype=qt)
+            back = np.stack([dequantize(q[e], qt).reshape(m.shape[1:]) for e in range(m.shape[0])])
+        for e in range(m.shape[0]):
+            held[f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.weight"] = np.asarray(back[e], dtype=np.float32)
+    return held
+
+
+def gpt_oss_reference(model, held: dict[str, np.ndarray]):
+    """A copy of a transformers gpt-oss holding what a file holds: per-expert values (write_gguf's
+    or save_gpt_oss_mxfp4's) back into its 3-D tensors, gate and up interleaved again."""
+    ref = copy.deepcopy(model)
+    E = model.config.num_local_experts
+    with torch.no_grad():
+        for name, p in ref.state_dict().items():
+            if name in held:
+                p.copy_(torch.from_numpy(held[name]))
+                continue
+            base, what = name.rsplit(".", 1)
+            part = "bias" if what.endswith("_bias") else "weight"
+            if ".mlp.experts" not in name or f"{base}.0.{'down' if 'down' in what else 'gate'}_proj.{part}" not in held:
+                continue
+
+            def got(e, kind, part):
+                return torch.from_numpy(held[f"{base}.{e}.{kind}_proj.{part}"])
+
+            for e in range(E):
+                if what == "gate_up_proj":
+                    p[e, :, 0::2], p[e, :, 1::2] = got(e, "gate", "weight").T, got(e, "up", "weight").T
+                elif what == "gate_up_proj_bias":
+                    p[e, 0::2], p[e, 1::2] = got(e, "gate", "bias"), got(e, "up", "bias")
+                elif what == "down_proj":
+                    p[e] = got(e, "down", "weight").T
+                elif what == "down_proj_bias":
+                    p[e] = got(e, "down", "bias")
+    return ref
+
+
+def save_gpt_oss_mxfp4(model, folder: Path, template: str | None = CHAT_TEMPLATE) -> dict[str, np.ndarray]:
+    """A gpt-oss folder as OpenAI ships it, experts in MXFP4 (benchmarks/shapes.py's
+    save_gpt_oss_mxfp4), with the tiny tokenizer; -> the per-expert values the blocks hold."""
+    from benchmarks.shapes import save_gpt_oss_mxfp4 as save
+
+    held = save(model, folder)
+    write_tokenizer(folder, template)
     return held
 
 

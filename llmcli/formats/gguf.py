@@ -2,7 +2,8 @@
 
 The file is memory-mapped; tensors are numpy views of the map, laid out exactly as the `gguf`
 package's `GGUFReader` lays them out, and the package's `dequantize` handles every tensor type it
-knows (F32, F16, BF16, Q4_0 … Q8_0 and the K-quants). The header is parsed here rather than by
+knows (F32, F16, BF16, Q4_0 … Q8_0, the K-quants and MXFP4, gpt-oss's experts: blocks of 32 e2m1
+values with one e8m0 scale byte). The header is parsed here rather than by
 `GGUFReader`, which builds a numpy view per string and is an order of magnitude slower on a
 vocabulary. Tensor names are mapped to Hugging Face names, and llama-type files have
 their Q/K rows un-permuted back to HF's rotary layout.
@@ -22,23 +23,26 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorruptModelError, UnsupportedModelError
-from ..models.args import (Gemma3Args, LlamaArgs, MixtralArgs, MoeArgs, OlmoeArgs, Phi3Args, Qwen2MoeArgs,
-                           Qwen3MoeArgs)
+from ..models.args import (Gemma3Args, GptOssArgs, LlamaArgs, MixtralArgs, MoeArgs, OlmoeArgs, Phi3Args,
+                           Qwen2MoeArgs, Qwen3MoeArgs)
 
 if TYPE_CHECKING:
     import torch
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)  # what llama.cpp reads (version 1 had 32-bit counts; 3 added big-endian files)
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "qwen2moe", "olmoe")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "qwen2moe", "olmoe",
+                                "gpt-oss")
 # llama.cpp's converter permutes Q and K rows for these (interleaved rotary pairs); qwen, phi3 and
 # gemma3 are stored in HF's half-split layout
 _PERMUTED_ARCHITECTURES = ("llama", "mistral")
 # GGUF architecture -> HF model_type
 _MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe"}
-# a mixture of experts' matrices, all experts in one 3-D tensor (GGUF dims: K, N, experts)
-_EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+                "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
+                "gpt-oss": "gpt_oss"}
+# a mixture of experts' matrices, all experts in one 3-D tensor (GGUF dims: K, N, experts); gpt-oss's
+# biases, one row an expert (N, experts)
+_EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|bias)$")
 # tensors that are RoPE tables, not weights
 _ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -56,6 +60,8 @@ _LAYER_NAMES = {
 # gemma3: four norms per layer; `ffn_norm` is the one before the MLP
 _GEMMA3_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                  "post_ffw_norm": "post_feedforward_layernorm"}
+# gpt-oss: the norm before the experts is `post_attention_norm`; a sink logit per head
+_GPT_OSS_NAMES = {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -281,8 +287,16 @@ def model_args(meta: dict, tensor_names: set[str], reader=None) -> LlamaArgs:
     kind = get("rope.scaling.type", "none")
     if kind == "linear":
         scaling = {"rope_type": "linear", "factor": get("rope.scaling.factor", 1.0)}
+    elif kind == "yarn":  # as llama.cpp applies it: the ramp's ends rounded outwards (ggml_rope_yarn_corr_dims)
+        scaling = {"rope_type": "yarn", "factor": get("rope.scaling.factor", 1.0),
+                   "original_max_position_embeddings": get("rope.scaling.original_context_length",
+                                                           get("context_length", 4096)),
+                   "beta_fast": get("rope.scaling.yarn_beta_fast", 32.0),
+                   "beta_slow": get("rope.scaling.yarn_beta_slow", 1.0), "truncate": True,
+                   "attention_factor": get("rope.scaling.yarn_attn_factor")}
     elif kind not in ("none", None) and not (arch == "phi3" and kind == "longrope"):  # phi3: its factor tensors
-        raise UnsupportedModelError(f"rope scaling {kind!r} in this GGUF is not supported; supported: none, linear")
+        raise UnsupportedModelError(f"rope scaling {kind!r} in this GGUF is not supported; supported: none, linear, "
+                                    "yarn")
     vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())) or None
     if reader is not None:  # the embedding's rows are the real vocabulary (gemma3's converter trims it)
         embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
@@ -315,6 +329,8 @@ def model_args(meta: dict, tensor_names: set[str], reader=None) -> LlamaArgs:
             return _gemma3_args(meta, common, get)
         if arch == "phi3":
             return _phi3_args(common, get, reader, n_heads)
+        if arch == "gpt-oss":
+            return _gpt_oss_args(common, get)
         if arch in ("qwen3moe", "qwen2moe", "olmoe") or (arch == "llama" and get("expert_count")):
             return _moe_args(arch, common, get)
         args = LlamaArgs(model_type=_MODEL_TYPES[arch], **common)
@@ -336,6 +352,17 @@ def _moe_args(arch: str, common: dict, get) -> MoeArgs:
     extra = {"shared_expert_intermediate_size": get("expert_shared_feed_forward_length") or 0} if arch == "qwen2moe" else {}
     return kind(**common, num_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"),
                 moe_intermediate_size=ff, norm_topk_prob=arch in ("qwen3moe", "llama"), **extra)
+
+
+def _gpt_oss_args(common: dict, get) -> GptOssArgs:
+    """gpt-oss as llama.cpp reads it: even layers slide (its swa pattern 2), odd ones see everything;
+    experts of expert_feed_forward_length."""
+    ff = get("expert_feed_forward_length") or common["intermediate_size"]
+    common = {**common, "intermediate_size": common["intermediate_size"] or ff}
+    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(common["num_hidden_layers"])] \
+        if isinstance(common["num_hidden_layers"], int) else None
+    return GptOssArgs(**{**common, "attention_bias": True, "qkv_bias": False}, num_experts=get("expert_count"),
+                      num_experts_per_tok=get("expert_used_count"), moe_intermediate_size=ff, layer_types=types)
 
 
 def _gemma3_args(meta: dict, common: dict, get) -> LlamaArgs:
@@ -378,6 +405,10 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
             names = {**_LAYER_NAMES, **_GEMMA3_NAMES}
         elif arch == "phi3":  # ffn_up holds gate and up stacked, as HF's gate_up_proj
             names = {**_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"}
+        elif arch == "gpt-oss":
+            names = {**_LAYER_NAMES, **_GPT_OSS_NAMES}
+            if part == "attn_sinks":  # a parameter of the attention, not a module's weight
+                return f"model.layers.{layer}.self_attn.sinks" if kind == "weight" else None
         return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     base, _, kind = gguf_name.rpartition(".")
     return f"{_GLOBAL_NAMES[base]}.{kind}" if base in _GLOBAL_NAMES else None
@@ -398,6 +429,10 @@ def gguf_name(hf: str, arch: str = "llama") -> str | None:
         names = {**_LAYER_NAMES, **_GEMMA3_NAMES}
     elif arch == "phi3":
         names = {**_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"}
+    elif arch == "gpt-oss":
+        if hf.endswith(".self_attn.sinks"):
+            return f"blk.{m.group(1)}.attn_sinks.weight"
+        names = {**_LAYER_NAMES, **_GPT_OSS_NAMES}
     part = next((short for short, long in names.items() if long == m.group(2)), None)
     return None if part is None else f"blk.{m.group(1)}.{part}.{kind}"
 
@@ -470,7 +505,8 @@ def iter_tensors(reader, args: LlamaArgs, arch: str):
             continue
         experts = _EXPERTS.match(t.name)
         if experts:
-            yield from expert_tensors(t, experts.group(1), experts.group(2), args)
+            layer, kind, what = experts.groups()
+            yield from expert_tensors(t, layer, kind, args, what)
             continue
         name = hf_name(t.name, arch)
         if name is None:
@@ -496,21 +532,21 @@ def check_router(t: TensorInfo, args) -> None:
                                 "the file is corrupt, download it again")
 
 
-def expert_tensors(t: TensorInfo, layer: str, kind: str, args):
-    """A 3-D tensor of every expert's matrix -> (hf_name, that expert's matrix as a tensor of its own,
-    None) for each expert: the same bytes of the map, a slice of the rows. CorruptModelError where its
-    shape disagrees with the metadata."""
-    E, N, K = tensor_shape(t)
-    inter, hidden = getattr(args, "moe_intermediate_size", None), args.hidden_size
-    want = (getattr(args, "num_experts", None), hidden, inter) if kind == "down" else \
-        (getattr(args, "num_experts", None), inter, hidden)
-    if (E, N, K) != want or t.n_bytes % E:
-        raise CorruptModelError(f"tensor {t.name} has shape {(E, N, K)}, but the metadata says {want}; "
+def expert_tensors(t: TensorInfo, layer: str, kind: str, args, what: str = "weight"):
+    """A 3-D tensor of every expert's matrix (or a 2-D one of every expert's bias, gpt-oss) ->
+    (hf_name, that expert's matrix or bias as a tensor of its own, None) for each expert: the same
+    bytes of the map, a slice of the rows. CorruptModelError where its shape disagrees with the metadata."""
+    shape = tensor_shape(t)
+    E, inter, hidden = getattr(args, "num_experts", None), getattr(args, "moe_intermediate_size", None), args.hidden_size
+    N, K = (hidden, inter) if kind == "down" else (inter, hidden)
+    want = (E, N, K) if what == "weight" else (E, N)
+    if shape != want or t.n_bytes % E:
+        raise CorruptModelError(f"tensor {t.name} has shape {shape}, but the metadata says {want}; "
                                 "the file is corrupt, download it again")
     for e in range(E):
         part = replace(t, name=f"{t.name}[{e}]", shape=t.shape[:-1], n_elements=t.n_elements // E,
                        n_bytes=t.n_bytes // E, data_offset=t.data_offset + e * (t.n_bytes // E))
-        yield f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.weight", part, None
+        yield f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.{what}", part, None
 
 
 def load_state_dict(reader, args: LlamaArgs, arch: str, dtype: torch.dtype, device: torch.device) -> dict:

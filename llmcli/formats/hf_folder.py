@@ -76,20 +76,105 @@ _RENAMES = [(re.compile(r"\.block_sparse_moe\.gate\."), ".mlp.gate."),
 
 
 def module_name(name: str) -> str:
-    """A checkpoint's tensor name as llmcli's modules name it (most are the same)."""
+    """A checkpoint's tensor name as llmcli's modules name it (most are the same; gpt-oss's router
+    is `mlp.router`, the other families' `mlp.gate`)."""
     if "block_sparse_moe" in name:
         for pattern, repl in _RENAMES:
             name = pattern.sub(repl, name)
-    return name
+    return name.replace(".mlp.router.", ".mlp.gate.")
+
+
+# gpt-oss: each layer's experts in 3-D tensors, plain or MXFP4 (blocks and scales)
+_FUSED_EXPERTS = re.compile(r"(.+\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?")
+# e2m1 codes -> values (the OCP microscaling spec's FP4; the sign is the code's high bit)
+_FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def mxfp4_values(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """HF's MXFP4: blocks (..., G, 16) uint8, scales (..., G) uint8 -> float32 (..., G * 32). Byte j of
+    a block holds element 2j in its low nibble and 2j + 1 in its high one; the block's value is
+    code * 2^(scale - 127) (transformers' integrations/mxfp4.py; GGUF's MXFP4 orders them as its
+    other 4-bit blocks, element j low and j + 16 high: formats/gguf.py reads those)."""
+    import torch
+
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise CorruptModelError(f"MXFP4 blocks of shape {tuple(blocks.shape)} do not go with scales of shape "
+                                f"{tuple(scales.shape)}; download the model again")
+    lut = torch.tensor(_FP4, dtype=torch.float32)
+    b = blocks.to(torch.uint8).long()
+    v = torch.stack((lut[b & 15], lut[b >> 4]), dim=-1).reshape(*b.shape[:-1], 32)
+    v = torch.ldexp(v, scales.to(torch.int32)[..., None] - 127)
+    return v.reshape(*b.shape[:-2], -1)
+
+
+def mxfp4_as_gguf(blocks: torch.Tensor, scales: torch.Tensor):
+    """HF's MXFP4 blocks (N, G, 16) and scales (N, G) -> GGUF's MXFP4 (N, G * 17) uint8 numpy, the
+    same codes: [e][byte j: element j low nibble, j + 16 high] (what formats/gguf.py and the
+    quantizers read as a GGUF's)."""
+    import numpy as np
+    import torch
+
+    b = blocks.to(torch.uint8).numpy()
+    codes = np.stack((b & 15, b >> 4), axis=-1).reshape(*b.shape[:-1], 32)  # element 2j, 2j + 1
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    out = np.concatenate((scales.to(torch.uint8).numpy()[..., None], packed), axis=-1)
+    return np.ascontiguousarray(out.reshape(b.shape[0], -1))
+
+
+def expert_parts(name: str, shape: tuple[int, ...]):
+    """gpt-oss's 3-D expert tensors as llmcli's per-expert modules name them: [(module name, shape,
+    expert e, part(get), raw(get) or None)], get(checkpoint name) giving that tensor's slice of expert
+    e, part() that expert's matrix or bias from it (gate_up's columns alternate gate, up; the
+    matrices are stored (in, out): transposed here) and raw() an MXFP4 matrix's blocks in GGUF's
+    layout (kept packed: quant/gguf_import.py). [] for MXFP4 scales (read with their blocks); None
+    for a tensor of any other name."""
+    m = _FUSED_EXPERTS.fullmatch(name)
+    if m is None:
+        return None
+    base, kind, suffix = m.groups()
+    base = module_name(base)
+    if suffix == "_scales":
+        return []
+    scales = name.removesuffix("_blocks") + "_scales"
+    if kind == "down_proj":  # (E, I, H) -> (H, I); bias (E, H); blocks (E, H, I/32, 16)
+        halves = [("down_proj", slice(None))]
+    else:  # (E, H, 2I) -> gate (I, H) from the even columns, up from the odd ones
+        halves = [("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))]
+    out = []
+    for e in range(shape[0]):
+        for proj, cols in halves:
+            if suffix == "_bias":
+                n = len(range(shape[1])[cols])
+                out.append((f"{base}.{e}.{proj}.bias", (n,), e, lambda get, c=cols: get(name)[c], None))
+            elif suffix == "_blocks":  # rows (out features) interleaved for gate_up, as the bias
+                n = len(range(shape[1])[cols])
+                out.append((f"{base}.{e}.{proj}.weight", (n, shape[2] * 32), e,
+                            lambda get, c=cols: mxfp4_values(get(name)[c], get(scales)[c]),
+                            lambda get, c=cols: mxfp4_as_gguf(get(name)[c], get(scales)[c])))
+            else:
+                n = len(range(shape[2])[cols])
+                out.append((f"{base}.{e}.{proj}.weight", (n, shape[1]), e,
+                            lambda get, c=cols: get(name)[:, c].T.contiguous(), None))
+    return out
 
 
 def load_state_dict(files: list[Path], dtype: torch.dtype, device: torch.device) -> dict:
-    """All tensors from the shards (memory-mapped), cast to `dtype` on `device`."""
-    state = {}
+    """All tensors from the shards (memory-mapped), cast to `dtype` on `device`; gpt-oss's 3-D
+    experts split into each expert's matrices (expert_parts)."""
+    state, fused = {}, {}
     for name, t in read_tensors(files):
         if name.endswith("rotary_emb.inv_freq"):
             continue  # recomputed; older checkpoints stored it
+        if _FUSED_EXPERTS.fullmatch(name):
+            fused[name] = t
+            continue
         state[module_name(name)] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+    for name, t in fused.items():
+        try:
+            for part, _, e, take, _ in expert_parts(name, tuple(t.shape)):
+                state[part] = take(lambda n: fused[n][e]).to(device=device, dtype=dtype)
+        except KeyError as missing:
+            raise CorruptModelError(f"{name} has no {missing}; download the model again") from None
     return state
 
 

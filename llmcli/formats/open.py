@@ -127,6 +127,13 @@ class ModelFile:
         return (self.metadata.get("general.name") if self.is_gguf else None) or self.path.name
 
     @property
+    def keeps_blocks(self) -> bool:
+        """Whether loading as stored keeps quantized blocks packed (quant/gguf_import.as_stored_preset):
+        a GGUF file, or a folder with MXFP4 experts (gpt-oss as OpenAI ships it)."""
+        return self.is_gguf or (self.quantization is None and
+                                any(h.get("dtype") == "MXFP4" for h in self.headers.values()))
+
+    @property
     def license(self) -> str | None:
         return self.metadata.get("general.license") if self.is_gguf else None
 
@@ -165,9 +172,17 @@ class ModelFile:
 
     @cached_property
     def headers(self) -> dict[str, dict]:
-        """Folders: every shard's tensors, {name: {"dtype", "shape", ...}} from the JSON headers."""
-        return {hf_folder.module_name(k): v for f in self.files for k, v in hf_folder.read_header(f).items()
-                if k != "__metadata__"}
+        """Folders: every shard's tensors, {name: {"dtype", "shape", ...}} from the JSON headers
+        (gpt-oss's 3-D experts as each expert's matrices and biases, dtype "MXFP4" from blocks)."""
+        out = {}
+        for f in self.files:
+            for k, v in hf_folder.read_header(f).items():
+                parts = None if k == "__metadata__" else hf_folder.expert_parts(k, tuple(v["shape"]))
+                if parts is None and k != "__metadata__":
+                    out[hf_folder.module_name(k)] = v
+                for name, shape, *_ in parts or ():
+                    out[name] = {"dtype": "MXFP4" if k.endswith("_blocks") else v["dtype"], "shape": list(shape)}
+        return out
 
     def tensor_types(self) -> Counter:
         """How many tensors of each stored type (GGUF names, or safetensors dtypes)."""

@@ -42,6 +42,24 @@ class Source:
         return self.stored_bytes if self.stored_bytes is not None else 4 * self.numel
 
 
+def _expert_source(where: dict[str, Path], name: str, shape: tuple[int, ...], e: int, take, raw) -> Source:
+    """One expert's matrix or bias of gpt-oss's 3-D tensors (hf_folder.expert_parts): float32 values,
+    and an MXFP4 matrix's blocks in GGUF's layout (`raw`); `where`: each checkpoint tensor's shard
+    (MXFP4 blocks and their scales may lie in two)."""
+    def get(n: str):
+        if n not in where:
+            raise CorruptModelError(f"the checkpoint has no {n}; download the model again")
+        with safe_open(str(where[n]), framework="pt", device="cpu") as g:
+            return g.get_slice(n)[e]
+
+    def values():
+        return take(get).float()
+
+    if raw is None:
+        return Source(name, shape, values)
+    return Source(name, shape, values, "MXFP4", lambda: raw(get), stored_bytes=shape[0] * shape[1] // 32 * 17)
+
+
 _ITEMSIZE = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
@@ -64,6 +82,7 @@ _FLOATS = ("BF16", "F16", "F32")  # safetensors' names, which are GGUF's too
 
 def folder_sources(files: list[Path]) -> list[Source]:
     out = []
+    where = {k: path for path in files for k in hf_folder.read_header(path) if k != "__metadata__"}
     for path in files:
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
@@ -73,6 +92,10 @@ def folder_sources(files: list[Path]) -> list[Source]:
             raise CorruptModelError(f"{path} is truncated or corrupt ({e}); download it again") from None
         for name, shape, dtype in names:
             if name.endswith("rotary_emb.inv_freq"):
+                continue
+            parts = hf_folder.expert_parts(name, shape)
+            if parts is not None:  # gpt-oss's 3-D experts: each expert's matrices, read one at a time
+                out.extend(_expert_source(where, *part) for part in parts)
                 continue
 
             def stored(path=path, name=name):

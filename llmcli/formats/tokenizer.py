@@ -26,6 +26,11 @@ from ..errors import CorruptModelError, UnsupportedModelError
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|endoftext|>",
                      "<|end|>", "<end_of_turn>", "</s>", "<|END_OF_TURN_TOKEN|>")
 
+# harmony (gpt-oss's chat format): a reply is messages on channels (analysis, then final), each ending
+# with <|end|>; the reply ends with <|return|>, or <|call|> after a tool call. In a vocabulary with
+# both, these end a reply and <|end|> does not (llama.cpp drops <|end|> from its end tokens there too)
+HARMONY_ENDS = ("<|return|>", "<|call|>")
+
 # GGUF token types (llama.cpp's llama_token_type)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
@@ -168,12 +173,13 @@ def _special_ids(backend: Backend) -> frozenset[int]:
 
 def _end_ids(backend: Backend, declared: list[int]) -> frozenset[int]:
     special = backend.get_added_tokens_decoder()
-    texts = {tok.content for tok in special.values()}
+    texts = {tok.content: i for i, tok in special.items() if tok.special}
     # gpt-oss's harmony format ends each message of one reply (its thinking, then its answer) with
-    # <|end|>: there only the declared ids (<|return|>, <|call|>) end the reply
-    known_texts = set(END_OF_TURN_TEXTS) - ({"<|end|>"} if "<|channel|>" in texts else set())
-    known = {i for i, tok in special.items() if tok.special and tok.content in known_texts}
-    return frozenset(i for i in declared if i is not None) | known
+    # <|end|>: there <|return|> and <|call|> end the reply, and <|end|> does not (HARMONY_ENDS)
+    harmony = "<|channel|>" in {tok.content for tok in special.values()} or all(t in texts for t in HARMONY_ENDS)
+    known = {i for t, i in texts.items() if t in END_OF_TURN_TEXTS or (harmony and t in HARMONY_ENDS)}
+    ends = frozenset(i for i in declared if i is not None) | known
+    return ends - {texts.get("<|end|>")} if harmony else ends
 
 
 def _sentencepiece_bpe(pieces: list[str], scores: list[float], types: list[int], add_space_prefix: bool,

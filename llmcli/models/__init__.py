@@ -17,7 +17,7 @@ def family(model_type: str):
 
 _MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "phi3": "phi3",
             "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "mixtral",
-            "olmoe": "olmoe", "bert": "bert"}
+            "olmoe": "olmoe", "gpt_oss": "gpt_oss", "bert": "bert"}
 
 
 def set_rope(model, args, device) -> None:
@@ -52,7 +52,12 @@ def build(args, state_dict: dict, device):
     model = skeleton(args)
     if args.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    try:
+        missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    except RuntimeError as e:  # torch lists every tensor whose shape differs from the config's: name the first
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e).splitlines()[0])
+        raise CorruptModelError(f"the weights do not match the config ({first}); the download may be "
+                                "incomplete or the config wrong") from None
     missing = [m for m in missing if not (args.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"

@@ -364,10 +364,58 @@ class OlmoeArgs(MoeArgs):
         args.qk_norm = args.whole_qk_norm = True
         return args
 
+
+@dataclass
+class GptOssArgs(MoeArgs):
+    """gpt-oss: biased attention with a learned sink logit per head, sliding-window (128) and full
+    layers alternating, YaRN RoPE; in every layer `num_experts` experts of intermediate_size with
+    biases and a clamped SwiGLU, behind a biased router (the top k logits' softmax)."""
+
+    model_type: str = "gpt_oss"
+    attention_bias: bool = True
+    softmax_first: bool = False
+    sliding_window: int | None = 128
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 150000.0
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.layer_types is None:  # transformers' default: even layers slide, odd ones see everything
+            self.layer_types = ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                for i in range(self.num_hidden_layers)]
+        for name in ("swiglu_alpha", "swiglu_limit"):
+            _check_positive(name, getattr(self, name))
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> "GptOssArgs":
+        args = super().from_hf_config(config)
+        args.sliding_window = config.get("sliding_window", 128)  # (LlamaArgs drops it for other families)
+        args.attention_bias = config.get("attention_bias", True)
+        args.__post_init__()  # (checks the window and the layer types again)
+        return args
+
+    def _expert_size(self) -> int:
+        h, i = self.hidden_size, self.moe_intermediate_size
+        return 3 * h * i + 2 * i + h  # gate, up and down with their biases
+
+    def parameter_count(self) -> int:
+        h, hd, H, KV, E = self.hidden_size, self.head_dim, self.num_attention_heads, self.num_key_value_heads, \
+            self.num_experts
+        attn = h * hd * (2 * H + 2 * KV) + hd * (H + 2 * KV) + h + H  # weights, biases, sinks
+        per_layer = attn + 2 * h + E * h + E + E * self._expert_size()  # norms, router, experts
+        return self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + h
+
+    def active_parameter_count(self) -> int:
+        idle = self.num_hidden_layers * (self.num_experts - self.num_experts_per_tok) * self._expert_size()
+        return self.parameter_count() - idle
+
+
 # model_type -> its ModelArgs (models/__init__.py's family(): the module with its Transformer)
 ARGS = {"llama": LlamaArgs, "mistral": LlamaArgs, "qwen2": LlamaArgs, "qwen3": LlamaArgs, "phi3": Phi3Args,
         "gemma3_text": Gemma3Args, "qwen3_moe": Qwen3MoeArgs, "qwen2_moe": Qwen2MoeArgs, "mixtral": MixtralArgs,
-        "olmoe": OlmoeArgs, "bert": BertArgs}
+        "olmoe": OlmoeArgs, "gpt_oss": GptOssArgs, "bert": BertArgs}
 SUPPORTED_ARCHITECTURES = tuple(ARGS)
 # encoders: no cache, no output head; they make vectors (llmcli embed), never text
 ENCODERS = ("bert",)

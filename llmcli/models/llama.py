@@ -228,6 +228,7 @@ class Transformer(nn.Module):
         self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         for name, t in self.rope_buffers(args).items():
             self.register_buffer(name, t, persistent=False)
+        self.attention_factor = rope.attention_factor(args)  # YaRN's cos/sin scale (1 for the others)
 
     @staticmethod
     def rope_buffers(args: ModelArgs) -> dict[str, torch.Tensor]:
@@ -243,6 +244,9 @@ class Transformer(nn.Module):
 
     def rope(self, positions: torch.Tensor, cache, dtype: torch.dtype):
         """cos, sin (T, rotary_dim) for these positions (phi3 picks its factors by the cache size)."""
+        if self.attention_factor != 1.0:
+            cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)
+            return (cos * self.attention_factor).to(dtype), (sin * self.attention_factor).to(dtype)
         return rope_cos_sin(self.inv_freq, positions, dtype)
 
     def inv_freq_for(self, max_len: int) -> torch.Tensor:

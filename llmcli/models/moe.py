@@ -2,7 +2,7 @@
 SwiGLU MLP, llama.MLP, of its own Linear modules, named as the Hub's checkpoints name them:
 `mlp.gate.weight`, `mlp.experts.3.gate_proj.weight`, so a checkpoint's and a GGUF's expert matrices
 load, quantize and pack as any other projection), an optional shared expert, and the decoder layer
-that holds them. The families (qwen3moe.py, qwen2moe.py, mixtral.py, olmoe.py) only choose.
+that holds them. The families (qwen3moe.py, qwen2moe.py, mixtral.py, olmoe.py, gpt_oss.py) only choose.
 
 A token's hidden state goes to the `top_k` experts its router scores highest; their outputs are
 summed, weighted by the router's probabilities. The experts run one at a time over the rows routed
@@ -28,15 +28,16 @@ class ExpertArgs:
 
 class SparseMoe(nn.Module):
     """The experts of one layer behind its router (args: models/args.py's MoeArgs), and its shared
-    expert where the family has one."""
+    expert where the family has one. `expert()` makes a family's own expert (gpt_oss.py's: biases, a
+    clamped SwiGLU), else each is a SwiGLU llama.MLP; `router_bias`: the router's logits have one."""
 
-    def __init__(self, args, act=F.silu):
+    def __init__(self, args, act=F.silu, expert=None, router_bias: bool = False):
         super().__init__()
         self.top_k, self.normalize, self.softmax_first = args.num_experts_per_tok, args.norm_topk_prob, args.softmax_first
         h = args.hidden_size
-        self.gate = Linear(h, args.num_experts, bias=False)
-        self.experts = nn.ModuleList(llama.MLP(ExpertArgs(h, args.moe_intermediate_size), act)
-                                     for _ in range(args.num_experts))
+        self.gate = Linear(h, args.num_experts, bias=router_bias)
+        expert = expert or (lambda: llama.MLP(ExpertArgs(h, args.moe_intermediate_size), act))
+        self.experts = nn.ModuleList(expert() for _ in range(args.num_experts))
         if args.shared_expert_intermediate_size:
             self.shared_expert = llama.MLP(ExpertArgs(h, args.shared_expert_intermediate_size), act)
             self.shared_expert_gate = Linear(h, 1, bias=False)

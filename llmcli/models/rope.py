@@ -1,7 +1,7 @@
 """RoPE's inverse frequencies and cos/sin tables in numpy: one computation for the torch models
 (llama.py's rope_inv_freq wraps it), the native step's tables and the torch-free CPU path.
 
-Scalings: none, linear, llama3 (wavelength bands), GGUF's per-frequency factors (`rope_freqs.weight`)
+Scalings: none, linear, llama3 (wavelength bands), YaRN (gpt-oss), GGUF's per-frequency factors (`rope_freqs.weight`)
 and Phi-3's LongRoPE (short and long factor sets). Frequencies are computed in float64 and kept as
 float32, as transformers keeps them.
 """
@@ -37,9 +37,49 @@ def inv_freq(args, theta: float | None = None, scaling: dict | None = None) -> n
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
         f = np.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        f = _yarn(f, dim, theta, scaling)
     elif kind != "default":
-        raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, linear, llama3")
+        raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, linear, llama3, yarn")
     return f.astype(np.float32)
+
+
+def _yarn(f: np.ndarray, dim: int, theta: float, scaling: dict) -> np.ndarray:
+    """YaRN (transformers' _compute_yarn_parameters): high frequencies kept, low ones divided by
+    `factor`, a linear ramp between the dims that turn beta_fast and beta_slow times in the original
+    context (the ends rounded outwards with `truncate`, llama.cpp's ggml_rope_yarn_corr_dims always)."""
+    factor, orig = scaling["factor"], scaling["original_max_position_embeddings"]
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dim_of(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(fast), dim_of(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # (as transformers: no division by zero)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    return f / factor * ramp + f * (1 - ramp)
+
+
+def attention_factor(args) -> float:
+    """The cos/sin scale of YaRN (1 for the other scalings): its `attention_factor`, else
+    0.1 ln(factor) + 1 (with DeepSeek's mscale pair where given)."""
+    scaling = args.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = scaling["factor"]
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+    return mscale()
 
 
 def longrope_inv_freq(args, long: bool = False) -> np.ndarray:

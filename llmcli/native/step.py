@@ -26,10 +26,11 @@ class Layer(ctypes.Structure):  # api.h's LlmcliLayer
                 ("gate_up", ctypes.POINTER(Projection)), ("down", ctypes.POINTER(Projection)),
                 ("n_qkv", _I64), ("n_o", _I64), ("n_gate_up", _I64), ("n_down", _I64),
                 ("k_cache", _P), ("v_cache", _P), ("k_strides", _I64 * 3), ("v_strides", _I64 * 3),
-                ("rows", _I64), ("max_len", _I64), ("window", _I64), ("local_rope", _I64), ("kv_half", _I64)]
+                ("rows", _I64), ("max_len", _I64), ("window", _I64), ("local_rope", _I64), ("kv_half", _I64),
+                ("sinks", _P)]
 
 
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # api.h's act
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # api.h's act (2: gpt-oss's clamped SwiGLU)
 # api.h's kRefine*: the activations a step makes int8x2 (each its codes and its residual's, ~14 bits)
 # rather than int8. "normed": the layers' norms' outputs (q/k/v, gate/up); "attention": o's input;
 # "mlp": down's input; "head": the final norm's output (the output projection's input)
@@ -59,6 +60,7 @@ def declare(lib) -> None:
     lib.llmcli_step_add_layer.argtypes = [_P, ctypes.POINTER(Layer)]
     lib.llmcli_step_set_head.argtypes = [_P, _P, ctypes.POINTER(Projection), _I64]
     lib.llmcli_step_set_experts.argtypes = [_P, _I64, _P, _I64, _I64, _I64, ctypes.POINTER(Projection)]
+    lib.llmcli_step_set_router_bias.argtypes = [_P, _I64, _P]
     lib.llmcli_step_set_shared_expert.argtypes = [_P, _I64, _P, ctypes.POINTER(Projection)]
     lib.llmcli_step_run.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, _P]
     lib.llmcli_step_set_embedding.argtypes = [_P, _P, ctypes.c_int, _I64, ctypes.c_float]
@@ -130,9 +132,10 @@ class Step:
         return ctypes.cast(arr, ctypes.POINTER(Projection)), sum(p.N for p in arr), specs[0][2]
 
     def add_layer(self, in_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down, k_cache, v_cache,
-                  window: int, attn_out_norm=None, mlp_out_norm=None, local_rope: bool = False) -> None:
+                  window: int, attn_out_norm=None, mlp_out_norm=None, local_rope: bool = False, sinks=None) -> None:
         """The norms are (hidden,) float32 vectors as the C side multiplies by them (a model that scales
         by 1 + w passes 1 + w); q_norm, k_norm, attn_out_norm, mlp_out_norm may be empty or None.
+        sinks: (heads,) float32 logits that join each head's softmax (gpt-oss), or None.
         k_cache, v_cache: (rows, KV, max_len, D) float32, or both float16, with rows of D contiguous."""
         H, KV, D = self.H, self.KV, self.D
         in_norm, k_cache, v_cache = array(in_norm), array(k_cache), array(v_cache)
@@ -153,7 +156,9 @@ class Step:
             if (c.dtype not in KV_DTYPES or c.dtype != k_cache.dtype or c.ndim != 4 or c.shape[1] != KV
                     or c.shape[3] != D or c.strides[3] != c.itemsize or c.shape != k_cache.shape):
                 raise ValueError("the KV cache must be float32 or float16 (rows, KV, max_len, D) on the CPU")
-        for norm, n in ((q_norm, D), (k_norm, D), (post_norm, hidden), (attn_out_norm, hidden), (mlp_out_norm, hidden)):
+        sinks = None if sinks is None else array(sinks)
+        for norm, n in ((q_norm, D), (k_norm, D), (post_norm, hidden), (attn_out_norm, hidden), (mlp_out_norm, hidden),
+                        (sinks, H)):
             if norm is not None and norm.size not in (0, n):
                 raise ValueError("a norm does not match its vector")
         self.hidden, self.inter = hidden, gu_n // 2
@@ -163,7 +168,7 @@ class Step:
                       qkv_a, o_a, gu_a, down_a, len(qkv), len(o), len(gate_up), len(down),
                       k_cache.ctypes.data, v_cache.ctypes.data, (_I64 * 3)(*_elements(k_cache.strides[:3], k_cache)),
                       (_I64 * 3)(*_elements(v_cache.strides[:3], v_cache)), k_cache.shape[0], k_cache.shape[2], window,
-                      int(local_rope), int(k_cache.dtype == np.float16))
+                      int(local_rope), int(k_cache.dtype == np.float16), self._floats(sinks))
         self.max_len = layer.max_len if self.max_len is None else min(self.max_len, layer.max_len)
         self.rows = layer.rows if self.rows is None else min(self.rows, layer.rows)
         self.local |= bool(local_rope)
@@ -187,6 +192,13 @@ class Step:
         if self._lib.llmcli_step_set_experts(self._h, layer, router.ctypes.data, len(experts), used, int(renormalize),
                                              ctypes.cast(arr, ctypes.POINTER(Projection))):
             raise ValueError("the experts do not match the layer, or one is an interleaved copy")
+
+    def set_router_bias(self, layer: int, bias) -> None:
+        """A bias (E,) float32 on layer `layer`'s router scores (after its set_experts)."""
+        bias = np.ascontiguousarray(array(bias), dtype=np.float32)
+        self._keep.append(bias)
+        if bias.ndim != 1 or self._lib.llmcli_step_set_router_bias(self._h, layer, bias.ctypes.data):
+            raise ValueError("the router bias does not match the layer's experts")
 
     def set_shared_expert(self, layer: int, gate, specs) -> None:
         """Layer `layer`'s shared expert (after set_experts): gate (hidden,) float32 and its (gate, up,

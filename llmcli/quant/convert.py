@@ -24,7 +24,7 @@ from .primitives import SCALE_DTYPE, pack_int4, quantize
 EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 # a mixture of experts' routers and shared-expert gates: kept in float32 whatever the preset (llama.cpp
 # keeps ffn_gate_inp F32: a rounded router picks other experts where scores are close)
-ROUTERS = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
+ROUTERS = (".mlp.gate.weight", ".mlp.gate.bias", ".mlp.shared_expert_gate.weight")  # (gpt-oss: a bias)
 Progress = Callable[[int, int, str], None]  # (elements done, elements in all, tensor name)
 
 

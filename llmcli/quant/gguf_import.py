@@ -6,6 +6,9 @@
     Q4_K   256 per block: [d][dmin: f16][12 bytes: 6-bit sc, m per 32][128 bytes]
            w = d*sc * q - dmin*m per 32   -> int4 g32, scale d*sc, zero 8*d*sc - dmin*m
 
+    MXFP4  [e: e8m0][16 bytes]         w = e2m1(q) * 2^(e-127) -> int8 g32, codes 2*e2m1(q) (-12..12),
+           (gpt-oss's experts)                                      scale 2^(e-128): exactly
+
 In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high nibble
 (Q4_K: per 64 elements, byte l holds element l low and element l + 32 high). The codes are kept as
 they are; only the scales are rounded (to bfloat16, what the kernels read). The 5- and 6-bit types
@@ -22,6 +25,7 @@ from .gguf_blocks import BITS, BLOCKS, FLOAT_ROWS, INT8_DOT_BLOCKS, _k_scales, _
 from .presets import Preset, QuantSpec, Rule
 
 BLOCK = 32
+MXFP4_CODES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # ggml's kvalues_mxfp4
 
 
 def direct_spec(type_name: str, spec: QuantSpec) -> bool:
@@ -36,6 +40,8 @@ def direct_spec(type_name: str, spec: QuantSpec) -> bool:
         return spec.bits == 4
     if type_name in ("Q4_1", "Q4_K"):
         return spec.bits == 4 and not spec.symmetric
+    if type_name == "MXFP4":  # e2m1 values doubled are small integers: int8 codes hold them exactly
+        return spec.bits == 8 and spec.symmetric
     return type_name == "Q8_0" and spec.bits == 8
 
 
@@ -85,6 +91,11 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
         b = _blocks(raw, N, K, 20)
         d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
         return {"codes": _nibbles(b[..., 4:], N, K), "scales": d, "zeros": m + 8 * d}
+    if type_name == "MXFP4":  # ggml's kvalues_mxfp4 (e2m1 doubled) times half the e8m0 scale
+        b = _blocks(raw, N, K, 17)
+        codes = torch.tensor(MXFP4_CODES, dtype=torch.int8)[_nibbles(b[..., 1:], N, K).long()]
+        scales = torch.from_numpy(np.ldexp(1.0, b[..., 0].astype(np.int32) - 128).astype(np.float32))
+        return {"codes": codes, "scales": scales, "zeros": None}
     if type_name == "Q8_0":
         b = _blocks(raw, N, K, 34)
         codes = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(N, K))
@@ -95,8 +106,9 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
 # GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks.
 # Where the kernels multiply blocks with integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks too
 # (quant/held.py: they decode faster than through torch's int4 kernel, benchmarks/kernels/matvec_by_format.py)
+# MXFP4 (gpt-oss's experts) as int8 codes: twice its bytes, against four times as the compute dtype
 AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True),
-             "Q4_K": QuantSpec(4, BLOCK, False),
+             "Q4_K": QuantSpec(4, BLOCK, False), "MXFP4": QuantSpec(8, BLOCK, True),
              **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items()
                 if t not in INT8_DOT_BLOCKS and t not in FLOAT_ROWS}}
 # F16 and BF16 matrices as their rows, on a CPU where a kernel variant multiplies them (else the compute dtype)
@@ -104,7 +116,7 @@ AS_ROWS = {t: QuantSpec(16, 1, False, t) for t in FLOAT_ROWS}
 
 
 def as_stored_preset(sources, device=None):
-    """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0/Q4_K tensors stay packed
+    """A preset that keeps a GGUF file's own quantization: Q4_0/Q4_1/Q8_0/Q4_K/MXFP4 tensors stay packed
     (exactly, see the table at the top), Q5_0/Q5_1/Q5_K/Q6_K as their blocks, every other type is
     dequantized to the compute dtype. None when the file has no such tensors. On a `device` CPU
     where any kernel variant runs, F16 and BF16 matrices stay rows (no float32 copy of them).
@@ -120,4 +132,5 @@ def as_stored_preset(sources, device=None):
         rules.append(Rule(("lm_head.weight",), (), embedding.spec))
     if not rules:
         return None
-    return Preset("as-stored", rules, description="the GGUF file's own quantized blocks, unchanged")
+    # (dtype float32: the file's float matrices reach the compute dtype unrounded, as it holds them)
+    return Preset("as-stored", rules, description="the GGUF file's own quantized blocks, unchanged", dtype="float32")

@@ -124,7 +124,7 @@ def model_formats(model_file, preset, device: torch.device) -> dict[str, QuantSp
         return {name: held_spec(spec, device) for name, spec in {**floats, **specs}.items()}
     sources = model_file.sources()
     args = model_file.args
-    if preset is None and model_file.is_gguf:
+    if preset is None and model_file.keeps_blocks:
         preset = as_stored_preset(sources, device)
     elif preset is None and device.type == "cpu" and native.available():  # an unquantized folder: rows
         preset = float_rows.rows_preset(model_file.headers)

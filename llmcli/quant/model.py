@@ -42,7 +42,11 @@ def install(model: nn.Module, quantized: dict[str, QuantizedTensor], biases: dic
     for weight_name, q in quantized.items():
         q = as_held(q, device)
         module_name = weight_name.removesuffix(".weight")
-        current = model.get_submodule(module_name)
+        try:
+            current = model.get_submodule(module_name)
+        except AttributeError:  # (a tensor of more experts, layers or modules than the config has)
+            raise CorruptModelError(f"the weights do not match the config ({weight_name} has no place in the model); "
+                                    "the download may be incomplete or the config wrong") from None
         if isinstance(current, nn.Embedding):
             packed = packed_weight(q, device, rows_needed=True)
             model.set_submodule(module_name, QuantEmbedding(packed, dtype))
@@ -55,7 +59,13 @@ def install(model: nn.Module, quantized: dict[str, QuantizedTensor], biases: dic
                     raise CorruptModelError(f"{module_name}.bias is missing; the checkpoint does not match the model")
                 bias = current.bias.detach()
             bias = None if bias is None else bias.to(device=device, dtype=dtype)
-            model.set_submodule(module_name, linear_class(q.spec)(packed_weight(q, device), bias))
+            packed = packed_weight(q, device)
+            shape = tuple(getattr(packed, "shape", ()))
+            if shape and shape != (current.out_features, current.in_features):
+                raise CorruptModelError(f"the weights do not match the config ({weight_name} is {shape[0]}x{shape[1]}, "
+                                        f"the config says {current.out_features}x{current.in_features}); the download "
+                                        "may be incomplete or the config wrong")
+            model.set_submodule(module_name, linear_class(q.spec)(packed, bias))
         else:
             raise CorruptModelError(f"{weight_name} is quantized but {module_name} is a {type(current).__name__}; "
                                     "the checkpoint does not match the model")
@@ -80,7 +90,8 @@ def build_from_sources(args, sources: list[Source], preset: Preset, device: torc
     model = models.skeleton(args)
     wanted = [s for s in sources if s.name in specs]
     # 1-D tensors (norms, biases) first: a quantized module takes its bias when it is installed
-    floats = {s.name: s.values().to(device=device, dtype=dtype) for s in wanted if len(s.shape) == 1}
+    floats = {s.name: s.values().to(device=device, dtype=torch.float32 if s.name.endswith(ROUTERS) else dtype)
+              for s in wanted if len(s.shape) == 1}  # (a router's bias in float32, as its weight)
     quantized_embedding = False
     total, done = sum(s.nbytes for s in wanted), 0
     for i, s in enumerate(wanted):

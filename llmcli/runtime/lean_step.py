@@ -275,7 +275,7 @@ class LeanModel:
 
     def _make_tables(self, L: int) -> list[np.ndarray]:
         at = np.arange(min(L, TABLE_POSITIONS))
-        tables = list(rope.cos_sin(rope.inv_freq(self.args), at))
+        tables = list(rope.cos_sin(rope.inv_freq(self.args), at, rope.attention_factor(self.args)))
         if self.gemma:
             tables += rope.cos_sin(rope.inv_freq(self.args, theta=self.args.rope_local_base_freq, scaling={}), at)
         return tables

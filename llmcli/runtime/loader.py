@@ -51,7 +51,7 @@ def _build(mf: ModelFile, placement: Placement, preset, progress=None) -> tuple[
                 f"{mf.path} is already quantized (preset {mf.quantization.get('preset')!r}); drop --quant")
         held = describe(model_formats(mf, None, placement.device).values())
         return pipeline.model_from_checkpoint(mf.files, mf.metadata, args, placement), held
-    if preset is None and mf.is_gguf:
+    if preset is None and mf.keeps_blocks:
         # keep the file's quantized blocks packed (exact: quant/gguf_import.py); --quant f32 (or bf16) dequantizes
         sources = mf.sources()
         as_stored = as_stored_preset(sources, placement.device)

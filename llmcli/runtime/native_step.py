@@ -31,13 +31,14 @@ import torch.nn.functional as F
 from .. import native
 from ..native.step import REFINE_ALL
 from ..cache.static import StaticKVCache
-from ..models import gemma3, llama, moe, phi3, rope
+from ..models import gemma3, gpt_oss, llama, moe, phi3, rope
 from ..quant import float_rows
 from ..quant.gguf_blocks import STEP_TYPES, TYPE_IDS, GGUFBlockWeight
 from ..quant.held import model_formats, step_multiplies
 
 # the families it runs (GGUF's gemma3 is gemma3_text)
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral", "qwen2_moe")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral", "qwen2_moe",
+               "gpt_oss")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 KV_DTYPES = (torch.float32, torch.float16)  # a cache the C++ step reads and writes
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
@@ -47,7 +48,9 @@ _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              phi3.Transformer: (llama.DecoderLayer, F.silu, "silu"),  # fused projections, LongRoPE's tables
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh"),
-             moe.Transformer: (moe.DecoderLayer, F.silu, "silu")}  # (every layer's experts: qwen3moe, mixtral, qwen2moe)
+             moe.Transformer: (moe.DecoderLayer, F.silu, "silu"),  # (every layer's experts: qwen3moe, mixtral, qwen2moe)
+             # sinks, a biased router, experts with biases and the clamped SwiGLU of api.h's act 2
+             gpt_oss.Transformer: (gpt_oss.DecoderLayer, gpt_oss.Expert.act, "swiglu_oai")}
 
 
 class NativeStep:
@@ -142,7 +145,7 @@ class NativeStep:
         for layer in model.model.layers:
             if type(layer) is not layer_type or _act(layer.mlp) is not act:
                 return False
-            if layer_type is moe.DecoderLayer and not _takes_experts(layer.mlp):
+            if layer_type in (moe.DecoderLayer, gpt_oss.DecoderLayer) and not _takes_experts(layer.mlp):
                 return False
             projections = _projections(layer)
             if projections is None or not all(_is_blocks(m) for group in projections for m in group):
@@ -292,6 +295,8 @@ class NativeStep:
                     local_rope=args.layer_types[i] == "sliding_attention")
             else:
                 mlp_in, extra = layer.post_attention_layernorm, {}
+            if hasattr(a, "sinks"):  # gpt-oss
+                extra["sinks"] = a.sinks.detach().float()
             step.add_layer(norm(layer.input_layernorm), qkv, q_norm, k_norm, o, norm(mlp_in), gate_up, down,
                             cache.k[i], cache.v[i], a.window or 0, **extra)
             if isinstance(layer.mlp, moe.SparseMoe):
@@ -302,6 +307,8 @@ class NativeStep:
                     x = m.shared_expert
                     step.set_shared_expert(i, _router(m.shared_expert_gate),
                                            tuple(_spec(p) for p in (x.gate_proj, x.up_proj, x.down_proj)))
+                if m.gate.bias is not None:
+                    step.set_router_bias(i, m.gate.bias.detach().float())
         step.set_head(norm(self.model.model.norm), [_spec(self.model.lm_head)])
         emb = self.model.model.embed_tokens  # as the model's embed gives its rows (Gemma: times its normalizer)
         scale = float(self.model.embed_scale(torch.float32)) if self._gemma else 1.0
@@ -329,8 +336,11 @@ def _act(mlp):
 
 def _takes_experts(mlp) -> bool:
     """Whether the C++ step runs this MLP as its experts: a SparseMoe whose experts' matrices (and its
-    shared expert's) are GGUF blocks (read as stored), routers it can read as float32."""
+    shared expert's) are GGUF blocks (read as stored), routers it can read as float32; gpt-oss's
+    experts with the SwiGLU's constants the C++ side has."""
     if not isinstance(mlp, moe.SparseMoe):
+        return False
+    if isinstance(mlp.experts[0], gpt_oss.Expert) and (mlp.experts[0].alpha, mlp.experts[0].limit) != (1.702, 7.0):
         return False
     shared = [mlp.shared_expert] if hasattr(mlp, "shared_expert") else []
     experts = [p for x in [*mlp.experts, *shared] for p in (x.gate_proj, x.up_proj, x.down_proj)]

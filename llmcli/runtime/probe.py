@@ -130,12 +130,12 @@ def weights_from_files(model: ModelFile | Path, preset, dtype: torch.dtype, devi
         return WeightsInfo(args, nbytes, f"{mf.quantization.get('preset')} (llmcli checkpoint) as {held}")
     shapes = mf.shapes()
     source = "/".join(sorted(mf.block_types())) if mf.is_gguf else mf.weights_type
-    types = {s.name: s.gguf_type for s in mf.sources()} if mf.is_gguf else None
+    types = {s.name: s.gguf_type for s in mf.sources()} if mf.keeps_blocks else None
     if preset is None and NativeStep.holds_rows(mf, device, dtype, dtype_asked):  # the loader keeps 16-bit matrices as rows
         rows = float_rows.rows_preset(mf.headers)
         nbytes = weights_bytes(shapes, args, rows, dtype, device)
         return WeightsInfo(args, nbytes, f"{source} as {float_rows.label(mf.headers)}")
-    if preset is None and mf.is_gguf:  # the loader keeps the quantized blocks packed
+    if preset is None and mf.keeps_blocks:  # the loader keeps the quantized blocks packed
         stored = as_stored_preset(mf.sources(), device)
         if stored is not None:
             return WeightsInfo(args, weights_bytes(shapes, args, stored, dtype, device, types), f"{source} as stored")

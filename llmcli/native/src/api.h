@@ -76,10 +76,12 @@ struct LlmcliLayer {
     int64_t rows, max_len, window;  // window: attend to this many most recent slots (0: all)
     int64_t local_rope;  // 1: q and k turn by the second RoPE table (gemma3's local layers), 0: the first
     int64_t kv_half;  // 1: the cache holds float16 (keys and values rounded to nearest even as they are written)
+    const float* sinks;  // (heads,) or null: gpt-oss's logit a head that joins each softmax's denominator
 };
 
-// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU); refined: which activations
-// go into the integer dot products as int8x2 (llmcli_mm's), a mask of the kRefine* below (0: all int8)
+// act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU), 2 gpt-oss's clamped SwiGLU
+// ((clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)); refined: which activations go
+// into the integer dot products as int8x2 (llmcli_mm's), a mask of the kRefine* below (0: all int8)
 enum LlmcliRefine { kRefineNormed = 1, kRefineAttention = 2, kRefineMlp = 4, kRefineHead = 8, kRefineAll = 15 };  // (q/k/v, gate/up), o, down, head
 LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
                                  float scale, int64_t act, int threads, int refined);
@@ -91,6 +93,8 @@ LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliP
 // gate, up and down, blocks as stored (not interleaved). The caller keeps them alive.
 LLMCLI_API int llmcli_step_set_experts(void* step, int64_t layer, const float* router, int64_t n_experts,
                                        int64_t used, int64_t renormalize, const LlmcliProjection* experts);
+// A bias (n_experts,) float32 added to layer `layer`'s router scores (after its set_experts; gpt-oss)
+LLMCLI_API int llmcli_step_set_router_bias(void* step, int64_t layer, const float* bias);
 // Layer `layer`'s shared expert (after its set_experts): every token runs it beside its chosen
 // experts and adds its output times sigmoid(gate . the normed input); gate (hidden) float32; expert:
 // its gate, up and down projections, blocks as stored. The caller keeps them alive.

@@ -15,7 +15,7 @@
 // uint16_t for float16 bits)
 template <int NH, typename E>
 static void attend_n(const float* q, const E* k, int64_t ks, const E* v, int64_t vs, int64_t S, int64_t D,
-                     const uint8_t* mask, float scale, float* p, float* out) {
+                     const uint8_t* mask, float scale, float* p, float* out, const float* sinks) {
     int64_t s = 0;
     const int64_t row_bytes = D * (int64_t)sizeof(E);
     for (; s + 4 <= S; s += 4) {  // four keys at a time: half the work of one by one
@@ -36,7 +36,7 @@ static void attend_n(const float* q, const E* k, int64_t ks, const E* v, int64_t
     for (int h = 0; h < NH; ++h) {
         float* ph = p + h * S;
         const float mx = scale_and_max(ph, S, mask, scale);
-        const float inv = 1.f / exp_shifted(ph, S, mx);
+        const float inv = 1.f / (exp_shifted(ph, S, mx) + (sinks ? std::exp(sinks[h] - mx) : 0.f));
         for (s = 0; s < S; ++s) ph[s] *= inv;
     }
     weighted_rows_heads<NH>(p, S, v, vs, S, D, out, D);
@@ -44,27 +44,28 @@ static void attend_n(const float* q, const E* k, int64_t ks, const E* v, int64_t
 
 template <typename E>
 static void attend_all(const float* q, int64_t n, const E* k, int64_t ks, const E* v, int64_t vs, int64_t S,
-                       int64_t D, const uint8_t* mask, float scale, float* p, float* out) {
+                       int64_t D, const uint8_t* mask, float scale, float* p, float* out, const float* sinks) {
     for (int64_t h = 0; h < n; h += kHeadsAtOnce) {
         const float* qh = q + h * D;
         float* oh = out + h * D;
+        const float* sh = sinks ? sinks + h : nullptr;
         switch (std::min<int64_t>(kHeadsAtOnce, n - h)) {
-            case 1: attend_n<1>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
-            case 2: attend_n<2>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
-            case 3: attend_n<3>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
-            default: attend_n<4>(qh, k, ks, v, vs, S, D, mask, scale, p, oh); break;
+            case 1: attend_n<1>(qh, k, ks, v, vs, S, D, mask, scale, p, oh, sh); break;
+            case 2: attend_n<2>(qh, k, ks, v, vs, S, D, mask, scale, p, oh, sh); break;
+            case 3: attend_n<3>(qh, k, ks, v, vs, S, D, mask, scale, p, oh, sh); break;
+            default: attend_n<4>(qh, k, ks, v, vs, S, D, mask, scale, p, oh, sh); break;
         }
     }
 }
 
 void attend_heads(const float* q, int64_t n, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S,
-                  int64_t D, const uint8_t* mask, float scale, float* p, float* out) {
-    attend_all(q, n, k, ks, v, vs, S, D, mask, scale, p, out);
+                  int64_t D, const uint8_t* mask, float scale, float* p, float* out, const float* sinks) {
+    attend_all(q, n, k, ks, v, vs, S, D, mask, scale, p, out, sinks);
 }
 
 void attend_heads(const float* q, int64_t n, const uint16_t* k, int64_t ks, const uint16_t* v, int64_t vs, int64_t S,
-                  int64_t D, const uint8_t* mask, float scale, float* p, float* out) {
-    attend_all(q, n, k, ks, v, vs, S, D, mask, scale, p, out);
+                  int64_t D, const uint8_t* mask, float scale, float* p, float* out, const float* sinks) {
+    attend_all(q, n, k, ks, v, vs, S, D, mask, scale, p, out, sinks);
 }
 
 int64_t heads_a_part(int64_t G, int64_t groups, int threads) {

@@ -117,11 +117,13 @@ void interleave_groups(int type, const uint8_t* W, int64_t N, int64_t K, uint8_t
 // scores against S keys (rows `ks` floats apart), softmax, weighted sum of S values (rows `vs`
 // apart). p: kHeadsAtOnce * S floats of scratch; keys where mask[s] is 0 get no weight (mask may be
 // null). Each head's numbers are those it gets alone. The cache's rows are float32, or float16 (bits).
+// sinks (n,) or null: a logit per head that joins each softmax's denominator, no value (gpt-oss).
 constexpr int64_t kHeadsAtOnce = 4;
 void attend_heads(const float* q, int64_t n, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S,
-                  int64_t D, const uint8_t* mask, float scale, float* p, float* out);
+                  int64_t D, const uint8_t* mask, float scale, float* p, float* out, const float* sinks = nullptr);
 void attend_heads(const float* q, int64_t n, const uint16_t* k, int64_t ks, const uint16_t* v, int64_t vs, int64_t S,
-                  int64_t D, const uint8_t* mask, float scale, float* p, float* out);  // a float16 cache
+                  int64_t D, const uint8_t* mask, float scale, float* p, float* out,
+                  const float* sinks = nullptr);  // a float16 cache
 
 // Heads a work item takes of a group of G sharing a key head, with `groups` groups for `threads`
 // threads: whole groups (up to kHeadsAtOnce) where there are groups enough to go round

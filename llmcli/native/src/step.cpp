@@ -96,6 +96,7 @@ struct Activation {
 // expert's gate and up (one group, outputs side by side, as a dense gate_up) and its down
 struct Experts {
     const float* router = nullptr;  // (E, hidden)
+    const float* router_bias = nullptr;  // (E,) or null (gpt-oss)
     int64_t used = 0;               // experts a token runs
     bool renormalize = false;       // the chosen experts' probabilities rescaled to sum to one
     std::vector<Group> gate_up, down;
@@ -125,7 +126,7 @@ class Step {
         // (q/k/v, gate/up, the experts' gate/up), the attention's (o), the MLP's (down), the final norm's (head)
         a.q.refined = a_sorted.q.refined = (refined & kRefineNormed) != 0;
         a_attn.q.refined = (refined & kRefineAttention) != 0;
-        a_mlp.q.refined = a_moe.q.refined = (refined & kRefineMlp) != 0;
+        a_mlp.q.refined = a_moe.q.refined = a_shared.q.refined = (refined & kRefineMlp) != 0;
         a_head.q.refined = (refined & kRefineHead) != 0;
     }
 
@@ -169,6 +170,13 @@ class Step {
         }
         l.gate_up_in = gu_in, l.down_in = down_in;  // (the experts' blocks as stored: row layouts)
         l.experts = std::move(e);
+        return true;
+    }
+
+    // See llmcli_step_set_router_bias (api.h)
+    bool set_router_bias(int64_t layer, const float* bias) {
+        if (layer < 0 || layer >= (int64_t)layers.size() || !layers[layer].experts) return false;
+        layers[layer].experts->router_bias = bias;
         return true;
     }
 
@@ -545,6 +553,7 @@ class Step {
                 float* o = out.row(row);
                 std::copy(g, g + n, o);
                 if (act == 1) gelu_tanh_mul(o, g + n, n);
+                else if (act == 2) swiglu_oai_mul(o, g + n, n);
                 else silu_mul(o, g + n, n);
                 const unsigned in = shared ? e.shared_down_in : l.down_in;
                 if (in) out.q.quantize(out.x.data(), row, row + 1, in & ~kColsLayout);
@@ -585,7 +594,7 @@ class Step {
             const float* w = e.router + i * hidden;
             float s = 0.f;
             for (int64_t j = 0; j < hidden; ++j) s += w[j] * xm[j];
-            score[i] = s;
+            score[i] = e.router_bias ? s + e.router_bias[i] : s;
         }
         const float top = *std::max_element(score.begin(), score.end());
         float total = 0.f;
@@ -627,6 +636,7 @@ class Step {
         float* o = a_mlp.row(m);
         std::copy(g, g + inter, o);
         if (act == 1) gelu_tanh_mul(o, g + inter, inter);
+        else if (act == 2) swiglu_oai_mul(o, g + inter, inter);
         else silu_mul(o, g + inter, inter);
         quantize(a_mlp, m, layouts);
     }
@@ -670,7 +680,7 @@ class Step {
             const int64_t n = std::min(per_part, (g + 1) * G - h);
             with_kv(s, [&](auto* k_cache, auto* v_cache) {
                 attend_heads(qkv.data() + m * QKV + h * D, n, k_cache + ko, s.k_strides[2], v_cache + vo, s.v_strides[2],
-                             S, D, nullptr, scale, scores[t].data(), a_attn.row(m) + h * D);
+                             S, D, nullptr, scale, scores[t].data(), a_attn.row(m) + h * D, s.sinks ? s.sinks + h : nullptr);
             });
             if (by_blocks) a_attn.q.quantize_blocks(a_attn.x.data(), m, h * D / 32, (h + n) * D / 32);
         }
@@ -681,7 +691,7 @@ extern "C" {
 
 LLMCLI_API void* llmcli_step_new(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float eps,
                                  float scale, int64_t act, int threads, int refined) {
-    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || rotary_dim % 2 || rotary_dim > head_dim || act < 0 || act > 1)
+    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || rotary_dim % 2 || rotary_dim > head_dim || act < 0 || act > 2)
         return nullptr;
     return new Step(heads, kv_heads, head_dim, rotary_dim, eps, scale, act, threads, refined);
 }
@@ -697,6 +707,10 @@ LLMCLI_API int llmcli_step_set_shared_expert(void* step, int64_t layer, const fl
 LLMCLI_API int llmcli_step_set_experts(void* step, int64_t layer, const float* router, int64_t n_experts,
                                        int64_t used, int64_t renormalize, const LlmcliProjection* experts) {
     return static_cast<Step*>(step)->set_experts(layer, router, n_experts, used, renormalize, experts) ? 0 : 1;
+}
+
+LLMCLI_API int llmcli_step_set_router_bias(void* step, int64_t layer, const float* bias) {
+    return static_cast<Step*>(step)->set_router_bias(layer, bias) ? 0 : 1;
 }
 
 LLMCLI_API int llmcli_step_set_head(void* step, const float* norm, const LlmcliProjection* head, int64_t n_head) {

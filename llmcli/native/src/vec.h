@@ -163,6 +163,15 @@ static inline void silu_mul(float* g, const float* u, int64_t n) {
     for (; i < n; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
+// gpt-oss's clamped SwiGLU: g = min(g, 7), (clamp(u, -7, 7) + 1) * g * sigmoid(1.702 g)
+static inline void swiglu_oai_mul(float* g, const float* u, int64_t n) {
+    const float alpha = 1.702f, limit = 7.f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float x = std::min(g[i], limit), up = std::clamp(u[i], -limit, limit);
+        g[i] = (up + 1.f) * x / (1.f + std::exp(-alpha * x));
+    }
+}
+
 // g[i] = gelu(g[i]) * u[i], GELU's tanh approximation (torch's approximate="tanh"):
 // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), with tanh(z) = 1 - 2 / (e^(2z) + 1)
 static inline void gelu_tanh_mul(float* g, const float* u, int64_t n) {
