@@ -248,6 +248,7 @@ def test_the_native_step_runs_the_experts_as_the_model_does(name, qtype, tmp_pat
         return self.weight * (xf * r).to(x.dtype)
 
     monkeypatch.setattr(llama.RMSNorm, "forward", forward)
+    monkeypatch.setenv("LLMCLI_ACTIVATIONS", "int8")  # (the model's products and the step's alike)
     model_type, overrides = CONFIGS[name]
     overrides = {**overrides, "moe_intermediate_size": 256} if "moe_intermediate_size" in overrides else \
         {**overrides, "intermediate_size": 256}  # (rows of 256: K-quants)

@@ -216,10 +216,12 @@ def test_cached_quantized_converts_once(tmp_path, tiny_q4_gguf):
 
 
 @pytest.mark.slow
-def test_real_model_quantized_checkpoint(tmp_path, smollm2_gguf):
+def test_real_model_quantized_checkpoint(tmp_path, smollm2_gguf, monkeypatch):
     """SmolLM2's Q4_1 GGUF -> q4 checkpoint: every block imported, the same tokenizer, and
     next-token distributions close to the GGUF's own; quantizing at load to q4 gives the GGUF's own
-    tokens (its blocks are q4's, taken as they are)."""
+    tokens (its blocks are q4's, taken as they are; both with q4's int8 activations, where the file as
+    stored would take int8x2: quant/precision.py)."""
+    monkeypatch.setenv("LLMCLI_ACTIVATIONS", "int8")
     summary = quantize_to_folder(smollm2_gguf, "q4", tmp_path / "q4")
     assert summary.imported_tensors == summary.quantized_tensors == 211
     source = load_model(smollm2_gguf, CPU32)

@@ -90,7 +90,7 @@ class Server:
         self.limit = rows + (QUEUE_PER_ROW * rows if queue is None else queue)  # running + waiting
         self.on_demand = open_model is not None
         self.models = Models(lambda name: self.serve_model(open_model(name), name, keep_alive), on_demand=self.on_demand,
-                             models_max=models_max, keep_alive=keep_alive, wait_s=max(timeouts.body, 60.0),
+                             models_max=models_max, keep_alive=keep_alive, wait_s=timeouts.body,
                              resolve=resolve)
         for name, runtime in ([(model_id, rt)] if rt is not None else []) + list(more):
             self.models.add(self.serve_model(runtime, name, kept if self.on_demand else None))
