@@ -56,12 +56,7 @@ class PlainPicker:
         if self.constraint is not None:
             self.constraint.advance(token)
         self.history.append(token)
-        stats, now = self.stats, time.perf_counter()
-        if stats.completion_tokens == 0:
-            stats.ttft_s = stats.prefill_s = now - self.t0
-        else:
-            stats.decode_s = now - self.t0 - stats.prefill_s
-        stats.completion_tokens += 1
+        self.stats.count_token(self.t0)
         return token
 
     @property

@@ -6,6 +6,7 @@ which limit ended a sequence, the timing stats, and the Generation a caller iter
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
@@ -24,6 +25,15 @@ class Stats:
     seed: int = -1
     reasoning_tokens: int = 0  # of completion_tokens, those generated while thinking (reasoning.py)
     extra: dict = field(default_factory=dict)  # what a decoding strategy adds (beams, draft acceptance)
+
+    def count_token(self, t0: float) -> None:
+        """One more token picked, `t0` (perf_counter) the sequence's start: the first ends the prefill."""
+        now = time.perf_counter()
+        if self.completion_tokens == 0:
+            self.ttft_s = self.prefill_s = now - t0
+        else:
+            self.decode_s = now - t0 - self.prefill_s
+        self.completion_tokens += 1
 
     @property
     def prefilled_tokens(self) -> int:

@@ -266,24 +266,8 @@ class Server:
 
     async def _message_events(self, run, msg_id: str, seq, choice, request: Request):
         stream = anthropic.StreamEvents(msg_id, seq.owner.name, len(seq.prompt))
-        for event in stream.start():
+        async for event in _block_events(run, stream, choice, request):
             yield event
-        async for _, chunk in run:
-            sent = len(choice.calls)
-            for delta, _ in choice.push(chunk):
-                if delta.get("reasoning_content"):
-                    for event in stream.thinking(delta["reasoning_content"]):
-                        yield event
-                if delta.get("content"):
-                    for event in stream.text(delta["content"]):
-                        yield event
-            for call in choice.calls[sent:]:
-                for event in stream.call(call):
-                    yield event
-            if chunk.finish_reason is not None:
-                for event in stream.finish(choice):
-                    yield event
-        request.state.note = _note([choice])
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API (responses_api.py) through the chat endpoint's machinery."""
@@ -322,22 +306,8 @@ class Server:
         return (job, turn, *self.prepare.chat(job))
 
     async def _response_events(self, run, answer, choice, request: Request):
-        for event in answer.start():
+        async for event in _block_events(run, answer, choice, request):
             yield event
-        async for _, chunk in run:
-            sent = len(choice.calls)
-            for delta, _ in choice.push(chunk):
-                for event in answer.thinking(delta["reasoning_content"]) if delta.get("reasoning_content") else ():
-                    yield event
-                for event in answer.text(delta["content"]) if delta.get("content") else ():
-                    yield event
-            for call in choice.calls[sent:]:
-                for event in answer.call(call):
-                    yield event
-            if chunk.finish_reason is not None:
-                for event in answer.finish(choice):
-                    yield event
-        request.state.note = _note([choice])
 
     async def embeddings(self, request: Request) -> Response:
         try:
@@ -594,6 +564,28 @@ class Server:
             return EngineRun(reqs[0].owner.loop, reqs, param, self._durations.append)
         finally:
             self.prepare.done(reqs)
+
+
+async def _block_events(run, blocks, choice, request: Request):
+    """A streamed choice as an API of content blocks tells it (Anthropic's StreamEvents, the Responses
+    API's answer): start(), then thinking(text), text(text) and call(call) as the chunks come, and
+    finish(choice) at the end."""
+    for event in blocks.start():
+        yield event
+    async for _, chunk in run:
+        sent = len(choice.calls)
+        for delta, _ in choice.push(chunk):
+            for event in blocks.thinking(delta["reasoning_content"]) if delta.get("reasoning_content") else ():
+                yield event
+            for event in blocks.text(delta["content"]) if delta.get("content") else ():
+                yield event
+        for call in choice.calls[sent:]:
+            for event in blocks.call(call):
+                yield event
+        if chunk.finish_reason is not None:
+            for event in blocks.finish(choice):
+                yield event
+    request.state.note = _note([choice])
 
 
 class _Dispatch:
