@@ -218,11 +218,7 @@ class Server:
             head = api.head(id_prefix, reqs[0].owner.name)
             if job.stream:
                 return EventStream(events(run, job, head, choices, request), run, request, self.timeouts.write)
-            try:
-                await unless_gone(request.receive, collect(run, choices))
-            finally:
-                run.close()
-            request.state.note = _note(choices)
+            await _collected(run, choices, request)
             return json_response(200, response(head, [c.body() for c in choices], [c.last.stats for c in choices]))
         except Exception as e:
             return _failure(e, request)
@@ -238,11 +234,7 @@ class Server:
             if job.stream:
                 events = self._message_events(run, msg_id, reqs[0], choices[0], request)
                 return EventStream(events, run, request, self.timeouts.write, named=anthropic.error_body)
-            try:
-                await unless_gone(request.receive, collect(run, choices))
-            finally:
-                run.close()
-            request.state.note = _note(choices)
+            await _collected(run, choices, request)
             return json_response(200, anthropic.message(msg_id, reqs[0].owner.name, choices[0]))
         except Exception as e:
             return _failure(e, request, anthropic.error_body)
@@ -280,11 +272,7 @@ class Server:
             if job.stream:
                 events = self._response_events(run, answer, choices[0], request)
                 return EventStream(events, run, request, self.timeouts.write, named=answer.error)
-            try:
-                await unless_gone(request.receive, collect(run, choices))
-            finally:
-                run.close()
-            request.state.note = _note(choices)
+            await _collected(run, choices, request)
             return json_response(200, answer.whole(choices[0]))
         except Exception as e:
             return _failure(e, request)
@@ -387,11 +375,7 @@ class Server:
             if job.stream:
                 lines = self._ollama_lines(run, answer, choices[0], request)
                 return EventStream(lines, run, request, self.timeouts.write, lines=ollama.error_body)
-            try:
-                await unless_gone(request.receive, collect(run, choices))
-            finally:
-                run.close()
-            request.state.note = _note(choices)
+            await _collected(run, choices, request)
             return json_response(200, answer.whole(choices[0]))
         except Exception as e:
             return _failure(e, request, ollama.error_body)
@@ -564,6 +548,15 @@ class Server:
             return EngineRun(reqs[0].owner.loop, reqs, param, self._durations.append)
         finally:
             self.prepare.done(reqs)
+
+
+async def _collected(run, choices: list, request: Request) -> None:
+    """Every choice's chunks, waited for while the client stays (the answer then goes whole)."""
+    try:
+        await unless_gone(request.receive, collect(run, choices))
+    finally:
+        run.close()
+    request.state.note = _note(choices)
 
 
 async def _block_events(run, blocks, choice, request: Request):
