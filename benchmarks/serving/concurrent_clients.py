@@ -182,8 +182,8 @@ def main() -> None:
         url = a.url
     else:
         proc, url = start_server(a)
-    loopback_only(url)
     try:
+        loopback_only(url)  # (inside: a server this started stops whatever happens)
         if not models:
             ask(openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=a.timeout), 0, 4, False)  # warm-up
         load0 = os.getloadavg()[0]
