@@ -124,3 +124,19 @@ def test_serve_on_a_gguf_does_not_import_torch(tiny_gguf, lean):
         watchdog.cancel()
         proc.kill()
         proc.wait()
+
+
+def test_a_prompt_too_long_to_join_a_step_is_prefilled_alone_with_the_same_answer(lean, monkeypatch):
+    """A prompt past JOINED_TOKENS goes into its row alone (LeanRows.prefill), not beside the running rows."""
+    from llmcli.decode import batched
+
+    monkeypatch.setattr(batched, "JOINED_TOKENS", 4)
+    prompts = [lean.prompt_ids([{"role": "user", "content": t}]) for t in ("one two three four five six", "hi there")]
+    engine = lean.batch_engine(2, prompt_cache=0)
+    seqs = [Sequence(p, Request(GREEDY, 8)) for p in prompts]
+    got = {id(s): "" for s in seqs}
+    for seq, chunk in engine.run(seqs):
+        got[id(seq)] += chunk.text
+    assert all(len(p) > 4 for p in prompts)
+    for seq, prompt in zip(seqs, prompts):
+        assert got[id(seq)] == _alone(lean, prompt, Request(GREEDY, 8))[0]

@@ -8,8 +8,6 @@ import contextlib
 
 from .picker_plain import PlainPicker
 
-MAX_TOKENS = 512  # tokens of one call (lean_step.MAX_TOKENS): a longer prompt alone goes in several
-
 
 class LeanRows:
     finds_top = True  # the step finds each row's largest logits (top=k)
@@ -28,8 +26,7 @@ class LeanRows:
 
     def prefill(self, ids: list[int], row: int, start: int, hidden: bool):
         """`ids` into `row` from slot `start` -> (logits (V,), final hidden state (H,)) of the last."""
-        for i in range(0, len(ids), MAX_TOKENS):
-            logits, h, _ = self.model.pieces([(row, start + i, ids[i:i + MAX_TOKENS])], self.cache)
+        logits, h, _ = self.model.prefill_row(ids, self.cache, row, start)
         return logits[0], h[0]
 
     def decode(self, pieces: list[tuple[int, int, list[int]]], joined: bool, top: int):

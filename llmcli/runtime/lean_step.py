@@ -196,6 +196,13 @@ class LeanModel:
             out = self(ids[i:i + MAX_TOKENS], cache, last_only=True, top=top)
         return out
 
+    def prefill_row(self, ids: list[int], cache: HostKVCache, row: int, start: int):
+        """A prompt into row `row` of a cache of rows from slot `start`, MAX_TOKENS a call -> the last
+        call's pieces() outputs (batched.py's prompt prefilled alone)."""
+        for i in range(0, len(ids), MAX_TOKENS):
+            out = self.pieces([(row, start + i, ids[i:i + MAX_TOKENS])], cache)
+        return out
+
     def window_logits(self, ids: list[int], first: int) -> np.ndarray:
         """A text alone through a cache of its own, as a prompt's prefill runs it -> the logits
         (len(ids) - first, vocab) float32 of positions first.. (only those rows go through the head):

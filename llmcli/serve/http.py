@@ -211,7 +211,6 @@ class Server:
         """A chat or completion request: prepared in a worker thread, decoded in the engine, answered
         whole or as a stream of `events`."""
         try:
-            self._check_generates()
             with self._admitted():
                 job, reqs, choices = await run_in_threadpool(prepare, await self._read_body(request))
                 run = self._submit(reqs, param)
@@ -226,7 +225,6 @@ class Server:
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API (anthropic_api.py) through the chat endpoint's machinery."""
         try:
-            self._check_generates()
             with self._admitted():
                 job, reqs, choices = await run_in_threadpool(self._messages_request, await self._read_body(request))
                 run = self._submit(reqs, "messages")
@@ -253,7 +251,6 @@ class Server:
         if counting:
             body = {**body, "max_tokens": body.get("max_tokens", 1), "stream": False}
         job = anthropic.messages_job(body, self.defaults)
-        self._check_model(job.model)
         return (job, *self.prepare.chat(job))
 
     async def _message_events(self, run, msg_id: str, seq, choice, request: Request):
@@ -264,7 +261,6 @@ class Server:
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API (responses_api.py) through the chat endpoint's machinery."""
         try:
-            self._check_generates()
             with self._admitted():
                 job, turn, reqs, choices = await run_in_threadpool(self._responses_request, await self._read_body(request))
                 run = self._submit(reqs, "input")
@@ -290,7 +286,6 @@ class Server:
 
     def _responses_request(self, data: bytes):
         job, turn = responses_api.responses_job(_parse(data), self.defaults, self.response_store)
-        self._check_model(job.model)
         return (job, turn, *self.prepare.chat(job))
 
     async def _response_events(self, run, answer, choice, request: Request):
@@ -322,7 +317,6 @@ class Server:
         """(job, each input's token ids, the model held: release it once embedded)."""
         body = _parse(data)
         job = embeddings_api.embedding_job(translate(body) if translate else body)
-        self._check_model(job.model)
         served = self.models.hold(job.model)
         try:
             return (job, self._embedding_ids(job, served), served)
@@ -453,9 +447,6 @@ class Server:
         """Tokens a request may hold, prompt and answer: a row of the model's engine."""
         return served.loop.engine.max_len if served.loop is not None else served.rt.ctx_size
 
-    def _check_generates(self) -> None:
-        """(Each model's own check: _Dispatch's, once the request's model is known.)"""
-
     async def _chat_events(self, run, job: api.Job, head: dict, choices: list, request: Request):
         """The chat stream's objects: each choice's role, its text as it comes (held-back text, a
         stop's prefix, waits) and its tool calls, its finish reason, and with include_usage a last
@@ -531,16 +522,11 @@ class Server:
 
     def _chat_request(self, data: bytes):
         job = api.chat_job(_parse(data), self.defaults)
-        self._check_model(job.model)
         return (job, *self.prepare.chat(job))
 
     def _completion_request(self, data: bytes):
         job = api.completion_job(_parse(data), self.defaults)
-        self._check_model(job.model)
         return (job, *self.prepare.completion(job))
-
-    def _check_model(self, name: str | None) -> None:
-        """(The request's model is found, or loaded, as the request is prepared: models.py.)"""
 
     def _submit(self, reqs: list, param: str) -> EngineRun:
         """The prepared sequences into their model's engine (which then counts them as in flight)."""

@@ -140,13 +140,6 @@ class Models:
             self.keep(s, 0.0)  # (the reaper unloads it when idle, within IDLE_CHECK_S)
         return found[0].name if found else None
 
-    def unload(self, served: Served) -> None:
-        with self._lock:
-            if served in self._served:
-                self._served.remove(served)
-        served.close()
-        heap.trim()
-
     def close(self) -> None:
         self._stopping.set()
         for served in self.loaded():

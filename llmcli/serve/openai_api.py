@@ -315,14 +315,20 @@ def _messages(messages) -> list[dict]:
 
 def _content(content, where: str) -> str:
     """A message's text: a string, or a list of text parts (joined by newlines, as vLLM does)."""
+    return text_parts(content, where)
+
+
+def text_parts(content, where: str, kinds: tuple[str, ...] = ("text",), named: str = "text parts") -> str:
+    """A string, or a list of parts of `kinds` (`named` so in the error) joined by newlines: the chat
+    endpoint's content, and the Responses API's (input_text, output_text)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"{where}: only text parts are supported, got {kind or type(part).__name__!r}", where)
+            if kind not in kinds or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}: only {named} are supported, got {kind or type(part).__name__!r}", where)
             texts.append(part["text"])
         return "\n".join(texts)
     raise ApiError(400, f"{where} must be a string or a list of text parts", where)

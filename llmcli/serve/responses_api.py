@@ -154,18 +154,7 @@ def _item(item, at: str) -> dict:
 
 def _text(content, where: str) -> str:
     """A string, or text parts (input_text, output_text) joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"{where}: only text parts (input_text, output_text) are supported, got "
-                                    f"{kind or type(part).__name__!r}", where)
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise ApiError(400, f"{where} must be a string or a list of text parts", where)
+    return api.text_parts(content, where, ("input_text", "output_text", "text"), "text parts (input_text, output_text)")
 
 
 def _messages(items: list[dict]) -> list[dict]:
