@@ -27,7 +27,7 @@ class Layer(ctypes.Structure):  # api.h's LlmcliLayer
                 ("n_qkv", _I64), ("n_o", _I64), ("n_gate_up", _I64), ("n_down", _I64),
                 ("k_cache", _P), ("v_cache", _P), ("k_strides", _I64 * 3), ("v_strides", _I64 * 3),
                 ("rows", _I64), ("max_len", _I64), ("window", _I64), ("local_rope", _I64), ("kv_half", _I64),
-                ("sinks", _P)]
+                ("sinks", _P), ("whole_qk_norm", _I64)]
 
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # api.h's act (2: gpt-oss's clamped SwiGLU)
@@ -132,9 +132,12 @@ class Step:
         return ctypes.cast(arr, ctypes.POINTER(Projection)), sum(p.N for p in arr), specs[0][2]
 
     def add_layer(self, in_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down, k_cache, v_cache,
-                  window: int, attn_out_norm=None, mlp_out_norm=None, local_rope: bool = False, sinks=None) -> None:
+                  window: int, attn_out_norm=None, mlp_out_norm=None, local_rope: bool = False, sinks=None,
+                  whole_qk_norm: bool = False) -> None:
         """The norms are (hidden,) float32 vectors as the C side multiplies by them (a model that scales
         by 1 + w passes 1 + w); q_norm, k_norm, attn_out_norm, mlp_out_norm may be empty or None.
+        q_norm, k_norm: (head_dim,), each head normed alone; with whole_qk_norm (OLMoE) (heads * head_dim,)
+        and (kv_heads * head_dim,), all of a token's q heads normed as one vector, all its k heads as another.
         sinks: (heads,) float32 logits that join each head's softmax (gpt-oss), or None.
         k_cache, v_cache: (rows, KV, max_len, D) float32, or both float16, with rows of D contiguous."""
         H, KV, D = self.H, self.KV, self.D
@@ -157,8 +160,9 @@ class Step:
                     or c.shape[3] != D or c.strides[3] != c.itemsize or c.shape != k_cache.shape):
                 raise ValueError("the KV cache must be float32 or float16 (rows, KV, max_len, D) on the CPU")
         sinks = None if sinks is None else array(sinks)
-        for norm, n in ((q_norm, D), (k_norm, D), (post_norm, hidden), (attn_out_norm, hidden), (mlp_out_norm, hidden),
-                        (sinks, H)):
+        q_width, k_width = (H * D, KV * D) if whole_qk_norm else (D, D)
+        for norm, n in ((q_norm, q_width), (k_norm, k_width), (post_norm, hidden), (attn_out_norm, hidden),
+                        (mlp_out_norm, hidden), (sinks, H)):
             if norm is not None and norm.size not in (0, n):
                 raise ValueError("a norm does not match its vector")
         self.hidden, self.inter = hidden, gu_n // 2
@@ -168,7 +172,7 @@ class Step:
                       qkv_a, o_a, gu_a, down_a, len(qkv), len(o), len(gate_up), len(down),
                       k_cache.ctypes.data, v_cache.ctypes.data, (_I64 * 3)(*_elements(k_cache.strides[:3], k_cache)),
                       (_I64 * 3)(*_elements(v_cache.strides[:3], v_cache)), k_cache.shape[0], k_cache.shape[2], window,
-                      int(local_rope), int(k_cache.dtype == np.float16), self._floats(sinks))
+                      int(local_rope), int(k_cache.dtype == np.float16), self._floats(sinks), int(whole_qk_norm))
         self.max_len = layer.max_len if self.max_len is None else min(self.max_len, layer.max_len)
         self.rows = layer.rows if self.rows is None else min(self.rows, layer.rows)
         self.local |= bool(local_rope)

@@ -27,7 +27,7 @@ from ..quant import precision
 from ..native.interleave import interleave_rows, unpermute_blocks, unpermuted_order
 
 ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh",
-               "qwen3_moe": "silu", "mixtral": "silu", "qwen2_moe": "silu"}  # (mixtures of experts: every layer's)
+               "qwen3_moe": "silu", "mixtral": "silu", "qwen2_moe": "silu", "olmoe": "silu"}  # (mixtures of experts: every layer's)
 MAX_TOKENS = 512  # tokens of one call (native_step.MAX_TOKENS): a longer prompt goes in several
 TABLE_POSITIONS = 1 << 16  # RoPE rows made once (native_step.TABLE_POSITIONS); a longer context: not this path
 _EMPTY = np.empty(0, np.float32)
@@ -92,7 +92,8 @@ class LeanModel:
         if not model_file.is_gguf or kernels is None:
             return None
         args, arch = model_file.args, model_file.architecture
-        if args.model_type not in ACTIVATIONS or (args.rope_scaling or {}).get("rope_type") == "longrope":
+        if args.model_type not in ACTIVATIONS or (args.rope_scaling or {}).get("rope_type") == "longrope" \
+                or getattr(args, "clip_qkv", None) is not None:  # (OLMoE's clamp of q, k, v: not in the step)
             return None
         tensors = {t.name: t for t in model_file.reader.tensors}
         t0 = time.perf_counter()
@@ -267,7 +268,8 @@ class LeanModel:
                            [w.spec() for w in layer.o], nm["post_norm"], [w.spec() for w in layer.gate_up],
                            [w.spec() for w in layer.down], cache.k[i], cache.v[i], layer.window,
                            attn_out_norm=nm["attn_out_norm"], mlp_out_norm=nm["mlp_out_norm"],
-                           local_rope=self.gemma and a.layer_types[i] == "sliding_attention")
+                           local_rope=self.gemma and a.layer_types[i] == "sliding_attention",
+                           whole_qk_norm=getattr(a, "whole_qk_norm", False))  # (OLMoE: norms of all heads at once)
             if layer.experts:
                 step.set_experts(i, layer.router, [tuple(w.spec() for w in x) for x in layer.experts],
                                  a.num_experts_per_tok, a.norm_topk_prob or not a.softmax_first)

@@ -31,14 +31,14 @@ import torch.nn.functional as F
 from .. import native
 from ..native.step import REFINE_ALL
 from ..cache.static import StaticKVCache
-from ..models import gemma3, gpt_oss, llama, moe, phi3, rope
+from ..models import gemma3, gpt_oss, llama, moe, olmoe, phi3, rope
 from ..quant import float_rows
 from ..quant.gguf_blocks import STEP_TYPES, TYPE_IDS, GGUFBlockWeight
 from ..quant.held import model_formats, step_multiplies
 
 # the families it runs (GGUF's gemma3 is gemma3_text)
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral", "qwen2_moe",
-               "gpt_oss")
+               "gpt_oss", "olmoe")
 TABLE_POSITIONS = 1 << 16  # RoPE rows kept (at most 32 MiB a pair of tables for head_dim 64); past them, computed
 KV_DTYPES = (torch.float32, torch.float16)  # a cache the C++ step reads and writes
 MAX_TOKENS = 512  # tokens of one row a call takes (a speculative pass: 1 + its guesses); more: the model's prefill
@@ -49,6 +49,7 @@ _FAMILIES = {llama.Transformer: (llama.DecoderLayer, F.silu, "silu"),
              phi3.Transformer: (llama.DecoderLayer, F.silu, "silu"),  # fused projections, LongRoPE's tables
              gemma3.Transformer: (gemma3.DecoderLayer, gemma3.gelu_tanh, "gelu_tanh"),
              moe.Transformer: (moe.DecoderLayer, F.silu, "silu"),  # (every layer's experts: qwen3moe, mixtral, qwen2moe)
+             olmoe.Transformer: (olmoe.DecoderLayer, F.silu, "silu"),  # q and k normed over all heads at once
              # sinks, a biased router, experts with biases and the clamped SwiGLU of api.h's act 2
              gpt_oss.Transformer: (gpt_oss.DecoderLayer, gpt_oss.Expert.act, "swiglu_oai")}
 
@@ -118,7 +119,8 @@ class NativeStep:
         `preset` (None: as stored) will decode through this step, read from its headers: a
         Llama-family or Gemma 3 model whose matrices will all be blocks the step multiplies
         (quant/held.py says how each is held)."""
-        if native.module() is None or model_file.args.model_type not in MODEL_TYPES:
+        if native.module() is None or model_file.args.model_type not in MODEL_TYPES \
+                or getattr(model_file.args, "clip_qkv", None) is not None:  # (OLMoE's clamp: not in the step)
             return False
         formats = model_formats(model_file, preset, torch.device("cpu"))
         return step_multiplies(formats, model_file.args.tie_word_embeddings, STEP_TYPES)
@@ -145,7 +147,10 @@ class NativeStep:
         for layer in model.model.layers:
             if type(layer) is not layer_type or _act(layer.mlp) is not act:
                 return False
-            if layer_type in (moe.DecoderLayer, gpt_oss.DecoderLayer) and not _takes_experts(layer.mlp):
+            if layer_type in (moe.DecoderLayer, gpt_oss.DecoderLayer, olmoe.DecoderLayer) \
+                    and not _takes_experts(layer.mlp):
+                return False
+            if getattr(layer.self_attn, "clip", None) is not None:  # (OLMoE's clamp of q, k, v)
                 return False
             projections = _projections(layer)
             if projections is None or not all(_is_blocks(m) for group in projections for m in group):
@@ -297,6 +302,8 @@ class NativeStep:
                 mlp_in, extra = layer.post_attention_layernorm, {}
             if hasattr(a, "sinks"):  # gpt-oss
                 extra["sinks"] = a.sinks.detach().float()
+            if getattr(args, "whole_qk_norm", False):  # OLMoE: (H D,) and (KV D,) norms
+                extra["whole_qk_norm"] = True
             step.add_layer(norm(layer.input_layernorm), qkv, q_norm, k_norm, o, norm(mlp_in), gate_up, down,
                             cache.k[i], cache.v[i], a.window or 0, **extra)
             if isinstance(layer.mlp, moe.SparseMoe):

@@ -77,6 +77,9 @@ struct LlmcliLayer {
     int64_t local_rope;  // 1: q and k turn by the second RoPE table (gemma3's local layers), 0: the first
     int64_t kv_half;  // 1: the cache holds float16 (keys and values rounded to nearest even as they are written)
     const float* sinks;  // (heads,) or null: gpt-oss's logit a head that joins each softmax's denominator
+    // 1: q_norm (heads * head_dim,) and k_norm (kv_heads * head_dim,) norm all of a token's q heads at
+    // once, and all its k heads (OLMoE); 0: each head by a (head_dim,) weight (Qwen3, Gemma 3)
+    int64_t whole_qk_norm;
 };
 
 // act: the MLP's gate, 0 SiLU (SwiGLU), 1 tanh-approximated GELU (GeGLU), 2 gpt-oss's clamped SwiGLU

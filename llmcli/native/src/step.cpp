@@ -7,7 +7,9 @@
 // residual -> RMSNorm -> gate, up -> act(gate) * up -> down -> (norm) -> residual; then the final
 // norm and the output projection. Five stages a layer share their rows or heads among the team's
 // threads (team.h); each projection reads a weight row once for all n tokens. The qkv projection's
-// chunks are whole heads, which the thread that made them norms, turns and puts in the cache; each
+// chunks are whole heads, which the thread that made them norms, turns and puts in the cache (a norm
+// over all heads at once, OLMoE's, needs a token's whole q and k: a per-token step after the stage
+// norms, turns and places them); each
 // attention item quantizes the blocks of the heads it wrote. The other per-token work (norms,
 // quantization: a few thousand floats a token) is the `then` of the stage before for one token, a
 // stage of its own over the tokens for more (per_token). The head finds each row's largest logits
@@ -282,10 +284,13 @@ class Step {
             const unsigned next_in = last ? head_in : layers[i + 1].qkv_in;
             // chunks of whole heads: each chunk's heads normed, turned and placed by the thread that made
             // them, from its cache (a stage of its own a layer read the other core's rows, and cost more)
-            stages.push_back({rows_of(l.qkv), head_rows, [this, &l](int, int64_t lo, int64_t hi) {
+            const bool whole = l.spec.whole_qk_norm != 0;  // (q and k normed whole: after every chunk)
+            stages.push_back({rows_of(l.qkv), head_rows, [this, &l, whole](int, int64_t lo, int64_t hi) {
                 project_rows(l.qkv, a.q, a.x.data(), 0, N, qkv.data(), QKV, lo, hi);
-                for (int64_t m = 0; m < N; ++m) place_heads(l, m, lo / D, hi / D);
+                if (!whole)
+                    for (int64_t m = 0; m < N; ++m) place_heads(l, m, lo / D, hi / D);
             }, {}});
+            if (whole) per_token(stages, [this, &l](int64_t m) { place_heads(l, m, 0, H + 2 * KV); });
             // each attention item quantizes the blocks of the heads it wrote, where the o projection
             // reads nothing that takes whole rows; then the rows to their columns
             const bool by_blocks = l.o_in && N <= kColGroup && D % 32 == 0 && Q8Rows::by_blocks(l.o_in);
@@ -642,17 +647,22 @@ class Step {
     }
 
     // token m's heads [h0, h1) of its H + 2 KV new ones (q, k, v): q/k norms and RoPE on the q and
-    // k heads; the k and v heads to its cache row and slot
+    // k heads; the k and v heads to its cache row and slot. Norms over all heads at once (whole_qk_norm):
+    // h0, h1 are 0, H + 2 KV, and q (H D) and k (KV D) are normed first, each as one vector
     void place_heads(const Layer& l, int64_t m, int64_t h0, int64_t h1) {
         const LlmcliLayer& s = l.spec;
         const float* c = (s.local_rope ? cs_l : cs) + m * R;
         const float* sn_m = (s.local_rope ? sn_l : sn) + m * R;
         float* t = qkv.data() + m * QKV;
         const int64_t row = rows_[m], slot = slots_[m];
+        if (s.whole_qk_norm) {
+            if (s.q_norm) rms_norm(t, s.q_norm, H * D, eps, t);
+            if (s.k_norm) rms_norm(t + H * D, s.k_norm, KV * D, eps, t + H * D);
+        }
         for (int64_t h = h0; h < h1; ++h) {
             float* v = t + h * D;
             if (h < H + KV) {
-                const float* norm = h < H ? s.q_norm : s.k_norm;
+                const float* norm = s.whole_qk_norm ? nullptr : h < H ? s.q_norm : s.k_norm;
                 if (norm) rms_norm(v, norm, D, eps, v);
                 rope(v, c, sn_m, R);
             }
