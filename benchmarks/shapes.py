@@ -7,6 +7,9 @@ llama.cpp time the same bytes (quality is irrelevant; memory traffic is what the
     python -m benchmarks.shapes llama3.2-3b --llama-quantize PATH/llama-quantize --tokenizer-from SmolLM2.gguf
     python -m benchmarks.shapes llama3.1-8b --llama-quantize PATH/llama-quantize --tokenizer-from SmolLM2.gguf
         options of the last three: [--type Q4_K_M] [--threads N] (llama-quantize's) [--keep-f16] [--out FILE]
+    python -m benchmarks.shapes qwen3moe --layers 8 --llama-quantize PATH/llama-quantize --tokenizer-from SmolLM2.gguf
+    python -m benchmarks.shapes qwen3moe --layers 48 --from-layers 8 ...   (repeat_layers.py: no 61 GB F16)
+    python -m benchmarks.shapes gpt-oss --layers 4 --outtype q8_0 --llama-cpp LLAMA_CPP --tokenizer-dir SMOLLM2_FOLDER
     llmcli bench FILE -t 2 -p 512 -n 128 -r 5 --llama-bench PATH/llama-bench
 
 tinyllama  TinyLlama-1.1B's shapes in Q4_0, with a real 32000-piece SentencePiece vocabulary (--tokenizer,
@@ -25,6 +28,10 @@ llama3.1-8b  Llama-3.1-8B's shapes (hidden 4096, 32 layers, 32 heads / 8 KV head
              128256, an untied output head), likewise: llama3.1-8b-shapes.q4_k_m.gguf (its F16 is 16 GB).
              Random values are made and written a slice of rows at a time (64 MB of float32): the writer
              peaks under 0.5 GB (measured: 0.46 GB with the 8B's 1 GB embedding).
+qwen3moe   Qwen3-30B-A3B's shapes, its first --layers (F16, then llama-quantize); with --from-layers M, the
+           M-layer file (made first where missing) repeated to --layers by repeat_layers.py, which copies
+           quantized layers' bytes: 48 layers are 18.6 GB of Q4_K_M, their F16 61 GB.
+gpt-oss    gpt-oss-20b's shapes, MXFP4 experts, through llama.cpp's converter (gpt_oss_shapes.py).
 Qwen2.5-1.5B's shapes in Q4_K_M come from the F16 file benchmarks.hf_folders writes:
     PATH/llama-quantize ~/.cache/llmcli-bench/qwen2.5-1.5b-shapes.f16.gguf ~/.cache/llmcli-bench/qwen2.5-1.5b-shapes.q4_k_m.gguf Q4_K_M
 
@@ -456,6 +463,8 @@ def main() -> None:
         q.add_argument("--out", type=Path, default=default)
         if key == "qwen3moe":
             q.add_argument("--layers", type=int, default=8, help="layers of the 48 (default 8)")
+            q.add_argument("--from-layers", type=int, help="quantize this many layers, then repeat their bytes "
+                           "to --layers (benchmarks/repeat_layers.py: 48 layers without a 61 GB F16)")
         q.add_argument("--llama-quantize", type=Path, required=True, help="llama.cpp's llama-quantize executable")
         q.add_argument("--type", default="Q4_K_M", help="llama-quantize's target type (default: Q4_K_M)")
         q.add_argument("--threads", type=int, help="llama-quantize's threads (default: its own, all cores)")
@@ -463,9 +472,20 @@ def main() -> None:
                        help="a GGUF with a byte-level BPE vocabulary (e.g. SmolLM2-135M-Instruct.Q4_1.gguf)")
         if key in LLAMAS or key == "qwen3moe":
             q.add_argument("--keep-f16", action="store_true", help="keep the F16 file llama-quantize read")
+    g = sub.add_parser("gpt-oss", help="gpt-oss-20b's shapes (--layers of its 24), MXFP4 experts, by llama.cpp's converter")
+    g.add_argument("--layers", type=int, default=24)
+    g.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's source tree (convert_hf_to_gguf.py)")
+    g.add_argument("--tokenizer-dir", type=Path, required=True, help="an HF folder with SmolLM2's tokenizer.json")
+    g.add_argument("--outtype", default="bf16", help="the converter's type for all but the experts (bf16, q8_0)")
+    g.add_argument("--keep-folder", action="store_true", help="keep the HF folder the converter read")
+    g.add_argument("--out", type=Path)
     a = ap.parse_args()
     if a.model == "qwen3moe" and a.out is None:
-        a.out = OUT / f"qwen3-30b-a3b-{a.layers}l-shapes.{a.type.lower()}.gguf"
+        deep = "" if a.layers == QWEN3_30B_A3B["layers"] else f"-{a.layers}l"
+        a.out = OUT / f"qwen3-30b-a3b{deep}-shapes.{a.type.lower()}.gguf"
+    if a.model == "gpt-oss" and a.out is None:
+        deep = "" if a.layers == 24 else f"-{a.layers}l"
+        a.out = OUT / f"gpt-oss-20b{deep}-shapes.mxfp4.gguf"
     if a.out.exists():
         print(f"{a.out} exists ({a.out.stat().st_size / 1e6:.0f} MB)")
         return
@@ -474,6 +494,21 @@ def main() -> None:
     if a.model == "tinyllama":
         write_tinyllama_q4_0(a.out, spm_tokenizer(a.tokenizer))
         made = ""
+    elif a.model == "gpt-oss":
+        from .gpt_oss_shapes import build
+
+        build(a.out, a.llama_cpp, a.tokenizer_dir, a.layers, a.outtype, a.keep_folder)
+        made = ""
+    elif a.model == "qwen3moe" and a.from_layers and a.from_layers < a.layers:
+        from .repeat_layers import repeat_layers
+
+        src = OUT / f"qwen3-30b-a3b-{a.from_layers}l-shapes.{a.type.lower()}.gguf"
+        if not src.exists():
+            subprocess.run([sys.executable, "-m", "benchmarks.shapes", "qwen3moe", "--layers", str(a.from_layers),
+                            "--out", str(src), "--llama-quantize", str(a.llama_quantize), "--type", a.type,
+                            "--tokenizer-from", str(a.tokenizer_from)], check=True)
+        order = repeat_layers(src, a.out, a.layers, f"qwen3-30b-a3b-{a.layers}-layers-shapes-random")
+        made = f"; layers copied from {src.name}'s {order}"
     else:
         f16 = f16_source(a.out, a.type)
         if not f16.exists():
