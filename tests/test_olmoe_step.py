@@ -16,7 +16,8 @@ from test_native_step import variant  # noqa: F401 (the step on each kernel vari
 
 pytestmark = pytest.mark.skipif(not native.int8_dot(), reason="no C++ compiler for the kernels, or only the portable ones")
 
-PROMPT, STEPS = [5, 17, 80, 3, 200, 41, 9, 150], [7, 99, 250, 31]
+# (24 tokens: more than a column group of 8, the per-token stages' other way; blocks.h's kColGroup)
+PROMPT, STEPS = [5, 17, 80, 3, 200, 41, 9, 150] * 3, [7, 99, 250, 31]
 # (rows of 256: K-quants; 4 q heads, 2 kv heads of 64: q and k norms of 256 and 128, not 64)
 OLMOE = dict(num_experts=8, num_experts_per_tok=3, intermediate_size=256, norm_topk_prob=False, hidden_size=256)
 
