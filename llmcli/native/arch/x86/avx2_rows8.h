@@ -92,15 +92,14 @@ static inline __m256i group8_start(const Q8Cols& x, int64_t b, int h, int c) {
 // (Q8Cols): out[8 * c + r] = row r . column c. Each (row, activation row) lane: for each block in order, the block's products
 // summed in int32, times (d * the activation's d) added to its sum; Q4_1's, Q5_1's and Q4_K's m *
 // the activation's s added to another sum, block by block, then to the first (as rows16_tile).
-// `ahead`: bytes to fetch meanwhile, as many a block as it takes (the next group's, or null).
+// `ahead`: the next group (or null), fetched into L2 block by block as this one is read (x86.h fetch_for_block).
 template <int T, int C>
 static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out, const uint8_t* ahead) {
     constexpr int bytes = group_stride<T, R8>, H = scale_parts<T>, P = 8 / H, run = int16_run<T>;
     __m256 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        if (ahead)
-            for (int at = 0; at < bytes; at += 64) __builtin_prefetch(ahead + b * bytes + at);
+        fetch_for_block<bytes>(w, ahead, b);
 #pragma GCC unroll 2
         for (int h = 0; h < H; ++h) {
             __m256i s[C];

@@ -90,15 +90,14 @@ static inline __m512i rows16_start(const Q8Cols& x, int64_t b, int h, int c) {
 // activation's s added to another sum, block by block, then to the first. The activation rows' sums go side by
 // side, a vpdpbusd of each in turn: one row's 8 in a row wait on each other (5 cycles each), and the
 // scheduler did not look far enough ahead to overlap the rows.
-// `ahead`: bytes to fetch meanwhile, as many a block as it takes (the next group's, or null).
+// `ahead`: the next group (or null), fetched into L2 block by block as this one is read (x86.h fetch_for_block).
 template <int T, int C>
 static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out, const uint8_t* ahead) {
     constexpr int bytes = group_stride<T, R16>;
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        if (ahead)
-            for (int at = 0; at < bytes; at += 64) __builtin_prefetch(ahead + b * bytes + at);
+        fetch_for_block<bytes>(w, ahead, b);
         __m512i u[8], s[C];
         rows16_codes<T>(w, b, u);
         constexpr int H = scale_parts<T>, P = 8 / H;  // (Q6_K: codes 0-15, then 16-31, each half scaled alone)

@@ -49,3 +49,17 @@ static inline __m256 four_pairs(const uint8_t* p, int64_t stride) {
     const __m256 dm = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));  // d0 m0 d1 m1 ...
     return _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
 }
+
+// A row group's fetches while its block b (`bytes` bytes) is worked on: the next group's block b
+// (`ahead`, a whole group on: tens of KB) into L2 only, and this group's bytes kFetchOn on into L1.
+// Fetched into L1 a group ahead, most lines were evicted again before their turn, and each held one
+// of the core's few fill buffers while it came: one thread read memory well below the rate plain
+// loads reach (docs/performance.md, "Prefetching the row groups").
+constexpr int64_t kFetchOn = 2048;
+template <int bytes>
+static inline void fetch_for_block(const uint8_t* w, const uint8_t* ahead, int64_t b) {
+    for (int at = 0; at < bytes; at += 64) {
+        if (ahead) _mm_prefetch(reinterpret_cast<const char*>(ahead + b * bytes + at), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(w + kFetchOn + b * bytes + at), _MM_HINT_T0);
+    }
+}

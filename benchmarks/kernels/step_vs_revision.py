@@ -1,0 +1,67 @@
+"""The whole decode step of a git revision's kernels against the working tree's, one variant, on one
+GGUF model, interleaved in one process (this machine is too noisy to compare separate runs): what a
+kernel change gives a decode token, memory traffic and all, where blocks_vs_revision.py times the
+products alone.
+
+    python -m benchmarks.kernels.step_vs_revision MODEL [--rev HEAD] [--variant avx2] [--threads 1] [--tokens 16] [--reps 5]
+
+Both sides are the torch-free path's LeanModel (runtime/lean_step.py) on the same interleaved
+weights (the layout must not differ between the two revisions). Times are CPU seconds of the process
+with one thread (a busy machine's descheduling left out), wall seconds with more. Prints each side's
+median and best tokens a second and the ratio of medians.
+"""
+import argparse
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from llmcli import native
+from llmcli.formats.open import open_model_file
+from llmcli.native import build
+from llmcli.native.library import Kernels
+from llmcli.runtime.lean_step import LeanModel
+
+ap = argparse.ArgumentParser()
+ap.add_argument("model")
+ap.add_argument("--rev", default="HEAD")
+ap.add_argument("--variant", help="default: the one this CPU picks")
+ap.add_argument("--threads", type=int, default=1)
+ap.add_argument("--tokens", type=int, default=16)
+ap.add_argument("--reps", type=int, default=5)
+a = ap.parse_args()
+
+variant = a.variant or native.variants()[0]
+folder = Path(tempfile.mkdtemp(prefix="step-ab-"))
+names = subprocess.run(["git", "ls-tree", "-r", "--name-only", a.rev, "llmcli/native/"], capture_output=True, text=True,
+                       check=True).stdout.split()
+for name in names:
+    if name.endswith((".cpp", ".h")):
+        to = folder / Path(name).relative_to("llmcli/native")
+        to.parent.mkdir(parents=True, exist_ok=True)
+        to.write_bytes(subprocess.run(["git", "show", f"{a.rev}:{name}"], capture_output=True, check=True).stdout)
+build.FOLDER = folder  # the revision's sources, the tree's flags
+kernels = {a.rev: Kernels(build.compile_variant(variant, folder / build.library_name(variant)))}
+build.FOLDER = Path(build.__file__).parent
+kernels["tree"] = native.load(variant)
+clock = time.process_time if a.threads == 1 else time.perf_counter
+model_file = open_model_file(Path(a.model).expanduser())
+models = {name: LeanModel.open(model_file, a.threads, k) for name, k in kernels.items()}
+caches = {name: m.new_cache(512) for name, m in models.items()}
+for name, m in models.items():
+    m(list(range(100, 116)), caches[name])
+rates = {name: [] for name in models}
+for rep in range(a.reps + 1):  # the first round warms up
+    for name, m in models.items():
+        cache = caches[name]
+        cache.length = 16
+        t = clock()
+        for i in range(a.tokens):
+            m([200 + i], cache)
+        if rep:
+            rates[name].append(a.tokens / (clock() - t))
+print(f"{a.model}: {variant}, {a.threads} threads, {a.tokens} tokens x {a.reps} interleaved ({clock.__name__})")
+for name, r in rates.items():
+    print(f"{name:>8}: {statistics.median(r):8.2f} t/s median, {max(r):8.2f} best")
+print(f"tree / {a.rev}: {statistics.median(rates['tree']) / statistics.median(rates[a.rev]):.3f}x")
