@@ -320,8 +320,15 @@ static LLMCLI_INLINE void mxfp4_quad(const uint8_t* const p[4], __m512i& lo, __m
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     lo = _mm512_shuffle_epi8(values, _mm512_and_si512(qs, low4));
     hi = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4));
-    const __m512 d = _mm512_castps128_ps512(_mm_setr_ps(e8m0_half(p[0][0]), e8m0_half(p[1][0]), e8m0_half(p[2][0]), e8m0_half(p[3][0])));
-    wd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), d);
+    // e of block b in lanes 4b..4b+3, then e8m0_half's bits in vector operations (four scalar ones
+    // and their inserts took the shuffle port the lookups need)
+    const uint32_t e4 = p[0][0] | (uint32_t)p[1][0] << 8 | (uint32_t)p[2][0] << 16 | (uint32_t)p[3][0] << 24;
+    const __m512i e = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)e4),
+                                                         _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24)),
+                                       _mm512_set1_epi32(0xFF));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    wd = _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, small));
 }
 
 // The types read in the quad order (Q8's qq, zq, dq): Q8_0, MXFP4
