@@ -76,8 +76,8 @@ def test_a_gpt_oss_folder_gives_transformers_logits(name, tmp_path):
 def test_an_mxfp4_folder_gives_the_logits_of_what_it_holds(tmp_path):
     """OpenAI's checkpoints: experts as MXFP4 blocks and scales (E, N, K/32, 16), gate and up rows
     interleaved. Dequantized, they are the values the blocks hold; loaded, they stay packed (GGUF's
-    17-byte MXFP4 blocks where the kernels take them, else int8 codes) and multiply with int8 activations. `show` counts the parameters the
-    blocks hold, not their bytes."""
+    17-byte MXFP4 blocks where the kernels take them, else int8 codes) and multiply with int8
+    activations. `show` counts the parameters the blocks hold, not their bytes."""
     from tiny import gpt_oss_reference, save_gpt_oss_mxfp4
 
     from llmcli import models
@@ -176,7 +176,8 @@ def test_mxfp4_experts_are_held_as_the_file_s_blocks(tmp_path):
     mf = open_model_file(path)
     in_file = sum(int(t.n_bytes) for t in mf.reader.tensors if "_exps.weight" in t.name)
     model = open_model(str(path), device="cpu", ctx_size=64).loaded.model
-    held = [p.packed for layer in model.model.layers for x in layer.mlp.experts for p in (x.gate_proj, x.up_proj, x.down_proj)]
+    held = [p.packed for layer in model.model.layers for x in layer.mlp.experts
+            for p in (x.gate_proj, x.up_proj, x.down_proj)]
     assert {p.type_name for p in held} == {"MXFP4"}
     assert sum(t.numel() for p in held for t in p.held_tensors()) == in_file
     lean = LeanModel.open(mf, 1, native.module())

@@ -9,8 +9,9 @@ never a torch module.
 The numbers are native_step.py's (the torch path's step for the same file): the same C++ step, the
 same weights (interleaved once at load from the file's blocks, its pages released as they are
 copied, llama's Q/K rows taken in HF order; experts as the file stores them), the same norms,
-embedding and RoPE tables (models/rope.py), gpt-oss's sinks, biases and router bias. What it does not cover (another family, a block type the step does not multiply,
-LongRoPE) stays on the torch path: open() says None and the caller loads the model with torch.
+embedding and RoPE tables (models/rope.py), gpt-oss's sinks, biases and router bias. What it does
+not cover (another family, a block type the step does not multiply, LongRoPE) stays on the torch
+path: open() says None and the caller loads the model with torch.
 """
 
 from __future__ import annotations
@@ -330,6 +331,11 @@ def _read(tensors: dict, args, arch: str):
             bias = bias[unpermuted_order(N, heads)]
         return Weight(blocks, TYPE_IDS[type_name], K, N, bias, stored=blocks, heads=heads)
 
+    def vectors(name: str) -> np.ndarray | None:
+        """A float32 tensor of the file as it is (2-D: rows of vectors), or None."""
+        t = tensors.get(name)
+        return None if t is None else np.ascontiguousarray(np.asarray(t.data, dtype=np.float32))
+
     def experts(b: str):
         """A layer's router (float32) and each expert's (gate, up, down), rows of the 3-D tensors (with
         their rows of gpt-oss's (E, N) bias tensors)."""
@@ -354,11 +360,6 @@ def _read(tensors: dict, args, arch: str):
             out.append(tuple(ws))
         return np.ascontiguousarray(gguf.dequantize(router), dtype=np.float32), out
 
-    def vectors(name: str) -> np.ndarray | None:
-        """A float32 tensor of the file as it is (2-D: rows of vectors), or None."""
-        t = tensors.get(name)
-        return None if t is None else np.ascontiguousarray(np.asarray(t.data, dtype=np.float32))
-
     layers = []
     moe = getattr(args, "num_experts", None) is not None
     for i in range(args.num_hidden_layers):
@@ -378,7 +379,8 @@ def _read(tensors: dict, args, arch: str):
             norms.update(post_norm=norm(b + "ffn_norm.weight"), attn_out_norm=norm(b + "post_attention_norm.weight"),
                          mlp_out_norm=norm(b + "post_ffw_norm.weight"))
         else:  # (gpt-oss's norm before its experts is post_attention_norm)
-            norms["post_norm"] = norm(b + ("post_attention_norm.weight" if args.model_type == "gpt_oss" else "ffn_norm.weight"))
+            before_mlp = "post_attention_norm" if args.model_type == "gpt_oss" else "ffn_norm"
+            norms["post_norm"] = norm(b + before_mlp + ".weight")
         if norms["in_norm"] is None or norms["post_norm"] is None or (args.qk_norm and norms["q_norm"] is None):
             return None
         shared = None
@@ -389,8 +391,8 @@ def _read(tensors: dict, args, arch: str):
         sinks, router_bias = vectors(b + "attn_sinks.weight"), vectors(b + "ffn_gate_inp.bias")
         if args.model_type == "gpt_oss" and (sinks is None or router_bias is None):
             return None
-        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen, shared,
-                            sinks, router_bias))
+        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen,
+                            shared, sinks, router_bias))
     embd = tensors.get("token_embd.weight")
     head = matrix("output") if "output.weight" in tensors else matrix("token_embd")
     head_norm = norm("output_norm.weight")
