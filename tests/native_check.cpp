@@ -42,6 +42,10 @@ static std::vector<uint8_t> random_blocks(int type, int64_t N, int64_t K) {
         return w;
     }
     for (auto& b : w) b = (uint8_t)rng();
+    if (type == kMXFP4) {  // e8m0 exponents 2^-13 .. 2^1 (halved), as gpt-oss's experts have
+        for (int64_t i = 0; i < n; ++i) w[i * bytes] = (uint8_t)(115 + rng() % 15);
+        return w;
+    }
     const bool has_m = type == kQ4_1 || type == kQ5_1 || type == kQ4_K || type == kQ5_K;
     for (int64_t i = 0; i < n; ++i) {
         uint8_t* b = w.data() + i * bytes + (type == kQ6_K ? 208 : 0);

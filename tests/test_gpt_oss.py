@@ -1,8 +1,9 @@
 """gpt-oss (models/gpt_oss.py): tiny random configs against transformers in float32 from an HF folder
 (plain and MXFP4 experts, as OpenAI ships them) and from GGUF files written as llama.cpp's converter
-writes them (F32, MXFP4 experts, Q8_0); the torch path serves it (the torch-free and native steps
-refuse it); `show`; files whose experts disagree with their metadata refused; the harmony chat format
-(its template renders, <|return|> and <|call|> end a reply, <|end|> does not)."""
+writes them (F32, MXFP4 experts, Q8_0), the experts held as the file's MXFP4 blocks; the native step
+and the torch-free path (its numbers bit for bit, no torch imported) decode it; `show`; files whose
+experts disagree with their metadata refused; the harmony chat format (its template renders,
+<|return|> and <|call|> end a reply, <|end|> does not)."""
 
 from __future__ import annotations
 
@@ -74,9 +75,9 @@ def test_a_gpt_oss_folder_gives_transformers_logits(name, tmp_path):
 
 def test_an_mxfp4_folder_gives_the_logits_of_what_it_holds(tmp_path):
     """OpenAI's checkpoints: experts as MXFP4 blocks and scales (E, N, K/32, 16), gate and up rows
-    interleaved. Dequantized, they are the values the blocks hold; loaded, they stay packed (as a
-    GGUF's MXFP4: int8 codes) and multiply with int8 activations. `show` counts the parameters the
-    blocks hold, not their bytes."""
+    interleaved. Dequantized, they are the values the blocks hold; loaded, they stay packed (GGUF's
+    17-byte MXFP4 blocks where the kernels take them, else int8 codes) and multiply with int8
+    activations. `show` counts the parameters the blocks hold, not their bytes."""
     from tiny import gpt_oss_reference, save_gpt_oss_mxfp4
 
     from llmcli import models
@@ -129,8 +130,9 @@ def test_mxfp4_blocks_read_as_ggml_reads_them():
 
 
 def test_mxfp4_blocks_import_exactly_as_int8_codes_and_q8_0_blocks():
-    """A GGUF's MXFP4 experts are held as int8 codes with a power-of-two scale a block (twice the
-    bytes, not four times as bfloat16), and where the kernels take blocks as Q8_0 blocks: the same values."""
+    """Where the kernels do not multiply MXFP4 blocks (no SIMD variant, a GPU), a GGUF's MXFP4 experts
+    are int8 codes with a power-of-two scale a block (twice the bytes, not four times as bfloat16),
+    and such int8 weights Q8_0 blocks where the kernels take blocks: the same values."""
     import gguf
     from gguf.quants import dequantize
 
@@ -156,11 +158,37 @@ def test_mxfp4_blocks_import_exactly_as_int8_codes_and_q8_0_blocks():
         np.testing.assert_array_equal(dequantize(blocks, gguf.GGMLQuantizationType.Q8_0).reshape(N, K), want)
 
 
+def test_mxfp4_experts_are_held_as_the_file_s_blocks(tmp_path):
+    """Where the kernels multiply MXFP4, a GGUF's experts stay its 17-byte blocks (views of the file's
+    map, no int8 copy): their bytes in memory are the file's, on the torch path and the torch-free one."""
+    from tiny import write_gguf
+
+    from llmcli import native
+    from llmcli.formats.open import open_model_file
+    from llmcli.runtime.lean_step import LeanModel
+    from llmcli.runtime.runtime import open_model
+
+    if not native.int8_dot():
+        pytest.skip("no C++ kernels with integer dot products (MXFP4 experts stay int8 codes for torch)")
+    path = tmp_path / "gpt-oss.gguf"
+    write_gguf(_gpt_oss(rope_parameters=ROPE_AS_LLAMACPP), path,
+               lambda name, shape: "MXFP4" if ".experts." in name else "Q8_0")
+    mf = open_model_file(path)
+    in_file = sum(int(t.n_bytes) for t in mf.reader.tensors if "_exps.weight" in t.name)
+    model = open_model(str(path), device="cpu", ctx_size=64).loaded.model
+    held = [p.packed for layer in model.model.layers for x in layer.mlp.experts
+            for p in (x.gate_proj, x.up_proj, x.down_proj)]
+    assert {p.type_name for p in held} == {"MXFP4"}
+    assert sum(t.numel() for p in held for t in p.held_tensors()) == in_file
+    lean = LeanModel.open(mf, 1, native.module())
+    assert sum(w.data.nbytes for layer in lean.layers for x in layer.experts for w in x) == in_file
+
+
 @pytest.mark.parametrize("kind", ["F32", "MXFP4", "MXFP4+Q8_0"])
 def test_a_gpt_oss_gguf_gives_the_logits_of_what_it_holds(kind, tmp_path):
     """As llama.cpp's converter writes gpt-oss: ffn_{gate,up,down}_exps and their biases, the router's
     bias, attn_sinks, post_attention_norm, YaRN and the window in the metadata; experts in MXFP4
-    (held as int8 codes, exactly), the other matrices F32 or Q8_0. Held blocks multiply with int8
+    (held as the file's blocks, or int8 codes: exactly), the other matrices F32 or Q8_0. Held blocks multiply with int8
     activations, as llama.cpp's do: close then, not the same numbers."""
     from tiny import gpt_oss_reference, write_gguf
 
@@ -186,20 +214,40 @@ def test_a_gpt_oss_gguf_gives_the_logits_of_what_it_holds(kind, tmp_path):
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8
 
 
-def test_the_torch_path_runs_gpt_oss_and_the_torch_free_path_refuses_it(tmp_path):
+def test_the_torch_free_path_runs_gpt_oss_as_the_torch_path_s_step(tmp_path):
+    """LeanModel builds gpt-oss's step from the file with numpy (sinks, the window, q/k/v/o and expert
+    biases, the router's bias, YaRN's tables, the clamped SwiGLU): the torch path's NativeStep's
+    logits bit for bit, a prompt then single tokens past the window; `run` takes that path without
+    importing torch and answers as the torch path does."""
+    from test_lean import PROMPT as LEAN_PROMPT, STEPS, _llmcli
     from tiny import write_gguf
 
-    from llmcli.decode.request import Request
-    from llmcli.runtime.flags import ModelFlags
-    from llmcli.runtime.lean import open_lean
+    from llmcli import native
+    from llmcli.formats.open import open_model_file
+    from llmcli.runtime.lean_step import LeanModel
+    from llmcli.runtime.native_step import NativeStep
+    from llmcli.runtime.runtime import open_model
 
+    if not native.int8_dot():
+        pytest.skip("no C++ kernels with integer dot products (the torch-free path needs them)")
     path = tmp_path / "gpt-oss.gguf"
     write_gguf(_gpt_oss(rope_parameters=ROPE_AS_LLAMACPP), path,
                lambda name, shape: "MXFP4" if ".experts." in name else "Q8_0")
-    assert open_lean(ModelFlags(str(path)), Request()) is None  # (the file's MXFP4 is no block type it reads)
-    r = run_cli("run", str(path), "hello there", "-n", "5", "--temp", "0", "--ignore-eos", "-c", "64", "--json")
-    assert r.returncode == 0, r.stderr
-    assert '"completion_tokens": 5' in r.stdout
+    rt = open_model(str(path), device="cpu", ctx_size=64, threads=2)
+    step, cache = NativeStep(rt.loaded.model, threads=2), rt.new_cache()
+    lean = LeanModel.open(open_model_file(path), 2, native.module())
+    assert lean is not None and lean.act == "swiglu_oai"
+    mine = lean.new_cache(64)
+    with torch.inference_mode():
+        np.testing.assert_array_equal(lean(LEAN_PROMPT, mine)[0][0],
+                                      step(torch.tensor([LEAN_PROMPT]), cache, last_only=True)[0, -1].numpy())
+        for tok in STEPS:
+            np.testing.assert_array_equal(lean([tok], mine)[0][0],
+                                          step(torch.tensor([[tok]]), cache, last_only=True)[0, -1].numpy())
+    run = ["run", str(path), "hello there", "-n", "5", "--temp", "0", "--ignore-eos", "-c", "64"]
+    lean_out, _, lean_torch = _llmcli(run)
+    torch_out, _, torch_torch = _llmcli(run, env={"LLMCLI_TORCH_PATH": "1"})
+    assert not lean_torch and torch_torch and lean_out == torch_out and lean_out.strip()
 
 
 def _variants() -> list[str]:
@@ -210,7 +258,7 @@ def _variants() -> list[str]:
 
 @pytest.mark.parametrize("variant", _variants())
 def test_the_native_step_decodes_gpt_oss_as_the_model_does(variant, tmp_path, monkeypatch):
-    """A gpt-oss GGUF whose matrices are all blocks (MXFP4 experts held as Q8_0) decodes through the
+    """A gpt-oss GGUF whose matrices are all blocks (MXFP4 experts as the file's) decodes through the
     one-call C++ step on the CPU: sinks, the window, biases, the router's bias, the clamped SwiGLU.
     One-token steps from the same cache, by the step and by the model (test_native_step.py's
     _compare: both quantize activations to int8 per block of 32; a code now and then rounds the

@@ -15,7 +15,7 @@ from llmcli import native
 from llmcli.native.build import VARIANTS
 from llmcli.quant.gguf_blocks import BLOCKS, TYPE_IDS
 
-INT8_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"]
+INT8_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "MXFP4"]
 # where each type keeps its float16 scales (offsets in a block): random bytes there could be inf or NaN
 HALVES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
           "Q6_K": (208,)}
@@ -39,6 +39,10 @@ def _blocks(type_name: str, N: int, K: int, seed: int, raw: bool) -> np.ndarray:
     """(N, row bytes): a quantized random matrix, or random bytes with sane scales (every code value,
     Q8_0's -128 and Q6_K's extremes included)."""
     rng = np.random.default_rng(seed)
+    if type_name == "MXFP4":  # every code, and e8m0 exponents 2^-12 .. 2^2 (the ones gpt-oss's experts have)
+        b = rng.integers(0, 256, (N, K // 32, 17), dtype=np.uint8)
+        b[..., 0] = rng.integers(115, 130, (N, K // 32))
+        return b.reshape(N, -1)
     if not raw:
         return quantize(rng.standard_normal((N, K)).astype(np.float32) * 0.05, type_name)
     size, nbytes = BLOCKS[type_name]
@@ -90,7 +94,7 @@ def test_int8_dot_products_equal_float64_on_the_same_activations(kernels, type_n
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"])
 def test_row_group_kernels_equal_float64_and_give_each_row_what_it_gets_alone(kernels, type_name):
     """The kernels a decode step takes on its copy of the weights interleaved in groups of rows (16
     with AVX-512, 8 with AVX2 and AVX-VNNI): the float64 products of the same int8 activations, and

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 # GGUF's type names -> the kernels' type ids (their switch)
-TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6, "Q4_K": 7, "F16": 8, "BF16": 9}
+TYPE_IDS = {"Q5_0": 0, "Q5_1": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q4_1": 5, "Q8_0": 6, "Q4_K": 7, "F16": 8, "BF16": 9,
+            "MXFP4": 10}
 # type id -> (weights a block, bytes a block)
 BLOCKS = {0: (32, 22), 1: (32, 24), 2: (256, 176), 3: (256, 210), 4: (32, 18), 5: (32, 20), 6: (32, 34), 7: (256, 144),
-          8: (1, 2), 9: (1, 2)}  # (8, 9: F16 and BF16 rows, a "block" of one weight)
+          8: (1, 2), 9: (1, 2), 10: (32, 17)}  # (8, 9: F16 and BF16 rows, a "block" of one weight)
 
 # type id -> K -> the bytes of a row of K weights (None where K is not whole blocks)
 ROW_BYTES = {t: (lambda K, size=size, nbytes=nbytes: K // size * nbytes if K % size == 0 else None)

@@ -1,14 +1,15 @@
 """GGUF blocks kept as they are in the file: a packed format of llmcli's for the GGUF types whose
 codes do not fit the int4 kernel (5 and 6 bits), so they cost no more memory than in the file, and
 where a SIMD variant of the kernels runs (native.int8_dot(): AVX-512 VNNI, AVX-VNNI, AVX2, NEON with
-dot products) also for Q4_0, Q4_1, Q8_0 and Q4_K. The kernels multiply all of these but Q5_K with
-integer dot products (activations quantized to int8 per 32, as llama.cpp does), faster than torch's
-int4 kernel and a float path (docs/performance.md).
+dot products) also for Q4_0, Q4_1, Q8_0, Q4_K and MXFP4 (gpt-oss's experts). The kernels multiply
+all of these but Q5_K with integer dot products (activations quantized to int8 per 32, as llama.cpp
+does), faster than torch's int4 kernel and a float path (docs/performance.md).
 
     Q4_0   18 bytes / 32:  d f16, qs[16]                            w = d * (q - 8)
     Q4_1   20 bytes / 32:  d, m f16, qs[16]                         w = d * q + m
     Q8_0   34 bytes / 32:  d f16, qs[32] int8                       w = d * q
     Q4_K  144 bytes / 256: d, dmin f16, scales[12], qs[128]          w = d*sc * q - dmin*m, per 32
+    MXFP4  17 bytes / 32:  e e8m0, qs[16] e2m1 codes                w = kvalues[q] * 2^(e - 128)
 
     Q5_0   22 bytes / 32:  d f16, qh u32 (5th bits), qs[16]          w = d * (q - 16)
     Q5_1   24 bytes / 32:  d, m f16, qh u32, qs[16]                 w = d * q + m
@@ -41,11 +42,13 @@ from .packed import _dense_tiles
 # Types that fit torch's int4/int8 kernels too, kept as blocks only where a SIMD kernel variant runs
 # (gguf_import.as_stored_preset): its integer dot products (activations as int8, as llama.cpp takes
 # them) beat torch's int4 kernel there. type -> (elements per block, bytes per block)
-INT8_DOT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}
+INT8_DOT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "MXFP4": (32, 17)}
 FLOAT_ROWS = {"F16": (1, 2), "BF16": (1, 2)}  # 16-bit floats, rows of K (float32 activations)
 BLOCKS = {"Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210), **INT8_DOT_BLOCKS, **FLOAT_ROWS}
 INT8_DOT_TYPES = (*INT8_DOT_BLOCKS, "Q6_K", "Q5_0", "Q5_1")  # what the kernel multiplies with int8 activations
-BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4, "F16": 16, "BF16": 16}
+BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4, "F16": 16, "BF16": 16,
+        "MXFP4": 4}
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # ggml's kvalues_mxfp4 (e2m1 doubled)
 STEP_TYPES = frozenset(TYPE_IDS)  # the block types the native step (runtime/native_step.py) multiplies
 # llmcli's group-wise formats that are a block type exactly (codes as they are, scales in f16), held as
 # those blocks where INT8_DOT_BLOCKS are (quant/held.py): (bits, group size, symmetric) -> type
@@ -87,6 +90,10 @@ def dequantize_blocks(blocks: torch.Tensor, type_name: str, K: int) -> torch.Ten
         sc, m = _k_scales(b[..., 4:16])
         q = _nibble_pairs(b[..., 16:].reshape(n, -1, 4, 32)).float()  # (n, nb, 8, 32)
         return (d * sc[..., None] * q - dmin * m[..., None]).reshape(n, K)
+    if type_name == "MXFP4":  # kvalues times half the e8m0 scale (ggml's numbers), exactly
+        half = torch.from_numpy(np.ldexp(np.float32(1), b[..., 0:1].numpy().astype(np.int32) - 128).astype(np.float32))
+        q = torch.tensor(MXFP4_VALUES, dtype=torch.float32)[torch.cat((b[..., 1:] & 15, b[..., 1:] >> 4), -1).long()]
+        return (half * q).reshape(n, K)
     if type_name in INT8_DOT_BLOCKS:
         d = _f16(b[..., 0:2])
         if type_name == "Q8_0":

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from .. import native
-from .gguf_blocks import BITS, BLOCKS, FLOAT_ROWS, INT8_DOT_BLOCKS, _k_scales, _nibble_pairs
+from .gguf_blocks import BITS, BLOCKS, FLOAT_ROWS, INT8_DOT_BLOCKS, MXFP4_VALUES, _k_scales, _nibble_pairs
 from .presets import Preset, QuantSpec, Rule
 
 BLOCK = 32
-MXFP4_CODES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # ggml's kvalues_mxfp4
+MXFP4_CODES = MXFP4_VALUES  # ggml's kvalues_mxfp4
 
 
 def direct_spec(type_name: str, spec: QuantSpec) -> bool:
@@ -106,7 +106,8 @@ def import_block_quants(raw: np.ndarray, type_name: str, N: int, K: int, spec: Q
 # GGUF block types kept packed at load: mapped onto llmcli's formats (codes unchanged), or kept as blocks.
 # Where the kernels multiply blocks with integer dot products, Q4_0/Q4_1/Q8_0/Q4_K stay blocks too
 # (quant/held.py: they decode faster than through torch's int4 kernel, benchmarks/kernels/matvec_by_format.py)
-# MXFP4 (gpt-oss's experts) as int8 codes: twice its bytes, against four times as the compute dtype
+# MXFP4 (gpt-oss's experts) as int8 codes (twice its bytes) only where the kernels do not multiply its
+# blocks (held.py keeps the file's 17-byte blocks where they do)
 AS_STORED = {"Q4_0": QuantSpec(4, BLOCK, True), "Q4_1": QuantSpec(4, BLOCK, False), "Q8_0": QuantSpec(8, BLOCK, True),
              "Q4_K": QuantSpec(4, BLOCK, False), "MXFP4": QuantSpec(8, BLOCK, True),
              **{t: QuantSpec(BITS[t], size, False, t) for t, (size, _) in BLOCKS.items()

@@ -1,5 +1,6 @@
-"""The torch-free CPU path's model: a GGUF file's Llama-family or Gemma 3 model as the native decode
-step (native/step.py), built straight from the file's blocks with numpy, never a torch module.
+"""The torch-free CPU path's model: a GGUF file's Llama-family, Gemma 3, mixture-of-experts or gpt-oss
+model as the native decode step (native/step.py), built straight from the file's blocks with numpy,
+never a torch module.
 
     model = LeanModel.open(model_file, threads, kernels)    None where the file is not for this path
     cache = model.new_cache(ctx)                             numpy float16 KV (cache/host.py)
@@ -7,9 +8,10 @@ step (native/step.py), built straight from the file's blocks with numpy, never a
 
 The numbers are native_step.py's (the torch path's step for the same file): the same C++ step, the
 same weights (interleaved once at load from the file's blocks, its pages released as they are
-copied, llama's Q/K rows taken in HF order), the same norms, embedding and RoPE tables
-(models/rope.py). What it does not cover (another family, a block type the step does not multiply,
-LongRoPE) stays on the torch path: open() says None and the caller loads the model with torch.
+copied, llama's Q/K rows taken in HF order; experts as the file stores them), the same norms,
+embedding and RoPE tables (models/rope.py), gpt-oss's sinks, biases and router bias. What it does
+not cover (another family, a block type the step does not multiply, LongRoPE) stays on the torch
+path: open() says None and the caller loads the model with torch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from ..quant import precision
 from ..native.interleave import interleave_rows, unpermute_blocks, unpermuted_order
 
 ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh",
-               "qwen3_moe": "silu", "mixtral": "silu", "qwen2_moe": "silu", "olmoe": "silu"}  # (mixtures of experts: every layer's)
+               "qwen3_moe": "silu", "mixtral": "silu", "qwen2_moe": "silu", "olmoe": "silu",  # (mixtures of experts: every layer's)
+               "gpt_oss": "swiglu_oai"}  # (api.h's act 2: the clamped SwiGLU at gpt-oss's alpha 1.702, limit 7)
+SWIGLU_OAI = (1.702, 7.0)  # (swiglu_alpha, swiglu_limit) the C++ step has (native_step.py's check alike)
 MAX_TOKENS = 512  # tokens of one call (native_step.MAX_TOKENS): a longer prompt goes in several
 TABLE_POSITIONS = 1 << 16  # RoPE rows made once (native_step.TABLE_POSITIONS); a longer context: not this path
 _EMPTY = np.empty(0, np.float32)
@@ -61,6 +65,8 @@ class Layer:
     router: np.ndarray | None = None  # a mixture of experts: (E, hidden) float32
     experts: list | None = None  # [(gate, up, down) Weights], each expert's rows of the file's 3-D tensors
     shared: tuple | None = None  # qwen2moe's shared expert: (its gate (hidden,) float32, (gate, up, down) Weights)
+    sinks: np.ndarray | None = None  # gpt-oss: (heads,) float32 logits joining each head's softmax
+    router_bias: np.ndarray | None = None  # gpt-oss: (E,) float32 on the router's logits
 
 
 class LeanModel:
@@ -94,6 +100,8 @@ class LeanModel:
         args, arch = model_file.args, model_file.architecture
         if args.model_type not in ACTIVATIONS or (args.rope_scaling or {}).get("rope_type") == "longrope" \
                 or getattr(args, "clip_qkv", None) is not None:  # (OLMoE's clamp of q, k, v: not in the step)
+            return None
+        if args.model_type == "gpt_oss" and (args.swiglu_alpha, args.swiglu_limit) != SWIGLU_OAI:
             return None
         tensors = {t.name: t for t in model_file.reader.tensors}
         t0 = time.perf_counter()
@@ -137,7 +145,7 @@ class LeanModel:
         arrays = [w.data for layer in self.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down) for w in g]
         arrays += [w.data for layer in self.layers for x in (layer.experts or ()) for w in x]
         arrays += [a for layer in self.layers if layer.shared for a in (layer.shared[0], *(w.data for w in layer.shared[1]))]
-        arrays += [layer.router for layer in self.layers if layer.router is not None]
+        arrays += [a for layer in self.layers for a in (layer.router, layer.sinks, layer.router_bias) if a is not None]
         arrays += [n for layer in self.layers for n in layer.norms.values() if n is not None]
         arrays += [self.head.data, self.head_norm, self.embedding[0]]
         for a in arrays:
@@ -268,11 +276,13 @@ class LeanModel:
                            [w.spec() for w in layer.o], nm["post_norm"], [w.spec() for w in layer.gate_up],
                            [w.spec() for w in layer.down], cache.k[i], cache.v[i], layer.window,
                            attn_out_norm=nm["attn_out_norm"], mlp_out_norm=nm["mlp_out_norm"],
-                           local_rope=self.gemma and a.layer_types[i] == "sliding_attention",
+                           local_rope=self.gemma and a.layer_types[i] == "sliding_attention", sinks=layer.sinks,
                            whole_qk_norm=getattr(a, "whole_qk_norm", False))  # (OLMoE: norms of all heads at once)
             if layer.experts:
                 step.set_experts(i, layer.router, [tuple(w.spec() for w in x) for x in layer.experts],
                                  a.num_experts_per_tok, a.norm_topk_prob or not a.softmax_first)
+            if layer.router_bias is not None:
+                step.set_router_bias(i, layer.router_bias)
             if layer.shared:
                 step.set_shared_expert(i, layer.shared[0], tuple(w.spec() for w in layer.shared[1]))
         step.set_head(self.head_norm, [self.head.spec()])
@@ -323,8 +333,14 @@ def _read(tensors: dict, args, arch: str):
             bias = bias[unpermuted_order(N, heads)]
         return Weight(blocks, TYPE_IDS[type_name], K, N, bias, stored=blocks, heads=heads)
 
+    def vectors(name: str) -> np.ndarray | None:
+        """A float32 tensor of the file as it is (2-D: rows of vectors), or None."""
+        t = tensors.get(name)
+        return None if t is None else np.ascontiguousarray(np.asarray(t.data, dtype=np.float32))
+
     def experts(b: str):
-        """A layer's router (float32) and each expert's (gate, up, down), rows of the 3-D tensors."""
+        """A layer's router (float32) and each expert's (gate, up, down), rows of the 3-D tensors (with
+        their rows of gpt-oss's (E, N) bias tensors)."""
         router = tensors.get(b + "ffn_gate_inp.weight")
         parts = [tensors.get(f"{b}ffn_{kind}_exps.weight") for kind in ("gate", "up", "down")]
         if router is None or any(t is None or t.tensor_type.name not in TYPE_IDS for t in parts):
@@ -333,14 +349,16 @@ def _read(tensors: dict, args, arch: str):
         for kind, t in zip(("gate", "up", "down"), parts):
             next(gguf.expert_tensors(t, b, kind, args))
         stacks = [(t.data if t.tensor_type.name != "F16" else t.data.view(np.uint8), t) for t in parts]
+        biases = [vectors(f"{b}ffn_{kind}_exps.bias") for kind in ("gate", "up", "down")]
         out = []
         for e in range(args.num_experts):
             ws = []
-            for data, t in stacks:
+            for (data, t), bias in zip(stacks, biases):
                 _, N, K = gguf.tensor_shape(t)
-                if K % 32:
+                if K % 32 or (bias is not None and bias.shape != (args.num_experts, N)):
                     return None, None
-                ws.append(Weight(data[e], TYPE_IDS[t.tensor_type.name], K, N, stored=data[e]))
+                ws.append(Weight(data[e], TYPE_IDS[t.tensor_type.name], K, N, _EMPTY if bias is None else bias[e],
+                                 stored=data[e]))
             out.append(tuple(ws))
         return np.ascontiguousarray(gguf.dequantize(router), dtype=np.float32), out
 
@@ -362,8 +380,9 @@ def _read(tensors: dict, args, arch: str):
         if gemma:
             norms.update(post_norm=norm(b + "ffn_norm.weight"), attn_out_norm=norm(b + "post_attention_norm.weight"),
                          mlp_out_norm=norm(b + "post_ffw_norm.weight"))
-        else:
-            norms["post_norm"] = norm(b + "ffn_norm.weight")
+        else:  # (gpt-oss's norm before its experts is post_attention_norm)
+            before_mlp = "post_attention_norm" if args.model_type == "gpt_oss" else "ffn_norm"
+            norms["post_norm"] = norm(b + before_mlp + ".weight")
         if norms["in_norm"] is None or norms["post_norm"] is None or (args.qk_norm and norms["q_norm"] is None):
             return None
         shared = None
@@ -371,7 +390,11 @@ def _read(tensors: dict, args, arch: str):
             shared = (norm(b + "ffn_gate_inp_shexp.weight"), tuple(matrix(f"{b}ffn_{kind}_shexp") for kind in ("gate", "up", "down")))
             if shared[0] is None or shared[0].size != args.hidden_size or any(w is None for w in shared[1]):
                 return None
-        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen, shared))
+        sinks, router_bias = vectors(b + "attn_sinks.weight"), vectors(b + "ffn_gate_inp.bias")
+        if args.model_type == "gpt_oss" and (sinks is None or router_bias is None):
+            return None
+        layers.append(Layer([q, k, v], [o], [gate, up], [down], norms, args.layer_window(i) or 0, router, chosen,
+                            shared, sinks, router_bias))
     embd = tensors.get("token_embd.weight")
     head = matrix("output") if "output.weight" in tensors else matrix("token_embd")
     head_norm = norm("output_norm.weight")

@@ -12,8 +12,8 @@
 // quant/gguf_blocks.py's TYPE_IDS. F16 and BF16 are rows of 2-byte floats (a "block" of one weight),
 // which float_rows.h multiplies with float32 activations, never int8 ones.
 enum BlockType : int { kQ5_0 = 0, kQ5_1 = 1, kQ5_K = 2, kQ6_K = 3, kQ4_0 = 4, kQ4_1 = 5, kQ8_0 = 6, kQ4_K = 7,
-                       kF16 = 8, kBF16 = 9 };
-constexpr int kTypes = 10;
+                       kF16 = 8, kBF16 = 9, kMXFP4 = 10 };
+constexpr int kTypes = 11;
 template <int T> constexpr bool float_type = T == kF16 || T == kBF16;
 
 // Q4_K / Q5_K: 8 six-bit scales and mins in 12 bytes (ggml's get_scale_min_k4), unpacked with
@@ -137,6 +137,32 @@ template <> struct Block<kQ4_K> {  // d, dmin f16, scales[12], qs[128]: w = d*sc
     }
 };
 
+// MXFP4 (gpt-oss's experts): e8m0 exponent e, qs[16] of e2m1 codes: w = kMXFP4Values[q] * 2^(e - 128),
+// ggml's numbers (kvalues_mxfp4: the e2m1 values doubled, small integers; GGML_E8M0_TO_FP32_HALF: half
+// the scale). The kernels look the nibbles up as int8 codes and take Q8_0's signed route, d = that half.
+alignas(16) static const int8_t kMXFP4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static inline float e8m0_half(uint8_t e) {  // 2^(e - 128), exactly (e < 2: a denormal)
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+template <> struct Block<kMXFP4> {  // e u8, qs[16]: element j low nibble, j + 16 high
+    static constexpr int size = 32, bytes = 17;
+    static void deq(const uint8_t* b, float* y) {
+        const float d = e8m0_half(b[0]); const uint8_t* qs = b + 1;
+        for (int j = 0; j < 16; ++j) { y[j] = d * (float)kMXFP4Values[qs[j] & 15]; y[j + 16] = d * (float)kMXFP4Values[qs[j] >> 4]; }
+    }
+};
+
+// A 32-block's scale d (the weights d * code): f16 at its start, MXFP4's e8m0 halved
+template <int T>
+static inline float block_d(const uint8_t* b) {
+    if constexpr (T == kMXFP4) return e8m0_half(b[0]);
+    else return h2f(b);
+}
+
 template <> struct Block<kF16> {  // one IEEE half
     static constexpr int size = 1, bytes = 2;
     static void deq(const uint8_t* b, float* y) { y[0] = h2f(b); }
@@ -152,7 +178,7 @@ static inline int64_t block_size(int type) {
 }
 
 static inline int64_t block_bytes(int type) {
-    static const int64_t bytes[kTypes] = {22, 24, 176, 210, 18, 20, 34, 144, 2, 2};
+    static const int64_t bytes[kTypes] = {22, 24, 176, 210, 18, 20, 34, 144, 2, 2, 17};
     return bytes[type];
 }
 
@@ -170,6 +196,7 @@ static void with_type(int type, F&& f) {
         case 7: f(std::integral_constant<int, 7>{}); break;
         case 8: f(std::integral_constant<int, 8>{}); break;
         case 9: f(std::integral_constant<int, 9>{}); break;
+        case 10: f(std::integral_constant<int, 10>{}); break;
         default: break;  // the API checks type ids before they get here
     }
 }

@@ -14,7 +14,7 @@ enum Layout : unsigned { kNibbleLayout = 1, kQ8_0Layout = 2, kQ4KLayout = 4, kQ6
 static inline unsigned layout_of(int type) {
     switch (type) {
         case kQ4_0: case kQ4_1: case kQ5_0: case kQ5_1: return kNibbleLayout;
-        case kQ8_0: return kQ8_0Layout;
+        case kQ8_0: case kMXFP4: return kQ8_0Layout;  // (MXFP4: Q8_0's quad order, its codes looked up)
         case kQ4_K: return kQ4KLayout;
         case kQ6_K: return kQ6KLayout;
         default: return 0;  // Q5_K, F16, BF16: the float routes (no int8 activations)

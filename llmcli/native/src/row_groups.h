@@ -7,6 +7,7 @@
 //
 // A block of R rows (the same bytes as their R blocks, laid out again):
 //   d[R] f16 | m[R] f16 (Q4_1, Q5_1) | 5th bits (Q5_0, Q5_1): 8 masks of 4R bits | codes
+// (MXFP4: e[R], the e8m0 bytes | codes as the nibble types', looked up as the kernels read them)
 // codes: the nibble types' qs as 4 vectors of 4R bytes, vector p's lane r row r's qs bytes 4p..4p+3
 // (so codes 4p..4p+3 in the low nibbles, 16 + 4p.. in the high ones); Q8_0's as 8 vectors, lane r
 // row r's codes 4p..4p+3, stored + 128 (unsigned, the weights' side of vpdpbusd). Mask p (p < 4:
@@ -27,18 +28,19 @@
 
 template <int T>
 constexpr bool grouped_type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0 || T == kQ4_K ||
-                              T == kQ5_K || T == kQ6_K;
+                              T == kQ5_K || T == kQ6_K || T == kMXFP4;
 template <int T> constexpr bool is_k45 = T == kQ4_K || T == kQ5_K;
 template <int T> constexpr bool pair_scales = T == kQ4_1 || T == kQ5_1;  // d and m a block
 template <int T> constexpr bool grouped_min = pair_scales<T> || is_k45<T>;  // a second sum: m * the activation's s
 template <int T> constexpr bool fifth_bits = T == kQ5_0 || T == kQ5_1 || T == kQ5_K;
 // The codes' zero point z (stored q, the weight d * (q - z)): their products start at -z * the sums of x
 template <int T> constexpr int scale_parts = T == kQ6_K ? 2 : 1;  // Q6_K: codes 0-15 and 16-31 scaled apart
-template <int T> constexpr int zero_point = T == kQ4_0 ? 8 : T == kQ5_0 ? 16 : T == kQ8_0 ? 128 : T == kQ6_K ? 32 : 0;
+// (MXFP4: its values looked up + 128, unsigned as Q8_0's stored codes)
+template <int T> constexpr int zero_point = T == kQ4_0 ? 8 : T == kQ5_0 ? 16 : T == kQ8_0 || T == kMXFP4 ? 128 : T == kQ6_K ? 32 : 0;
 
 // The offsets of the parts above in a block of R rows (K-quants: in a sub-block)
 template <int T, int R> constexpr int group_min_at = 2 * R;
-template <int T, int R> constexpr int group_bits_at = pair_scales<T> ? 4 * R : 2 * R;
+template <int T, int R> constexpr int group_bits_at = pair_scales<T> ? 4 * R : T == kMXFP4 ? R : 2 * R;
 template <int T, int R> constexpr int group_codes_at = group_bits_at<T, R> + (T == kQ5_0 || T == kQ5_1 ? 4 * R : 0);
 template <int T, int R> constexpr int k_sub = 2 * R + 16 * R + (T == kQ5_K ? 4 * R : 0);  // sc, m, (5th bits,) codes
 template <int T, int R> constexpr int k_group = 4 * R + 8 * k_sub<T, R>;  // a 256-block's: d, dmin, 8 sub-blocks
@@ -148,13 +150,15 @@ static void interleave_q6k(const uint8_t* const row[R], int64_t nb, uint8_t* out
 // The 32-block types' rows row[0..R) (nb blocks a row) -> their interleaved blocks at out
 template <int T, int R>
 static void interleave_32(const uint8_t* const row[R], int64_t nb, uint8_t* out) {
-    constexpr int bytes = Block<T>::bytes, qs_at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : T == kQ5_1 ? 8 : 2;
+    constexpr int bytes = Block<T>::bytes,
+                  qs_at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : T == kQ5_1 ? 8 : T == kMXFP4 ? 1 : 2;
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t* o = out + b * R * bytes;
         uint64_t masks[8] = {};
         for (int r = 0; r < R; ++r) {
             const uint8_t* blk = row[r] + b * bytes;
-            std::memcpy(o + 2 * r, blk, 2);
+            if constexpr (T == kMXFP4) o[r] = blk[0];
+            else std::memcpy(o + 2 * r, blk, 2);
             if constexpr (pair_scales<T>) std::memcpy(o + group_min_at<T, R> + 2 * r, blk + 2, 2);
             uint8_t* codes = o + group_codes_at<T, R>;
             if constexpr (T == kQ8_0) {

@@ -35,12 +35,18 @@ static inline int8x16_t fifth_bits(uint32_t bits16) {
     return vreinterpretq_s8_u8(vandq_u8(vtstq_u8(v, bit), vdupq_n_u8(0x10)));
 }
 
-// A 32-block's codes in two halves (elements 0-15, 16-31), with the zero point taken off
+// A 32-block's codes in two halves (elements 0-15, 16-31), with the zero point taken off (MXFP4's
+// nibbles looked up in blocks.h's kMXFP4Values by one table lookup a half)
 template <int T>
 static inline void codes32(const uint8_t* b, int8x16_t& lo, int8x16_t& hi) {
     if constexpr (T == kQ8_0) {
         lo = vld1q_s8(reinterpret_cast<const int8_t*>(b + 2));
         hi = vld1q_s8(reinterpret_cast<const int8_t*>(b + 18));
+    } else if constexpr (T == kMXFP4) {
+        const int8x16_t values = vld1q_s8(kMXFP4Values);
+        const uint8x16_t qs = vld1q_u8(b + 1);
+        lo = vqtbl1q_s8(values, vandq_u8(qs, vdupq_n_u8(0x0F)));
+        hi = vqtbl1q_s8(values, vshrq_n_u8(qs, 4));
     } else {
         constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
         const uint8x16_t qs = vld1q_u8(b + at);
@@ -61,7 +67,7 @@ static inline int32x4_t dot32(int8x16_t lo, int8x16_t hi, const int8_t* y) {
     return vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16));
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: per block, its 4 lanes of sums scaled by d * dx into a float vector
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4: per block, its 4 lanes of sums scaled by d * dx into a float vector
 template <int T>
 static float dot32_row(const uint8_t* row, const Q8& x, int64_t nb) {
     constexpr int bytes = Block<T>::bytes;
@@ -71,7 +77,7 @@ static float dot32_row(const uint8_t* row, const Q8& x, int64_t nb) {
         const uint8_t* b = row + k * bytes;
         int8x16_t lo, hi;
         codes32<T>(b, lo, hi);
-        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(dot32(lo, hi, x.q + 32 * k)), h2f(b) * x.d[k]);
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(dot32(lo, hi, x.q + 32 * k)), block_d<T>(b) * x.d[k]);
         if constexpr (T == kQ4_1 || T == kQ5_1) off += h2f(b + 2) * x.s[k];
     }
     return vaddvq_f32(acc) + off;

@@ -14,11 +14,14 @@ static inline int32_t idot(const int8_t* a, const int8_t* b, int n) {
     return s;
 }
 
-// A 32-block's codes in element order, zero point taken off (Q4_1/Q5_1 keep theirs, 0..15 / 0..31)
+// A 32-block's codes in element order, zero point taken off (Q4_1/Q5_1 keep theirs, 0..15 / 0..31;
+// MXFP4's looked up: blocks.h's kMXFP4Values)
 template <int T>
 static inline void codes32(const uint8_t* b, int8_t* c) {
     if constexpr (T == kQ8_0) {
         std::memcpy(c, b + 2, 32);
+    } else if constexpr (T == kMXFP4) {
+        for (int j = 0; j < 16; ++j) { c[j] = kMXFP4Values[b[1 + j] & 15]; c[j + 16] = kMXFP4Values[b[1 + j] >> 4]; }
     } else {
         constexpr int at = T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8;
         constexpr int zero = T == kQ4_0 ? 8 : T == kQ5_0 ? 16 : 0;
@@ -39,7 +42,7 @@ static float dot32_row(const uint8_t* row, const Q8& x, int64_t nb) {
     for (int64_t k = 0; k < nb; ++k) {
         const uint8_t* b = row + k * bytes;
         codes32<T>(b, c);
-        acc += h2f(b) * x.d[k] * (float)idot(c, x.q + 32 * k, 32);
+        acc += block_d<T>(b) * x.d[k] * (float)idot(c, x.q + 32 * k, 32);
         if constexpr (T == kQ4_1 || T == kQ5_1) acc += h2f(b + 2) * x.s[k];
     }
     return acc;

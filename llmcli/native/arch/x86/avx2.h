@@ -52,12 +52,16 @@ static inline __m256i mul_sum(__m256i u, __m256i s) {  // (32 u8) x (32 s8) -> 8
 #endif
 }
 
-template <int T> constexpr bool signed_codes = T == kQ8_0 || T == kQ5_0;
+template <int T> constexpr bool signed_codes = T == kQ8_0 || T == kQ5_0 || T == kMXFP4;
 
-// A 32-block's codes: signed (Q8_0, Q5_0: nibble - 16 where the 5th bit is 0) or 0..15 / 0..31
+// A 32-block's codes: signed (Q8_0, Q5_0: nibble - 16 where the 5th bit is 0; MXFP4: its nibbles
+// looked up in kMXFP4Values, one vpshufb) or 0..15 / 0..31
 template <int T>
 static inline __m256i block_codes(const uint8_t* b) {
     if constexpr (T == kQ8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    if constexpr (T == kMXFP4)
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kMXFP4Values))),
+                                   nibbles(b + 1));
     if constexpr (T == kQ5_0) return _mm256_or_si256(nibbles(b + 6), _mm256_andnot_si256(bytes_from_bits(b + 2), _mm256_set1_epi8((char)0xF0)));
     if constexpr (T == kQ5_1) return _mm256_or_si256(nibbles(b + 8), _mm256_and_si256(bytes_from_bits(b + 4), _mm256_set1_epi8(0x10)));
     return nibbles(b + (T == kQ4_1 ? 4 : 2));
@@ -82,7 +86,7 @@ static inline __m256 reduce4(__m256i m0, __m256i m1, __m256i m2, __m256i m3) {
     return _mm256_cvtepi32_ps(_mm256_hadd_epi32(_mm256_hadd_epi32(m0, m1), _mm256_hadd_epi32(m2, m3)));
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 for one activation row, four blocks a step: their int32 products
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 for one activation row, four blocks a step: their int32 products
 // reduced together (hadd) and scaled by one vector, where one block at a time spends a conversion,
 // a broadcast and a multiply-add on each.
 template <int T>
@@ -102,6 +106,8 @@ static float dot32_row(const uint8_t* row, const Q8& x, int64_t nb) {
             const __m256 dm = four_pairs(b, bytes);
             dw = _mm256_castps256_ps128(dm);
             off = _mm_fmadd_ps(_mm256_extractf128_ps(dm, 1), _mm_loadu_ps(x.s + k), off);
+        } else if constexpr (T == kMXFP4) {
+            dw = _mm_setr_ps(e8m0_half(b[0]), e8m0_half(b[bytes]), e8m0_half(b[2 * bytes]), e8m0_half(b[3 * bytes]));
         } else {
             dw = four_halves(b, bytes);
         }
@@ -112,7 +118,7 @@ static float dot32_row(const uint8_t* row, const Q8& x, int64_t nb) {
     float o = 0.f;
     for (; k < nb; ++k) {
         const uint8_t* b = row + k * bytes;
-        const float d = h2f(b);
+        const float d = block_d<T>(b);
         const __m256 p = _mm256_cvtepi32_ps(block_dot<T>(block_codes<T>(b), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * 32))));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[k]), p, acc);
         o += block_offset<T>(b, d) * x.s[k];
@@ -240,7 +246,7 @@ static void dot_rows4(const uint8_t* row, const Q8* x, int64_t nb, float out[4])
         constexpr int bytes = Block<T>::bytes;
         for (int64_t k = 0; k < nb; ++k) {
             const uint8_t* b = row + k * bytes;
-            const float d = h2f(b), o = block_offset<T>(b, d);
+            const float d = block_d<T>(b), o = block_offset<T>(b, d);
             const __m256i w = block_codes<T>(b);
             for (int t = 0; t < 4; ++t) {
                 const __m256 p = _mm256_cvtepi32_ps(block_dot<T>(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t].q + k * 32))));

@@ -32,9 +32,18 @@ static inline __m256 bytes_times8(const uint8_t* p, const uint8_t* half, bool si
 }
 
 // Block b's 8 rows' scales d (Q6_K: half h's), and for grouped_min types their m as they add (Q4_K's -dmin * m)
+// 8 e8m0 bytes as blocks.h's e8m0_half: 2^(e - 128), (e - 1) << 23 as float bits (e < 2: denormals)
+static inline __m256 e8m0_halves8(const uint8_t* p) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+
 template <int T>
 static inline __m256 group8_d(const uint8_t* w, int64_t b, int h) {
-    if constexpr (is_k45<T>) return bytes_times8(group_block<T, R8>(w, b), group_halves<T, R8>(w, b));
+    if constexpr (T == kMXFP4) return e8m0_halves8(group_halves<T, R8>(w, b));
+    else if constexpr (is_k45<T>) return bytes_times8(group_block<T, R8>(w, b), group_halves<T, R8>(w, b));
     else if constexpr (T == kQ6_K) return bytes_times8(group_block<T, R8>(w, b) + R8 * h, group_halves<T, R8>(w, b), true);
     else return halves8(group_halves<T, R8>(w, b));
 }
@@ -53,9 +62,12 @@ constexpr bool kVnni = true;
 #else
 constexpr bool kVnni = false;
 #endif
+// Codes that plain AVX2 multiplies signed, as |w| times x with w's sign (Q8_0's, MXFP4's values)
+template <int T> constexpr bool signed8 = (T == kQ8_0 || T == kMXFP4) && !kVnni;
 
 // Vector p of block b's codes for the 8 rows: lane r holds row r's codes 4p..4p+3 (p < 4) or
-// 16 + 4(p - 4).. (p >= 4), unsigned (plain AVX2's Q8_0: signed)
+// 16 + 4(p - 4).. (p >= 4), unsigned (plain AVX2's Q8_0 and MXFP4: signed; MXFP4's nibbles looked
+// up in kMXFP4Values, + 128 for vpdpbusd)
 template <int T>
 static inline __m256i code_vector(const uint8_t* w, int64_t b, int p) {
     const uint8_t* codes = group_codes<T, R8>(w, b);
@@ -73,17 +85,22 @@ static inline __m256i code_vector(const uint8_t* w, int64_t b, int p) {
         }
         if constexpr (fifth_bits<T>)
             u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits(group_masks<T, R8>(w, b) + 4 * p), _mm256_set1_epi8(16)));
+        if constexpr (T == kMXFP4) {
+            const __m128i values = _mm_load_si128(reinterpret_cast<const __m128i*>(kMXFP4Values));
+            u = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(kVnni ? _mm_xor_si128(values, _mm_set1_epi8((char)0x80)) : values), u);
+        }
         return u;
     }
 }
 
 // Vectors a part of a block may sum in int16 before widening: 2 * (largest code) * 128 each
+// (MXFP4: |w| <= 12, as a 4-bit code's range)
 template <int T> constexpr int int16_run = T == kQ8_0 ? 1 : T == kQ6_K ? 2 : fifth_bits<T> ? 4 : 8;
 
 // The accumulator's start for codes stored with a zero point z (q - z), as rows16_start
 template <int T>
 static inline __m256i group8_start(const Q8Cols& x, int64_t b, int h, int c) {
-    constexpr int z = T == kQ8_0 && !kVnni ? 0 : zero_point<T>;  // (plain AVX2 takes Q8_0's codes signed)
+    constexpr int z = signed8<T> ? 0 : zero_point<T>;  // (plain AVX2 takes Q8_0's and MXFP4's codes signed)
     if constexpr (T == kQ6_K) return _mm256_set1_epi32(z * x.n16[2 * kColGroup * b + kColGroup * h + c]);
     return z ? _mm256_set1_epi32(z * x.n32[kColGroup * b + c]) : _mm256_setzero_si256();
 }
@@ -110,14 +127,14 @@ static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out
 #pragma GCC unroll 8
                 for (int p = p0; p < p0 + run; ++p) {
                     const __m256i u = code_vector<T>(w, b, p);
-                    const __m256i au = T == kQ8_0 && !kVnni ? _mm256_sign_epi8(u, u) : u;
+                    const __m256i au = signed8<T> ? _mm256_sign_epi8(u, u) : u;
 #pragma GCC unroll 4
                     for (int c = 0; c < C; ++c) {
                         __m256i xb = broadcast4(x.q + kColGroup * (32 * b + 4 * p) + 4 * c);
                         if constexpr (kVnni) {
                             s[c] = _mm256_dpbusd_avx_epi32(s[c], au, xb);
                         } else {
-                            if constexpr (T == kQ8_0) xb = _mm256_sign_epi8(xb, u);
+                            if constexpr (signed8<T>) xb = _mm256_sign_epi8(xb, u);
                             const __m256i m = _mm256_maddubs_epi16(au, xb);
                             t[c] = p == p0 ? m : _mm256_add_epi16(t[c], m);
                         }

@@ -58,9 +58,9 @@ static void nibble_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t
     nibble_sums<T, R>(acc, off, out);
 }
 
-// Q8_0, R weight rows against one activation row, four blocks a step (a last group of fewer with zero
-// blocks after)
-template <int R>
+// Q8_0 or MXFP4 (T), R weight rows against one activation row, four blocks a step (a last group of
+// fewer with zero blocks after)
+template <int T, int R>
 static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float* out) {
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -68,7 +68,7 @@ static void q8_0_rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t n
         for (int r = 0; r < R; ++r) {
             __m512i lo, hi;
             __m512 wd;
-            q8_0_group(row + r * stride, nb, j, lo, hi, wd);
+            q8_0_group<T>(row + r * stride, nb, j, lo, hi, wd);
             q8_0_quad_dot(lo, hi, wd, x, j, acc[r]);
         }
     reduce_rows<R>(acc, out);
@@ -93,7 +93,7 @@ static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
     float out;
     if constexpr (T == kQ4_K) kblock_rows<Q4KBlock, 1>(row, 0, x, nb, &out);
     else if constexpr (T == kQ6_K) kblock_rows<Q6KBlock, 1>(row, 0, x, nb, &out);
-    else if constexpr (T == kQ8_0) q8_0_rows<1>(row, 0, x, nb, &out);
+    else if constexpr (quad_type<T>) q8_0_rows<T, 1>(row, 0, x, nb, &out);
     else nibble_rows<T, 1>(row, 0, x, nb, &out);
     return out;
 }
@@ -101,7 +101,7 @@ static float dot_row(const uint8_t* row, const Q8& x, int64_t nb) {
 // Four weight rows, `stride` bytes apart, against one activation row
 template <int T>
 static void dot_4rows(const uint8_t* row, int64_t stride, const Q8& x, int64_t nb, float out[4]) {
-    if constexpr (T == kQ8_0) q8_0_rows<4>(row, stride, x, nb, out);
+    if constexpr (quad_type<T>) q8_0_rows<T, 4>(row, stride, x, nb, out);
     else if constexpr (T == kQ4_K) kblock_rows<Q4KBlock, 4>(row, stride, x, nb, out);
     else if constexpr (T == kQ6_K) kblock_rows<Q6KBlock, 4>(row, stride, x, nb, out);
     else nibble_rows<T, 4>(row, stride, x, nb, out);

@@ -309,13 +309,40 @@ static LLMCLI_INLINE void q8_0_quad(const uint8_t* const p[4], __m512i& lo, __m5
     wd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), d);
 }
 
-// Blocks 4j..4j+3 of a Q8_0 row of nb blocks (zero blocks past its end), q8_0_quad's vectors
+// MXFP4 in Q8_0's quad order: its nibbles are codes 0-15 (low) and 16-31 (high) already; one vpshufb
+// each looks them up as kMXFP4Values + 128 (116..140, unsigned as Q8_0's codes are stored), so
+// Q8_0's products (zq's start: -128 * the sums) take them unchanged; wd block b's e8m0 half.
+static LLMCLI_INLINE void mxfp4_quad(const uint8_t* const p[4], __m512i& lo, __m512i& hi, __m512& wd) {
+    const __m512i values = _mm512_broadcast_i32x4(_mm_xor_si128(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(kMXFP4Values)), _mm_set1_epi8((char)0x80)));
+    __m512i qs = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + 1)));
+    for (int j = 1; j < 4; ++j) qs = _mm512_inserti32x4(qs, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[j] + 1)), j);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    lo = _mm512_shuffle_epi8(values, _mm512_and_si512(qs, low4));
+    hi = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(qs, 4), low4));
+    // e of block b in lanes 4b..4b+3, then e8m0_half's bits in vector operations (four scalar ones
+    // and their inserts took the shuffle port the lookups need)
+    const uint32_t e4 = p[0][0] | (uint32_t)p[1][0] << 8 | (uint32_t)p[2][0] << 16 | (uint32_t)p[3][0] << 24;
+    const __m512i e = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)e4),
+                                                         _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24)),
+                                       _mm512_set1_epi32(0xFF));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    wd = _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, small));
+}
+
+// The types read in the quad order (Q8's qq, zq, dq): Q8_0, MXFP4
+template <int T> constexpr bool quad_type = T == kQ8_0 || T == kMXFP4;
+
+// Blocks 4j..4j+3 of a Q8_0 or MXFP4 row of nb blocks (zero blocks past its end), q8_0_quad's vectors
+template <int T = kQ8_0>
 static LLMCLI_INLINE void q8_0_group(const uint8_t* w, int64_t nb, int64_t j, __m512i& lo, __m512i& hi, __m512& wd) {
-    constexpr int bytes = Block<kQ8_0>::bytes;
+    constexpr int bytes = Block<T>::bytes;
     const uint8_t* b = w + 4 * j * bytes;
     const uint8_t* p[4] = {b, b + bytes, b + 2 * bytes, b + 3 * bytes};
     if (4 * j + 4 > nb) group_of<bytes>(w, 4 * j, nb, p);
-    q8_0_quad(p, lo, hi, wd);
+    if constexpr (T == kMXFP4) mxfp4_quad(p, lo, hi, wd);
+    else q8_0_quad(p, lo, hi, wd);
 }
 
 // acc += quad j's products with activation row x, scaled

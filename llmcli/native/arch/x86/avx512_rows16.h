@@ -1,6 +1,6 @@
 // AVX-512 VNNI kernels for the copy of the weights interleaved 16 rows at a time (row_groups.h;
 // part of avx512.h's kernels). A decode step keeps such a copy of each projection of the
-// nibble types, Q8_0 and the K-quants: one vpdpbusd multiplies 4 codes of 16 rows by 4 activation
+// nibble types, Q8_0, MXFP4 and the K-quants: one vpdpbusd multiplies 4 codes of 16 rows by 4 activation
 // codes broadcast from memory, 8 of them sum a block's (K: a sub-block's) 32 products in each lane,
 // and one conversion and one multiply-add scale them, with no sums across lanes at all.
 // The same code serves one activation row and several (a batch, a prompt), each row through the
@@ -23,9 +23,18 @@ static inline __m512 bytes_times(const uint8_t* p, const uint8_t* half, bool sig
 }
 // Block b's 16 rows' scales d (Q6_K: half h's, the scale of codes 16h..16h + 15), and for
 // grouped_min types their m, as they add (Q4_K's -dmin * m)
+// 16 e8m0 bytes as blocks.h's e8m0_half: 2^(e - 128), (e - 1) << 23 as float bits (e < 2: denormals)
+static inline __m512 e8m0_halves16(const uint8_t* p) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, small));
+}
+
 template <int T>
 static inline __m512 rows16_d(const uint8_t* w, int64_t b, int h = 0) {
-    if constexpr (is_k45<T>) return bytes_times(group_block<T, R16>(w, b), group_halves<T, R16>(w, b));
+    if constexpr (T == kMXFP4) return e8m0_halves16(group_halves<T, R16>(w, b));
+    else if constexpr (is_k45<T>) return bytes_times(group_block<T, R16>(w, b), group_halves<T, R16>(w, b));
     else if constexpr (T == kQ6_K) return bytes_times(group_block<T, R16>(w, b) + 16 * h, group_halves<T, R16>(w, b), true);
     else return _mm512_cvtph_ps(load256(group_halves<T, R16>(w, b)));
 }
@@ -62,6 +71,11 @@ static LLMCLI_INLINE void rows16_codes(const uint8_t* w, int64_t b, __m512i u[8]
                 const __m512i at[4] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 2), h, _mm512_srli_epi16(h, 2)};
                 for (int k = 0; k < 4; ++k) u[4 * a + k] = _mm512_ternarylogic_epi32(u[4 * a + k], at[k], top2, 0xF8);  // A | (B & C)
             }
+        }
+        if constexpr (T == kMXFP4) {  // looked up as kMXFP4Values + 128 (zero_point's)
+            const __m512i values = _mm512_broadcast_i32x4(_mm_xor_si128(
+                _mm_load_si128(reinterpret_cast<const __m128i*>(kMXFP4Values)), _mm_set1_epi8((char)0x80)));
+            for (int p = 0; p < 8; ++p) u[p] = _mm512_shuffle_epi8(values, u[p]);
         }
         if constexpr (fifth_bits<T>) {
             const __m512i fifth = _mm512_set1_epi8(16);

@@ -100,14 +100,14 @@ static LLMCLI_INLINE void q8_0_tile_from(Get&& get, const Q8* x, int64_t nb, flo
     for (int c = 0; c < C; ++c) reduce_rows<4>(accs[c], out + 4 * c);
 }
 
-template <int C>
+template <int T, int C>
 static void q8_0_tile(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
-    constexpr int bytes = Block<kQ8_0>::bytes;
+    constexpr int bytes = Block<T>::bytes;
     q8_0_tile_from<C>(
         [&](int r, int64_t j, __m512i& lo, __m512i& hi, __m512& wd) __attribute__((always_inline)) {
             fetch_ahead(ahead, r * stride + 4 * j * bytes);  // 4 blocks: 136 bytes
             fetch_ahead(ahead, r * stride + 4 * j * bytes + 128);
-            q8_0_group(row + r * stride, nb, j, lo, hi, wd);
+            q8_0_group<T>(row + r * stride, nb, j, lo, hi, wd);
         },
         x, nb, out);
 }
@@ -160,12 +160,13 @@ struct NibbleGroup { __m512i v[4]; __m512 wd, wdm; };
 struct Q8_0Group { __m512i lo, hi; __m512 wd; };
 template <int T> struct Unpacked { using type = NibbleGroup; };  // what a group or block unpacks into
 template <> struct Unpacked<kQ8_0> { using type = Q8_0Group; };
+template <> struct Unpacked<kMXFP4> { using type = Q8_0Group; };
 template <> struct Unpacked<kQ4_K> { using type = Q4KBlock; };
 template <> struct Unpacked<kQ6_K> { using type = Q6KBlock; };
 template <int T> constexpr bool unpacked_tiles = T != kQ5_K;  // (Q5_K takes the float route)
 template <int T> constexpr bool is_kblock = T == kQ4_K || T == kQ6_K;
 template <int T>
-static int64_t unpacked_count(int64_t nb) { return 4 * (is_kblock<T> ? nb / 8 : T == kQ8_0 ? (nb + 3) / 4 : (nb + 7) / 8); }
+static int64_t unpacked_count(int64_t nb) { return 4 * (is_kblock<T> ? nb / 8 : quad_type<T> ? (nb + 3) / 4 : (nb + 7) / 8); }
 
 // The four rows' groups (blocks of 256 for Q4_K, Q6_K; of 4 for Q8_0) unpacked: row r's group g at u[4 * g + r]
 template <int T>
@@ -174,12 +175,12 @@ static void unpack_4rows(const uint8_t* row, int64_t stride, int64_t nb, typenam
     constexpr int bytes = Block<T>::bytes;
     for (int r = 0; r < 4; ++r) {
         const uint8_t* w = row + r * stride;
-        if constexpr (T == kQ8_0) {
+        if constexpr (quad_type<T>) {
             for (int64_t j = 0; j < (nb + 3) / 4; ++j) {
                 fetch_ahead(ahead, r * stride + 4 * j * bytes);
                 fetch_ahead(ahead, r * stride + 4 * j * bytes + 128);
                 Q8_0Group& q = u[4 * j + r];
-                q8_0_group(w, nb, j, q.lo, q.hi, q.wd);
+                q8_0_group<T>(w, nb, j, q.lo, q.hi, q.wd);
             }
         } else if constexpr (is_kblock<T>) {
             for (int64_t k = 0; k < nb / 8; ++k) {
@@ -201,7 +202,7 @@ static void unpack_4rows(const uint8_t* row, int64_t stride, int64_t nb, typenam
 
 template <int T, int C>
 static void tile_unpacked(const typename Unpacked<T>::type* u, const Q8* x, int64_t nb, float* out) {
-    if constexpr (T == kQ8_0) {
+    if constexpr (quad_type<T>) {
         q8_0_tile_from<C>(
             [&](int r, int64_t j, __m512i& lo, __m512i& hi, __m512& wd) __attribute__((always_inline)) {
                 const Q8_0Group& q = u[4 * j + r];
@@ -226,7 +227,7 @@ static void tile_unpacked(const typename Unpacked<T>::type* u, const Q8* x, int6
 
 template <int T, int C>
 static void dot_4rows_tile_c(const uint8_t* row, int64_t stride, const Q8* x, int64_t nb, float* out, const uint8_t* ahead) {
-    if constexpr (T == kQ8_0) q8_0_tile<C>(row, stride, x, nb, out, ahead);
+    if constexpr (quad_type<T>) q8_0_tile<T, C>(row, stride, x, nb, out, ahead);
     else if constexpr (T == kQ6_K) kblock_tile<Q6KBlock, C>(row, stride, x, nb, out, ahead);
     else if constexpr (T == kQ4_K) kblock_tile<Q4KBlock, C>(row, stride, x, nb, out, ahead);
     else nibble_tile<T, C>(row, stride, x, nb, out, ahead);
