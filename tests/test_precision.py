@@ -1,11 +1,10 @@
-"""quant/precision.py: which activations the native step makes int8x2, by a file's size and its head's
-share of the work, LLMCLI_ACTIVATIONS over both, and the words `run -v` says it in. No CPU features
+"""quant/precision.py: which activations the native step makes int8x2, by a file's size,
+LLMCLI_ACTIVATIONS over it, and the words `run -v` says it in. No CPU features
 assumed: the choice is a mask, the same on every variant (each variant's int8x2 kernels:
 test_native_variants.py, test_native_step.py)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,36 +15,22 @@ from llmcli.quant import precision
 LAYERS = REFINE["normed"] | REFINE["attention"] | REFINE["mlp"]
 
 
-def _args(vocab: int, hidden: int = 576, layers: int = 30, inter: int = 1536, **moe):
-    return SimpleNamespace(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
-                           head_dim=64, num_attention_heads=9, num_key_value_heads=3, **moe)
-
-
-SMOLLM2, GEMMA3 = _args(49152), _args(262144, hidden=640, layers=18, inter=2048)
-
-
 @pytest.fixture(autouse=True)
 def no_env(monkeypatch):
     monkeypatch.delenv(precision.ENV, raising=False)
 
 
-def test_the_head_share_of_real_shapes():
-    assert precision.head_share(SMOLLM2) == pytest.approx(0.21, abs=0.01)
-    moe = _args(49152, num_experts=64, num_experts_per_tok=4, moe_intermediate_size=256)
-    assert precision.head_share(moe) > precision.head_share(SMOLLM2)  # 4 experts of 256 < one MLP of 1536
-
-
-def test_small_files_refine_their_layers_and_a_small_head_big_files_keep_int8():
-    assert precision.choose(100 << 20, SMOLLM2) == REFINE_ALL
-    assert precision.choose(250 << 20, GEMMA3) == LAYERS  # a 262k vocabulary's head stays int8
-    assert precision.choose(precision.REFINE_UP_TO + 1, SMOLLM2) == 0
+def test_small_files_refine_the_normed_inputs_and_down_s_big_files_keep_int8():
+    assert precision.choose(100 << 20) == REFINE["normed"] | REFINE["mlp"] == precision.SMALL_FILES
+    assert precision.choose(precision.REFINE_UP_TO) == precision.SMALL_FILES
+    assert precision.choose(precision.REFINE_UP_TO + 1) == 0
 
 
 @pytest.mark.parametrize("value,mask", [("int8", 0), ("int8x2", REFINE_ALL), ("head", 8), ("mlp, normed", 5),
                                         ("INT8X2", REFINE_ALL)])
 def test_the_environment_sets_the_mask_for_any_file(monkeypatch, value, mask):
     monkeypatch.setenv(precision.ENV, value)
-    assert precision.choose(1 << 40, SMOLLM2) == mask == precision.parse(value)
+    assert precision.choose(1 << 40) == mask == precision.parse(value)
 
 
 @pytest.mark.parametrize("value", ["int4", "", "normed,heads"])
@@ -59,6 +44,7 @@ def test_the_words_name_each_matmul_s_activations():
     assert precision.describe(REFINE_ALL) == "int8x2 activations (every matmul)"
     assert precision.describe(LAYERS) == "int8x2 activations for q/k/v, gate/up, o, down; int8 for head"
     assert precision.describe(REFINE["head"]) == "int8x2 activations for head; int8 for q/k/v, gate/up, o, down"
+    assert precision.describe(precision.SMALL_FILES) == "int8x2 activations for q/k/v, gate/up, down; int8 for o, head"
 
 
 def test_a_step_s_refined_argument_as_a_mask():

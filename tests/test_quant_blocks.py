@@ -295,7 +295,6 @@ def test_a_gguf_file_as_stored_takes_int8x2_where_small_and_llama_cpp_s_int8_whe
                                                                                           monkeypatch):
     from tiny import hf_model, write_gguf
 
-    from llmcli.native.step import REFINE_ALL
     from llmcli.quant import precision
     from llmcli.runtime.runtime import open_model
 
@@ -303,7 +302,7 @@ def test_a_gguf_file_as_stored_takes_int8x2_where_small_and_llama_cpp_s_int8_whe
     write_gguf(hf_model("llama", hidden_size=256, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, tie_word_embeddings=True, seed=3), path, "Q8_0")
     rt = open_model(str(path), device="cpu", ctx_size=64)
-    assert rt.loaded.model.activations == "int8x2" and rt.decode_step(compile=False).refined == REFINE_ALL
+    assert rt.loaded.model.activations == "int8x2" and rt.decode_step(compile=False).refined == precision.SMALL_FILES
     monkeypatch.setattr(precision, "REFINE_UP_TO", path.stat().st_size - 1)  # (as a file past the size)
     rt = open_model(str(path), device="cpu", ctx_size=64)
     assert rt.loaded.model.activations == "int8" and not rt.decode_step(compile=False).refined

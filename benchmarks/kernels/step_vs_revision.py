@@ -4,6 +4,8 @@ kernel change gives a decode token, memory traffic and all, where blocks_vs_revi
 products alone.
 
     python -m benchmarks.kernels.step_vs_revision MODEL [--rev HEAD] [--variant avx2] [--threads 1] [--tokens 16] [--reps 5]
+        [--refined REV,TREE]   (activation precision masks, native/step.py's REFINE_*: e.g. 0,15 for the
+                               revision's int8 against the tree's int8x2; default: each the file's default)
 
 Both sides are the torch-free path's LeanModel (runtime/lean_step.py) on the same interleaved
 weights (the layout must not differ between the two revisions). Times are CPU seconds of the process
@@ -30,6 +32,7 @@ ap.add_argument("--variant", help="default: the one this CPU picks")
 ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--reps", type=int, default=5)
+ap.add_argument("--refined", help="REV,TREE activation masks (default: the file's)")
 a = ap.parse_args()
 
 variant = a.variant or native.variants()[0]
@@ -48,6 +51,10 @@ kernels["tree"] = native.load(variant)
 clock = time.process_time if a.threads == 1 else time.perf_counter
 model_file = open_model_file(Path(a.model).expanduser())
 models = {name: LeanModel.open(model_file, a.threads, k) for name, k in kernels.items()}
+if a.refined:
+    for m, mask in zip(models.values(), a.refined.split(",")):
+        if mask:  # (empty: the file's default)
+            m.refined = int(mask)
 caches = {name: m.new_cache(512) for name, m in models.items()}
 for name, m in models.items():
     m(list(range(100, 116)), caches[name])
@@ -61,7 +68,8 @@ for rep in range(a.reps + 1):  # the first round warms up
             m([200 + i], cache)
         if rep:
             rates[name].append(a.tokens / (clock() - t))
-print(f"{a.model}: {variant}, {a.threads} threads, {a.tokens} tokens x {a.reps} interleaved ({clock.__name__})")
+print(f"{a.model}: {variant}, {a.threads} threads, {a.tokens} tokens x {a.reps} interleaved ({clock.__name__}), "
+      f"refined masks {a.rev} {models[a.rev].refined}, tree {models['tree'].refined}")
 for name, r in rates.items():
     print(f"{name:>8}: {statistics.median(r):8.2f} t/s median, {max(r):8.2f} best")
 print(f"tree / {a.rev}: {statistics.median(rates['tree']) / statistics.median(rates[a.rev]):.3f}x")

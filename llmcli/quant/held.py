@@ -91,7 +91,7 @@ def activations_of(model_file, preset) -> str:
     if preset is not None:
         return preset.activations
     if model_file.quantization is None:  # a GGUF file as stored: as the torch-free step takes it (precision.py)
-        return "int8x2" if model_file.is_gguf and precision.choose(model_file.nbytes, model_file.args) else "int8"
+        return "int8x2" if model_file.is_gguf and precision.choose(model_file.nbytes) else "int8"
     chosen = model_file.quantization.get("activations", "int8")
     if chosen not in ACTIVATIONS:
         raise CorruptModelError(f"{model_file.path}: its quantization block asks for {chosen!r} activations, "

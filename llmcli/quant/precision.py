@@ -3,15 +3,18 @@ blocks: which activations go into the integer dot products as int8x2 (each row i
 residual's: ~14 bits) rather than llama.cpp's int8 (native/step.py's REFINE mask), and the words
 `run -v`, `bench` and `perplexity` say it in.
 
-    mask = choose(file_bytes, args)    the default for a GGUF file (its size, its ModelArgs), as stored
+    mask = choose(file_bytes)          the default for a GGUF file of that size, as stored
     describe(mask) -> "int8x2 activations for q/k/v, gate/up, o, down; int8 for head"
 
 Small models decode bound by per-token overhead and arithmetic, not by reading weights, and llmcli's
-lead over llama.cpp is widest there: int8x2 on every layer's matmuls costs ~10 % of decode and takes
-the loss of int8 activations (mean KLD against the file dequantized to float32) to a third or less of
-llama.cpp's (docs/performance.md, "Quality of the default path"). The head's input is int8x2 too
-unless the head is most of a token's work (a 262k vocabulary: Gemma 3), where it would double the
-cost. Past REFINE_UP_TO bytes the lead is narrower (1.3-1.5x) and they keep int8, as llama.cpp does.
+lead over llama.cpp is widest there. Of the four groups, the inputs of q/k/v and gate/up (the
+normed hidden state) and of down (the gated MLP activations) carry most of int8's loss for the least
+work: int8x2 on those takes the mean KLD against the file dequantized to float32 to a third of
+llama.cpp's or less (SmolLM2 0.00093 against 0.00277, Gemma-3 0.00047 against 0.00426) for about 2 %
+of decode, and the default model answers the demo question as in float32. Every group would take it
+to ~0 for 6-7 %: o and the head add most of that cost (docs/performance.md, "Quality of the default
+path"). Past REFINE_UP_TO bytes the lead is narrower (1.3-1.5x) and they keep int8, as llama.cpp
+does.
 LLMCLI_ACTIVATIONS=int8 | int8x2 | names of REFINE (comma-separated) sets it for any GGUF file as
 stored (the torch path's step takes int8x2 for every matmul or none: quant/held.py's activations_of).
 A preset's `activations` (q8's int8x2) is the preset's own choice.
@@ -25,8 +28,8 @@ from ..errors import InvalidParameterError
 from ..native.step import REFINE, REFINE_ALL, refined_names
 
 ENV = "LLMCLI_ACTIVATIONS"
-REFINE_UP_TO = 600 << 20  # bytes of a file: up to here the layers' activations are int8x2 (docs/performance.md)
-HEAD_UP_TO = 1 / 3  # the head's share of a token's multiply-adds up to which its input is int8x2 too
+REFINE_UP_TO = 600 << 20  # bytes of a file: up to here some activations are int8x2 (docs/performance.md)
+SMALL_FILES = REFINE["normed"] | REFINE["mlp"]  # the groups int8x2 up to REFINE_UP_TO (module docstring)
 _MATMULS = {"normed": ("q/k/v", "gate/up"), "attention": ("o",), "mlp": ("down",), "head": ("head",)}
 
 
@@ -45,27 +48,12 @@ def parse(value: str) -> int:
     return sum(REFINE[n] for n in set(names))
 
 
-def head_share(args) -> float:
-    """The output head's share of a token's multiply-adds (a mixture of experts: the experts a token
-    runs): 0.21 for SmolLM2-135M, 0.63 for Gemma-3-270M's 262k-token vocabulary."""
-    h = args.hidden_size
-    attn = h * args.head_dim * (2 * args.num_attention_heads + 2 * args.num_key_value_heads)
-    experts = getattr(args, "num_experts", None)
-    inter = args.moe_intermediate_size * args.num_experts_per_tok if experts else args.intermediate_size
-    head = args.vocab_size * h
-    return head / (head + args.num_hidden_layers * (attn + 3 * h * inter))
-
-
-def choose(file_bytes: int, args) -> int:
-    """The REFINE mask for a GGUF file of this many bytes and these ModelArgs: LLMCLI_ACTIVATIONS
-    where set; else int8x2 for every layer's matmuls up to REFINE_UP_TO bytes, and for the head too
-    where it is at most HEAD_UP_TO of the work (a large vocabulary's head would double most of it)."""
+def choose(file_bytes: int) -> int:
+    """The REFINE mask for a GGUF file of this many bytes: LLMCLI_ACTIVATIONS where set; else
+    SMALL_FILES up to REFINE_UP_TO bytes, int8 past them."""
     if os.environ.get(ENV):
         return parse(os.environ[ENV])
-    if file_bytes > REFINE_UP_TO:
-        return 0
-    layers = REFINE["normed"] | REFINE["attention"] | REFINE["mlp"]
-    return layers | REFINE["head"] if head_share(args) <= HEAD_UP_TO else layers
+    return SMALL_FILES if file_bytes <= REFINE_UP_TO else 0
 
 
 def describe(mask: int) -> str:

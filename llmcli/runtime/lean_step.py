@@ -111,7 +111,7 @@ class LeanModel:
         layers, head, head_norm, embedding = found
         scale = float(np.float32(args.hidden_size ** 0.5)) if args.model_type == "gemma3_text" else 1.0
         model = cls(args, kernels, threads, layers, head, head_norm, embedding, scale, ACTIVATIONS[args.model_type])
-        model.refined = precision.choose(model_file.nbytes, args)  # (the torch path's step alike: runtime/loader.py)
+        model.refined = precision.choose(model_file.nbytes)  # (the torch path's step alike: runtime/loader.py)
         made = model._prepare(release)
         model.interleaved = (made, time.perf_counter() - t0)
         return model

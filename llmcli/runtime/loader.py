@@ -29,7 +29,7 @@ def load_model(source: ModelFile | str | Path, placement: Placement, preset=None
     model, held = _build(mf, placement, preset, progress)
     hold_activations(model, activations)
     if preset is None and mf.is_gguf and mf.quantization is None:  # the native step's mask, as the lean path's
-        model.refine_mask = precision.choose(mf.nbytes, mf.args)
+        model.refine_mask = precision.choose(mf.nbytes)
     stored = mf.weights_type
     weights_type = stored if preset is None else f"{preset.name} (from {stored})"
     words = runs_as(mf.format, stored, None if preset is None else preset.name)
