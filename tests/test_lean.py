@@ -196,3 +196,36 @@ def test_the_lean_model_runs_a_mixture_of_experts_as_the_torch_path_s_step(model
     lean_out, _, lean_torch = _llmcli(run)
     torch_out, _, _ = _llmcli(run, env={"LLMCLI_TORCH_PATH": "1"})
     assert not lean_torch and lean_out == torch_out and lean_out.strip()
+
+
+def test_a_mixture_s_experts_are_copied_for_the_row_group_kernels_or_read_as_stored(tmp_path):
+    """Where the file fits in memory the experts are interleaved as the dense weights are (the file's
+    pages under them released); copy_experts=False (a file larger than memory) reads them as stored.
+    Both give the same logits to float rounding, step by step from the same cache, with int8 or
+    int8x2 activations throughout (the two kernels sum in another order; where only some groups are
+    int8x2, a rounding flips an int8 code now and then: ~3e-3, while both stay equally far, ~1e-2,
+    from int8x2 everywhere)."""
+    from tiny import hf_model, write_gguf
+
+    from llmcli.formats.open import open_model_file
+    from llmcli.runtime.lean_step import LeanModel
+
+    kernels = native.module()
+    if not kernels.group_rows:
+        pytest.skip(f"the {kernels.variant} kernels have no row groups")
+    path = tmp_path / "moe.gguf"
+    write_gguf(hf_model("qwen3_moe", seed=4, hidden_size=256, num_experts=8, num_experts_per_tok=2,
+                        moe_intermediate_size=256, norm_topk_prob=True), path, "Q8_0")
+    copied = LeanModel.open(open_model_file(path), 2, kernels)
+    stored = LeanModel.open(open_model_file(path), 2, kernels, copy_experts=False)
+    experts = lambda m: [w for layer in m.layers for x in layer.experts for w in x]  # noqa: E731
+    assert all(w.data.ndim == 1 for w in experts(copied)) and all(w.data.ndim == 2 for w in experts(stored))
+    expert_bytes = sum(w.data.nbytes for w in experts(stored))
+    assert copied.interleaved[0] - stored.interleaved[0] >= expert_bytes
+    for mask in (0, 15):
+        copied.refined = stored.refined = mask
+        a, b = copied.new_cache(64), stored.new_cache(64)
+        for ids in (PROMPT, *([t] for t in STEPS[:4])):
+            b.k_layers[...], b.v_layers[...], b.length = a.k_layers, a.v_layers, a.length
+            x, y = copied(ids, a)[0][0], stored(ids, b)[0][0]
+            assert np.abs(x - y).max() <= 1e-4 * np.abs(y).max(), mask

@@ -8,7 +8,7 @@ never a torch module.
 
 The numbers are native_step.py's (the torch path's step for the same file): the same C++ step, the
 same weights (interleaved once at load from the file's blocks, its pages released as they are
-copied, llama's Q/K rows taken in HF order; experts as the file stores them), the same norms,
+copied, llama's Q/K rows taken in HF order; experts too where the file fits in memory), the same norms,
 embedding and RoPE tables (models/rope.py), gpt-oss's sinks, biases and router bias. What it does
 not cover (another family, a block type the step does not multiply, LongRoPE) stays on the torch
 path: open() says None and the caller loads the model with torch.
@@ -84,6 +84,9 @@ class LeanModel:
         self.attn_scale = args.query_pre_attn_scalar ** -0.5 if self.gemma else args.head_dim ** -0.5
         self.interleaved = (0, 0.0)  # bytes copied for the kernels at load, seconds
         self.refined = 0  # the activations made int8x2 (native/step.py's REFINE mask; quant/precision.py chooses)
+        # a mixture's experts interleaved as the dense weights are (their pages released: in memory once):
+        # 1.5x the prefill and 1.17x the decode of the blocks as stored (docs/performance.md)
+        self.copy_experts = True
         # (the cache, the C++ step built on it), replaced whole: a server's embedding thread builds
         # steps of its own beside the decoding thread's (each step has its own team of threads)
         self._built = (None, None)
@@ -92,9 +95,11 @@ class LeanModel:
     # ------------------------------------------------------------------ building
 
     @classmethod
-    def open(cls, model_file, threads: int, kernels, release=None) -> "LeanModel | None":
+    def open(cls, model_file, threads: int, kernels, release=None, copy_experts: bool = True) -> "LeanModel | None":
         """The model of a GGUF file, its weights copied for the kernels (`release(address, nbytes)`:
-        the file's pages under what was copied are dropped); None where this path does not run it."""
+        the file's pages under what was copied are dropped); None where this path does not run it.
+        `copy_experts`: a mixture's experts copied too (False where the file does not fit in memory:
+        then read as the file stores them, paged in as tokens choose them)."""
         if not model_file.is_gguf or kernels is None:
             return None
         args, arch = model_file.args, model_file.architecture
@@ -112,6 +117,7 @@ class LeanModel:
         scale = float(np.float32(args.hidden_size ** 0.5)) if args.model_type == "gemma3_text" else 1.0
         model = cls(args, kernels, threads, layers, head, head_norm, embedding, scale, ACTIVATIONS[args.model_type])
         model.refined = precision.choose(model_file.nbytes)  # (the torch path's step alike: runtime/loader.py)
+        model.copy_experts = copy_experts
         made = model._prepare(release)
         model.interleaved = (made, time.perf_counter() - t0)
         return model
@@ -122,7 +128,9 @@ class LeanModel:
         made, R = 0, self.kernels.group_rows
         groups = [g for layer in self.layers
                   for g in ((layer.qkv, layer.o) if layer.experts else (layer.qkv, layer.o, layer.gate_up, layer.down))]
-        groups.append([self.head])  # (experts are read as the file stores them: native_step.py's choice)
+        groups.append([self.head])
+        if self.copy_experts:  # each expert's gate/up, then its down (qwen2moe's shared expert: as stored)
+            groups += [g for layer in self.layers for x in (layer.experts or ()) for g in (list(x[:-1]), [x[-1]])]
         for group in groups:
             base = 0
             for w in group:

@@ -80,18 +80,19 @@ class NativeStep:
         self.prepare(model, self.threads)  # (done at load by the runtime; a model built by hand gets it here)
 
     @staticmethod
-    def prepare(model, threads: int | None = None, release=None) -> tuple[int, float]:
+    def prepare(model, threads: int | None = None, release=None, experts: bool = True) -> tuple[int, float]:
         """Copy the weights the variant's row-group kernels read interleaved (faster than the blocks as
         stored for one activation row or eight), each held by its weight (GGUFBlockWeight.interleaved):
         made once, before a user waits on a first token, and read by every step built for a new cache.
         `release(address, nbytes)` then drops the memory-mapped file's pages under each copied weight
         (ModelFile.release_pages), so the weights are in memory once; so does a weight read as stored
-        whose rows were in llama.cpp's Q/K order (un-permuted here). -> (bytes copied, seconds);
-        nothing to do the second time."""
+        whose rows were in llama.cpp's Q/K order (un-permuted here). `experts`: a mixture's experts
+        copied too (False where the file does not fit in memory: read as stored, paged in as chosen).
+        -> (bytes copied, seconds); nothing to do the second time."""
         kernels, t0, made = native.module(), time.perf_counter(), 0
         if kernels is None or not kernels.group_rows or not NativeStep.supports(model):
             return 0, 0.0
-        for group in _groups(model):
+        for group in _groups(model, experts):
             base = 0
             for m in group:
                 p = m.packed
@@ -376,12 +377,19 @@ def _projections(layer):
     return None if any(p is None for g in groups for p in g) else groups
 
 
-def _groups(model):
+def _groups(model, experts: bool = True):
     """The model's projections in the groups the step reads them in: each layer's four, then the head
-    (a mixture of experts: attention's two; its experts are read as stored)."""
+    (a mixture of experts: attention's two, then each expert's gate/up and its down where `experts`;
+    a shared expert is read as stored)."""
     for layer in model.model.layers:
         groups = _projections(layer) or ()
-        yield from (groups[:2] if isinstance(layer.mlp, moe.SparseMoe) else groups)
+        if isinstance(layer.mlp, moe.SparseMoe):
+            yield from groups[:2]
+            if experts:
+                for x in layer.mlp.experts:
+                    yield from ([x.gate_proj, x.up_proj], [x.down_proj])
+        else:
+            yield from groups
     yield [model.lm_head]
 
 

@@ -219,7 +219,8 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     limit = min(model_file.max_text_tokens or memory.ctx, memory.ctx)
     runtime = Runtime(loaded, memory.ctx, memory, model_file.pooling, limit, registry_quant=registry_quant)
     if runtime.native_decodes:  # the step reads q/k/v and gate/up as groups: fusing them would copy them
-        loaded.interleaved = NativeStep.prepare(loaded.model, placement.threads, model_file.release_pages)
+        loaded.interleaved = NativeStep.prepare(loaded.model, placement.threads, model_file.release_pages,
+                                                experts=memory.taken_bytes <= memory.budget.free)
         warm = NativeStep(loaded.model, placement.threads).warm_up(runtime.new_cache(16))
         loaded.load_seconds += loaded.interleaved[1] + warm
     else:

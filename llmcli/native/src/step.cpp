@@ -160,7 +160,7 @@ class Step {
         for (int64_t i = 0; i < n_experts; ++i) {
             Group gu, dn;
             const LlmcliProjection* p = ps + 3 * i;
-            if (p[0].grouped || p[1].grouped || p[2].grouped || !own(p, 2, gu) || !own(p + 2, 1, dn)) return false;
+            if (!own(p, 2, gu) || !own(p + 2, 1, dn)) return false;  // (as stored, or interleaved copies)
             const int64_t inter_e = p[0].N;
             if (p[1].N != inter_e || p[0].K != hidden || p[1].K != hidden || p[2].N != hidden || p[2].K != inter_e ||
                 (i > 0 && inter_e != e->inter))
@@ -170,7 +170,7 @@ class Step {
             e->gate_up.push_back(std::move(gu));
             e->down.push_back(std::move(dn));
         }
-        l.gate_up_in = gu_in, l.down_in = down_in;  // (the experts' blocks as stored: row layouts)
+        l.gate_up_in = gu_in, l.down_in = down_in;  // (row layouts, and the columns where a copy reads them)
         l.experts = std::move(e);
         return true;
     }
@@ -505,7 +505,9 @@ class Step {
                 std::copy(from, from + hidden, a_sorted.row(r));
                 if (l.gate_up_in) a_sorted.q.quantize(a_sorted.x.data(), r, r + 1, l.gate_up_in & ~kColsLayout);
             }
-        }, {}});
+        }, [this, &l, P] {  // (the rows side by side for interleaved experts, on one thread: to_cols)
+            if (l.gate_up_in & kColsLayout) a_sorted.q.to_cols(0, P);
+        }});
         stages.push_back({E * 2 * I + 2 * SI, 16, [this, &e, I, E](int, int64_t lo, int64_t hi) {
             for (int64_t x = lo / (2 * I); x < E && x * 2 * I < hi; ++x) {  // expert x's rows of [lo, hi)
                 const int64_t s0 = moe_start[x], s1 = moe_start[x + 1];
@@ -563,7 +565,10 @@ class Step {
                 const unsigned in = shared ? e.shared_down_in : l.down_in;
                 if (in) out.q.quantize(out.x.data(), row, row + 1, in & ~kColsLayout);
             }
-        }, {}});
+        }, [this, &l, &e, P] {  // (interleaved experts' down reads the rows side by side)
+            if (l.down_in & kColsLayout) a_moe.q.to_cols(0, P);
+            if (e.shared_gate && (e.shared_down_in & kColsLayout)) a_shared.q.to_cols(0, N);
+        }});
     }
 
     // y's columns [lo, hi) of every token: its pairs' down outputs weighted, summed in its choices'
