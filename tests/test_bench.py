@@ -184,6 +184,21 @@ def test_cli_llama_bench_flag_runs_it(tiny_gguf, tmp_path):
     assert "pp8: llmcli / llama-bench = " in r.stdout
 
 
+def test_llama_bench_beside_a_model_that_leaves_no_room_for_its_map_is_refused(tiny_gguf, monkeypatch):
+    """Interleaved, llama-bench maps the whole file beside the model loaded here: where the memory left
+    cannot hold it (an 18 GB MoE on 24 GB), one error line says to run it alone, before either starts."""
+    from llmcli.bench.baseline_llamabench import LlamaBenchError
+    from llmcli.cli import bench
+    from llmcli.runtime import budget
+
+    size = tiny_gguf.stat().st_size
+    monkeypatch.setattr(budget, "host_available", lambda: size - 1)
+    with pytest.raises(LlamaBenchError, match="run `llama-bench -m .*` on its own, then bench without --llama-bench"):
+        bench._check_room_beside(tiny_gguf)
+    monkeypatch.setattr(budget, "host_available", lambda: size + 1)
+    bench._check_room_beside(tiny_gguf)  # room: nothing to say
+
+
 def test_missing_llama_bench_says_how_to_build_it(tiny_gguf, tmp_path):
     env = {"PATH": str(tmp_path), "LLAMA_BENCH": ""}
     r = run_cli("bench", str(tiny_gguf), "-r", "1", "--no-compile", "--baseline", "llama-bench", env=env)

@@ -109,6 +109,21 @@ def _baseline(baseline: str | None, llama_bench: str | None):
     return find_binary(llama_bench), baseline
 
 
+def _check_room_beside(path) -> None:
+    """llama-bench maps the whole file beside this process's loaded model (the runs interleave): where
+    the memory left cannot hold it, the two would swap or the kernel would kill one mid-run."""
+    from pathlib import Path
+
+    from ..bench.baseline_llamabench import LlamaBenchError
+    from ..runtime.budget import host_available
+
+    size, left = Path(path).stat().st_size, host_available()
+    if left and size > left:
+        raise LlamaBenchError(f"llama-bench would map the {size / 1e9:.2f} GB file beside the model loaded here, and "
+                              f"{left / 1e9:.2f} GB is free: run `llama-bench -m {path}` on its own, then bench "
+                              "without --llama-bench")
+
+
 def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: int, compile: bool, ignore_eos: bool,
              binary, baseline):
     """One model under one preset: its results (and the baseline's, interleaved), progress on stderr."""
@@ -128,6 +143,7 @@ def _measure(err, flags, preset: str, prompts, gens, depth: int, repetitions: in
         from ..bench.baseline_llamabench import LlamaBenchBaseline
 
         base = LlamaBenchBaseline(rt.loaded.path, rt.placement.threads, binary)
+        _check_room_beside(rt.loaded.path)
     elif baseline:
         from ..bench.baseline_llamacpp import LlamaCppBaseline
 
