@@ -181,9 +181,9 @@ class Step:
 
     def set_experts(self, layer: int, router, experts, used: int, renormalize: bool) -> None:
         """Layer `layer`'s MLP as a mixture of experts (after its add_layer): router (E, hidden) float32,
-        experts [(gate spec, up spec, down spec)] as _group takes specs, blocks as stored; a token
-        runs the `used` experts of highest softmax probability, weighted by them (renormalized to
-        sum to one where `renormalize`)."""
+        experts [(gate spec, up spec, down spec)] as _group takes specs (blocks as stored, or their
+        interleaved copies); a token runs the `used` experts of highest softmax probability, weighted
+        by them (renormalized to sum to one where `renormalize`)."""
         router = np.ascontiguousarray(array(router), dtype=np.float32)
         if router.shape != (len(experts), self.hidden):
             raise ValueError("the router does not match the experts and the hidden size")
