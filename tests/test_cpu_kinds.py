@@ -55,7 +55,8 @@ def test_a_gguf_decodes_through_the_native_step_in_float32_with_a_float16_cache(
     assert rt.placement == placement and rt.kv_type == kv
     step = rt.decode_step(compile=False)  # a C++ step where the kind has one (its kernels unused until a call)
     assert rt.describe_step(step) == (f"native (one C++ call a step, {VARIANT[cpu_kind.name]} kernels, "
-                                      "int8x2 activations (every matmul), f16 KV cache)" if native_step else "eager")
+                                      "int8x2 activations for q/k/v, gate/up, down; int8 for o, head, f16 KV cache)"
+                                      if native_step else "eager")
 
 
 def test_the_memory_plan_counts_the_weights_as_the_kind_holds_them(cpu_kind, smollm2_gguf):
@@ -74,6 +75,6 @@ def test_llmcli_sees_the_flags_the_environment_leaves(tiny_gguf, name):
     r = run_cli("run", str(tiny_gguf), "Hi", "-n", "2", "--temp", "0", "-v", env=hide_env(KINDS[name]))
     assert r.returncode == 0, r.stderr
     assert "dtype float32 (default for the device)" in r.stderr
-    step = "eager\n" if name == "old" else \
-        f"native (one C++ call a step, {VARIANT[name]} kernels, int8x2 activations (every matmul), f16 KV cache"
+    step = "eager\n" if name == "old" else (f"native (one C++ call a step, {VARIANT[name]} kernels, "
+                                            "int8x2 activations for q/k/v, gate/up, down; int8 for o, head, f16 KV cache")
     assert f"decode step: {step}" in r.stderr
