@@ -11,18 +11,15 @@ libraries, the kernels were a torch extension).
 """
 import argparse
 import collections
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from llmcli import native
-from llmcli.native import build
-from llmcli.native.library import Kernels
 from llmcli.quant.gguf_blocks import TYPE_IDS, GGUFBlockWeight
 from llmcli.runtime.runtime import open_model
+
+from .revision import kernels_at
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model")
@@ -34,17 +31,7 @@ ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
 
 variant = a.variant or native.variants()[0]
-folder = Path(tempfile.mkdtemp(prefix="kernel-ab-"))
-names = subprocess.run(["git", "ls-tree", "-r", "--name-only", a.rev, "llmcli/native/"], capture_output=True, text=True,
-                       check=True).stdout.split()
-for name in names:
-    if name.endswith((".cpp", ".h", ".py")):
-        to = folder / Path(name).relative_to("llmcli/native")  # src/..., arch/x86/...: build.py's layout
-        to.parent.mkdir(parents=True, exist_ok=True)
-        to.write_bytes(subprocess.run(["git", "show", f"{a.rev}:{name}"], capture_output=True, check=True).stdout)
-build.FOLDER = folder  # the revision's sources, the tree's flags
-ops = {a.rev: Kernels(build.compile_variant(variant, folder / build.library_name(variant))).mm}
-build.FOLDER = Path(build.__file__).parent
+ops = {a.rev: kernels_at(a.rev, variant).mm}
 ops["tree"] = native.load(variant).mm
 rt = open_model(a.model, threads=a.threads, ctx_size=512)
 torch.set_num_threads(a.threads)

@@ -14,16 +14,14 @@ median and best tokens a second and the ratio of medians.
 """
 import argparse
 import statistics
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from llmcli import native
 from llmcli.formats.open import open_model_file
-from llmcli.native import build
-from llmcli.native.library import Kernels
 from llmcli.runtime.lean_step import LeanModel
+
+from .revision import kernels_at
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model")
@@ -36,17 +34,7 @@ ap.add_argument("--refined", help="REV,TREE activation masks (default: the file'
 a = ap.parse_args()
 
 variant = a.variant or native.variants()[0]
-folder = Path(tempfile.mkdtemp(prefix="step-ab-"))
-names = subprocess.run(["git", "ls-tree", "-r", "--name-only", a.rev, "llmcli/native/"], capture_output=True, text=True,
-                       check=True).stdout.split()
-for name in names:
-    if name.endswith((".cpp", ".h")):
-        to = folder / Path(name).relative_to("llmcli/native")
-        to.parent.mkdir(parents=True, exist_ok=True)
-        to.write_bytes(subprocess.run(["git", "show", f"{a.rev}:{name}"], capture_output=True, check=True).stdout)
-build.FOLDER = folder  # the revision's sources, the tree's flags
-kernels = {a.rev: Kernels(build.compile_variant(variant, folder / build.library_name(variant)))}
-build.FOLDER = Path(build.__file__).parent
+kernels = {a.rev: kernels_at(a.rev, variant)}
 kernels["tree"] = native.load(variant)
 clock = time.process_time if a.threads == 1 else time.perf_counter
 model_file = open_model_file(Path(a.model).expanduser())
