@@ -156,6 +156,9 @@ def test_tags_ps_show_version(served):
     assert "num_ctx 512" in info.parameters and info.template == srv.rt.loaded.chat_template
     version = httpx.get(f"{_host(srv)}/api/version", headers={"Authorization": f"Bearer {KEY}"}).json()
     assert version == {"version": __version__}
+    root = httpx.get(f"{_host(srv)}/", headers={"Authorization": f"Bearer {KEY}"})
+    assert root.status_code == 200 and root.text == "Ollama is running"  # (ollama's tools ask it first)
+    assert httpx.head(f"{_host(srv)}/", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
 def test_embed_is_the_embeddings_endpoint_s(served):

@@ -6,7 +6,7 @@
     POST /v1/responses, GET|DELETE /v1/responses/{id}  (responses_api.py: OpenAI's Responses API)
     POST /v1/messages, /v1/messages/count_tokens       Anthropic's Messages API (anthropic_api.py)
     POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show; GET /api/tags, /api/ps,
-         /api/version                                  ollama's API (ollama_api.py; NDJSON streams)
+         /api/version, and GET / ("Ollama is running")  ollama's API (ollama_api.py; NDJSON streams)
 
 Requests are coroutines on one event loop (listener.py runs uvicorn). Reading JSON, the chat
 template and tokenizing run in worker threads (prepare.py); the model runs in the one engine thread
@@ -144,7 +144,7 @@ class Server:
         self._embedding.shutdown(wait=False, cancel_futures=True)
 
     def app(self):
-        routes = [Route("/models", self.list_models, methods=["GET"]), Route("/models/{name:path}", self.show_model, methods=["GET"]),
+        routes = [Route("/", self.running, methods=["GET", "HEAD"]), Route("/models", self.list_models, methods=["GET"]), Route("/models/{name:path}", self.show_model, methods=["GET"]),
                   Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
                   Route("/chat/completions", self.chat, methods=["POST"]),
                   Route("/completions", self.completion, methods=["POST"]),
@@ -433,6 +433,10 @@ class Server:
                 return json_response(200, self._described(served).show())
         except Exception as e:
             return _failure(e, request, ollama.error_body)
+
+    async def running(self, request: Request) -> Response:
+        """GET / as ollama answers it: tools written for ollama ask it before anything else."""
+        return Response("Ollama is running", media_type="text/plain; charset=utf-8")
 
     async def ollama_version(self, request: Request) -> Response:
         return json_response(200, {"version": __version__})
