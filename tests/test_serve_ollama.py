@@ -276,7 +276,8 @@ def test_logprobs_are_the_chat_endpoint_s(served):
 
 def test_models_on_demand_load_request_ps_and_tags(tiny_gguf, tmp_path):
     """A server of no model: ollama's load request (no prompt) loads the model it names, and chat
-    loads another; /api/ps and /api/tags list what is loaded, each with when it unloads."""
+    loads another; /api/ps and /api/tags list what is loaded, each with when it unloads, and /api/tags
+    then the downloaded models not loaded (serve's `llmcli list`)."""
     import shutil
 
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
@@ -287,10 +288,14 @@ def test_models_on_demand_load_request_ps_and_tags(tiny_gguf, tmp_path):
         flags = ModelFlags(name, ctx_size=128, threads=1, rows=2)
         return (open_lean(flags) if native.int8_dot() else None) or open_model(flags)
 
-    srv = Server(None, bind("127.0.0.1", 0), model_id=None, rows=2, open_model=open_one, keep_alive=600).start()
+    disk = [("smol", a, a.stat().st_size), (str(a), a, a.stat().st_size)]
+    srv = Server(None, bind("127.0.0.1", 0), model_id=None, rows=2, open_model=open_one, keep_alive=600,
+                 on_disk=lambda: disk).start()
     try:
         client = ollama.Client(host=_host(srv), timeout=60)
-        assert client.ps().models == [] and client.list().models == []
+        assert client.ps().models == [] and [m.model for m in client.list().models] == ["smol", str(a)]
+        smol = client.list().models[0]
+        assert smol.size == a.stat().st_size and smol.details.format == "gguf" and len(smol.digest) == 64
         r = client.generate(model=str(a))
         assert r.done_reason == "load" and r.model == str(a)
         r = client.chat(model=str(b), messages=ASK, options={**GREEDY, "num_predict": 4})
@@ -298,7 +303,7 @@ def test_models_on_demand_load_request_ps_and_tags(tiny_gguf, tmp_path):
         running = client.ps().models
         assert [m.model for m in running] == [str(b), str(a)]  # most recently used first
         assert all(m.context_length == 128 and m.expires_at.year < 9999 for m in running)
-        assert [m.model for m in client.list().models] == [str(b), str(a)]
+        assert [m.model for m in client.list().models] == [str(b), str(a), "smol"]  # (a: once, loaded)
         with pytest.raises(ollama.ResponseError) as e:
             client.chat(model=str(tmp_path / "none.gguf"), messages=ASK)
         assert e.value.status_code == 404

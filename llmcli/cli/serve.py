@@ -133,6 +133,15 @@ def serve(
             rt = open_model(flags.with_(model=name), progress)
         return rt
 
+    def on_disk() -> list[tuple]:
+        """The downloaded models (`llmcli list`'s) a request may name."""
+        from ..hub.catalog import downloaded
+        from ..hub.fetch import registry_for
+        from ..hub.store import Store
+
+        store = Store.default()
+        return [(d.name, d.path, d.size) for d in downloaded(store, registry_for(store, registry))]
+
     def resolve(name: str) -> str:
         from ..hub import fetch
 
@@ -148,7 +157,7 @@ def serve(
             check_thinks(rt, asked)
         first = opened[0] if opened else (None, None)
         on_demand = {} if len(models) == 1 else dict(
-            more=tuple(opened[1:]), open_model=open_one, resolve=resolve, models_max=models_max,
+            more=tuple(opened[1:]), open_model=open_one, resolve=resolve, on_disk=on_disk, models_max=models_max,
             keep_alive=None if idle < 0 else idle, kept=None if keep_alive is None or idle < 0 else idle)
         server = Server(first[1], listener, model_id=first[0], rows=rows, queue=queue,
                         timeouts=Timeouts(head=timeout, body=timeout, write=timeout), defaults=defaults,

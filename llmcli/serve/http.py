@@ -70,7 +70,7 @@ class Server:
                  queue: int | None = None, timeouts: Timeouts = Timeouts(), defaults: api.Defaults = api.Defaults(),
                  api_key: str | None = None, cors_origins: tuple[str, ...] = (), pooling: str | None = None,
                  prompt_cache: int | None = None, more: tuple = (), open_model=None, resolve=None,
-                 models_max: int = 3, keep_alive: float | None = 300.0, kept: float | None = None):
+                 models_max: int = 3, keep_alive: float | None = 300.0, kept: float | None = None, on_disk=None):
         """`rt` a runtime.Runtime, `sock` from bind(); `rows` requests decoded together, each up to
         `max_len` tokens (default: rt.ctx_size), and `queue` more waiting for a row (default
         QUEUE_PER_ROW x rows); the KV cache holds rows x max_len tokens. `defaults`: what requests
@@ -83,12 +83,14 @@ class Server:
         With `open_model(name) -> runtime`, any model a request names is loaded on demand (models.py:
         at most `models_max`, idle ones unloaded after `keep_alive` seconds; `resolve(name)` says which
         file a name means); `rt` (named `model_id`, may be None) and `more` ((name, runtime) pairs) are
-        loaded already and kept for `kept` seconds idle (None: for good). Without it, `rt` alone."""
+        loaded already and kept for `kept` seconds idle (None: for good). Without it, `rt` alone.
+        `on_disk() -> [(name, path, bytes)]`: the models a request may name that are not loaded
+        (downloaded ones), which /api/tags lists after the loaded ones."""
         self.sock, self.model_id, self.timeouts = sock, model_id, timeouts
         self.rows, self.max_len, self.pooling, self.prompt_cache_bytes = rows, max_len, pooling, prompt_cache
         self.created = int(time.time())
         self.limit = rows + (QUEUE_PER_ROW * rows if queue is None else queue)  # running + waiting
-        self.on_demand = open_model is not None
+        self.on_demand, self.on_disk = open_model is not None, on_disk
         self.models = Models(lambda name: self.serve_model(open_model(name), name, keep_alive), on_demand=self.on_demand,
                              models_max=models_max, keep_alive=keep_alive, wait_s=timeouts.body,
                              resolve=resolve)
@@ -419,8 +421,15 @@ class Server:
             return _failure(e, request, ollama.error_body)
 
     async def ollama_tags(self, request: Request) -> Response:
-        """The models loaded (the one served, without on-demand loading)."""
-        return json_response(200, {"models": [self._described(s).tag() for s in self.models.loaded()]})
+        """The models loaded (the one served, without on-demand loading), then, on demand, those on
+        disk a request may load (read from the file system: in a worker thread)."""
+        loaded = self.models.loaded()
+        tags = [self._described(s).tag() for s in loaded]
+        if self.on_demand and self.on_disk is not None:
+            names = {n for s in loaded for n in (s.name, *s.aliases)}
+            found = await run_in_threadpool(self.on_disk)
+            tags += [ollama.stored_tag(name, path, size) for name, path, size in found if name not in names]
+        return json_response(200, {"models": tags})
 
     async def ollama_ps(self, request: Request) -> Response:
         return json_response(200, {"models": [self._described(s).process() for s in self.models.loaded()]})

@@ -460,6 +460,18 @@ def describe(rt, name: str, context: int, defaults: api.Defaults, embeds: bool, 
                      _parameter_text(defaults, context), _capabilities(rt, embeds))
 
 
+def stored_tag(name: str, path, size: int) -> dict:
+    """/api/tags' entry for a model on disk, not loaded: what the file system says (its size, time
+    and a digest of path, size and time, as describe's), no header read (a listing of many large
+    files stays quick); details left empty but the format."""
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}:{size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    details = {"parent_model": "", "format": "gguf" if path.suffix == ".gguf" else "safetensors", "family": "",
+               "families": [], "parameter_size": "", "quantization_level": ""}
+    return {"name": name, "model": name, "modified_at": _time(stat.st_mtime), "size": size, "digest": digest,
+            "details": details}
+
+
 def _time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
 
