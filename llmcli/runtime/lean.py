@@ -132,8 +132,8 @@ def open_lean(flags: ModelFlags, request: Request | None = None, progress=None) 
                   kv_offload=flags.kv_offload, rows=flags.rows, float_kv="f16", lean=True)
     if memory.choice.kv_type != "f16" or memory.choice.device_layers is not None:
         return None  # the planner quantizes or offloads the cache: the torch path's caches
-    fits = memory.taken_bytes <= memory.budget.free  # (else a mixture's experts stay paged from the file)
-    model = LeanModel.open(model_file, placement.threads, kernels, model_file.release_pages, copy_experts=fits)
+    model = LeanModel.open(model_file, placement.threads, kernels, model_file.release_pages,
+                           copy_experts=memory.fits)  # (else a mixture's experts stay paged from the file)
     if model is None:
         return None
     tokenizer, template = model_file.tokenizer, model_file.chat_template

@@ -25,13 +25,13 @@ from ..cache.host import HostKVCache
 from ..formats import gguf
 from ..models import rope
 from ..native.checks import TYPE_IDS
+from ..native.step import SWIGLU_OAI
 from ..quant import precision
 from ..native.interleave import interleave_rows, unpermute_blocks, unpermuted_order
 
 ACTIVATIONS = {"llama": "silu", "mistral": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3_text": "gelu_tanh",
-               "qwen3_moe": "silu", "mixtral": "silu", "qwen2_moe": "silu", "olmoe": "silu",  # (mixtures of experts: every layer's)
-               "gpt_oss": "swiglu_oai"}  # (api.h's act 2: the clamped SwiGLU at gpt-oss's alpha 1.702, limit 7)
-SWIGLU_OAI = (1.702, 7.0)  # (swiglu_alpha, swiglu_limit) the C++ step has (native_step.py's check alike)
+               "qwen3_moe": "silu", "mixtral": "silu", "qwen2_moe": "silu",  # (mixtures of experts: every layer's)
+               "olmoe": "silu", "gpt_oss": "swiglu_oai"}  # (api.h's act 2: gpt-oss's clamped SwiGLU, SWIGLU_OAI)
 MAX_TOKENS = 512  # tokens of one call (native_step.MAX_TOKENS): a longer prompt goes in several
 TABLE_POSITIONS = 1 << 16  # RoPE rows made once (native_step.TABLE_POSITIONS); a longer context: not this path
 _EMPTY = np.empty(0, np.float32)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import native
-from ..native.step import REFINE_ALL
+from ..native.step import REFINE_ALL, SWIGLU_OAI
 from ..cache.static import StaticKVCache
 from ..models import gemma3, gpt_oss, llama, moe, olmoe, phi3, rope
 from ..quant import float_rows
@@ -348,7 +348,7 @@ def _takes_experts(mlp) -> bool:
     experts with the SwiGLU's constants the C++ side has."""
     if not isinstance(mlp, moe.SparseMoe):
         return False
-    if isinstance(mlp.experts[0], gpt_oss.Expert) and (mlp.experts[0].alpha, mlp.experts[0].limit) != (1.702, 7.0):
+    if isinstance(mlp.experts[0], gpt_oss.Expert) and (mlp.experts[0].alpha, mlp.experts[0].limit) != SWIGLU_OAI:
         return False
     shared = [mlp.shared_expert] if hasattr(mlp, "shared_expert") else []
     experts = [p for x in [*mlp.experts, *shared] for p in (x.gate_proj, x.up_proj, x.down_proj)]

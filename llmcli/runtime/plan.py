@@ -147,6 +147,11 @@ class Plan:
         return sum(p.nbytes for p in self.parts if p.where != "host" and p.counted)
 
     @property
+    def fits(self) -> bool:
+        """Whether what the plan holds fits what was free, its margin kept (the choice's own test)."""
+        return _fits(self.parts, self.budget)
+
+    @property
     def host_bytes(self) -> int:
         return sum(p.nbytes for p in self.parts if p.where == "host")
 

@@ -220,7 +220,7 @@ def open_model(flags: ModelFlags | str, progress=None, **changes) -> Runtime:
     runtime = Runtime(loaded, memory.ctx, memory, model_file.pooling, limit, registry_quant=registry_quant)
     if runtime.native_decodes:  # the step reads q/k/v and gate/up as groups: fusing them would copy them
         loaded.interleaved = NativeStep.prepare(loaded.model, placement.threads, model_file.release_pages,
-                                                experts=memory.taken_bytes <= memory.budget.free)
+                                                experts=memory.fits)
         warm = NativeStep(loaded.model, placement.threads).warm_up(runtime.new_cache(16))
         loaded.load_seconds += loaded.interleaved[1] + warm
     else:
