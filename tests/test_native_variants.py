@@ -123,15 +123,40 @@ def test_row_group_kernels_equal_float64_and_give_each_row_what_it_gets_alone(ke
                 assert torch.equal(kernels.mm_grouped(x[:M], b, type_id, K), alone[:M]), (raw, K, M)
 
 
+def _reference_pairs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """int8x2 activations in float32 numpy (blocks.h's quantize_pair_scalar): per 32, 16-bit codes
+    v = rint(x / e), e = max|x| / 127 / 256, split into a high byte h = floor((v + 128) / 256) and a low
+    one l = v - 256 h clamped to -127. Returns h, l (M, K) int8, e (M, K/32) and the sums 256 h + l."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    e = (np.abs(blocks).max(-1) / np.float32(127) * np.float32(1 / 256)).astype(np.float32)
+    inv = np.where(e > 0, np.float32(1) / np.where(e > 0, e, 1), 0).astype(np.float32)
+    v = np.clip(np.rint(blocks * inv[..., None]), -32512, 32512).astype(np.int64)
+    h = (v + 128) >> 8
+    l = np.maximum(v - 256 * h, -127)
+    return (h.astype(np.int8).reshape(x.shape), l.astype(np.int8).reshape(x.shape), e,
+            (256 * h + l).sum(-1))
+
+
+def test_refined_activations_quantize_to_the_same_bytes_on_every_variant(kernels):
+    """int8x2: each row's high codes, then its low ones, with d = 256 e and e, and s = e * the 16-bit
+    codes' sum on the high row (0 on the low one): numpy's bytes, on every variant."""
+    x = np.random.default_rng(2).standard_normal((5, 544)).astype(np.float32)
+    x[2, :32] = 0  # a block of zeros: scale 0, codes 0
+    x[3, 40] = 1e4  # one large value: the rest of its block rounds to 0
+    x[4, 64:96] = np.linspace(-1, 1, 32)  # ties and lows of -128 (clamped to -127) among them
+    q, d, s = kernels.quantize_rows(torch.from_numpy(x), refined=True)
+    h, l, e, sums = _reference_pairs(x)
+    assert np.array_equal(q.numpy()[0::2], h) and np.array_equal(q.numpy()[1::2], l)
+    assert np.array_equal(d.numpy()[0::2], np.float32(256) * e) and np.array_equal(d.numpy()[1::2], e)
+    assert np.array_equal(s.numpy()[0::2], e * sums.astype(np.float32)) and not s.numpy()[1::2].any()
+    assert (q.numpy() >= -127).all() and np.abs(q.numpy()[1::2]).max() > 100
+
+
 def _refined_activations(x: np.ndarray) -> np.ndarray:
-    """int8x2 activations as float64: each row's int8 codes plus its residual's (x - d q in float32,
-    quantized again), the values the kernels multiply for a refined row."""
-    q, d = _reference_activations(x)
-    first = (q.reshape(x.shape[0], -1, 32).astype(np.float32) * d[..., None]).reshape(x.shape)
-    rest = (x - first).astype(np.float32)
-    q2, d2 = _reference_activations(rest)
-    second = q2.reshape(x.shape[0], -1, 32).astype(np.float64) * d2[..., None].astype(np.float64)
-    return first.astype(np.float64) + second.reshape(x.shape)
+    """int8x2 activations as float64: the values e * (256 h + l) the kernels multiply for a refined row."""
+    h, l, e, _ = _reference_pairs(x)
+    v = 256 * h.astype(np.int64) + l
+    return (v.reshape(x.shape[0], -1, 32) * e[..., None].astype(np.float64)).reshape(x.shape)
 
 
 @pytest.mark.parametrize("type_name", INT8_TYPES)

@@ -122,7 +122,7 @@ def register_ops() -> None:
 
 def mm(x: torch.Tensor, blocks: torch.Tensor, type_id: int, K: int, refined: bool = False) -> torch.Tensor:
     """x (M, K) any float dtype, blocks (N, row bytes) -> (M, N) float32; `refined`: int8x2
-    activations into the integer dot products (each row's int8 codes and its residual's), else int8."""
+    activations into the integer dot products (each row's 16-bit codes as two int8 rows), else int8."""
     import torch
 
     if torch.compiler.is_compiling():

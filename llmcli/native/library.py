@@ -104,7 +104,7 @@ class Kernels:
         self._grouped_bytes = _fn(lib, "llmcli_grouped_bytes", _I64, _I32, _I64, _I64)
         self._interleave = _fn(lib, "llmcli_interleave", _I32, _I32, _P, _I64, _I64, _P, _P, _I32)
         self._dequantize = _fn(lib, "llmcli_dequantize", _I32, _P, _I64, _I64, _I32, _P, _I32)
-        self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P)
+        self._quantize = _fn(lib, "llmcli_quantize_rows", _I32, _P, _I64, _I64, _P, _P, _P, _I32)
         self._quantize_weights = _fn(lib, "llmcli_quantize_weights", _I32, _P, _I32, _I64, _I64, _I32, _P, _I32)
         self._top_k = _fn(lib, "llmcli_top_k", _I32, _P, _I64, _I64, _P, _P)
         self._dot_rows = _fn(lib, "llmcli_dot_rows", _I32, _P, _I64, _I64, _I32, _P, _I64, _P, _P)
@@ -202,16 +202,18 @@ class Kernels:
         self._dequantize(blocks.data_ptr(), blocks.shape[0], K, type_id, y.data_ptr(), _threads())
         return y
 
-    def quantize_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (M, K) -> int8 codes (M, K), scales d and scaled sums s (M, K/32): mm's int8 activations."""
+    def quantize_rows(self, x: torch.Tensor, refined: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (M, K) -> int8 codes (M, K), scales d and scaled sums s (M, K/32): mm's int8 activations;
+        refined: int8x2's, 2M rows of each (row m's high codes, then its low ones)."""
         import torch
 
         x = x.to(torch.float32).contiguous()
         M, K = x.shape
         if K % 32:
             raise ValueError("K must be a multiple of 32")
-        q, d, s = torch.empty(M, K, dtype=torch.int8), torch.empty(M, K // 32), torch.empty(M, K // 32)
-        self._quantize(x.data_ptr(), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr())
+        rows = 2 * M if refined else M
+        q, d, s = torch.empty(rows, K, dtype=torch.int8), torch.empty(rows, K // 32), torch.empty(rows, K // 32)
+        self._quantize(x.data_ptr(), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr(), int(refined))
         return q, d, s
 
     def quantize_weights(self, w: torch.Tensor, type_id: int) -> torch.Tensor | None:

@@ -32,7 +32,7 @@ class Layer(ctypes.Structure):  # api.h's LlmcliLayer
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # api.h's act (2: gpt-oss's clamped SwiGLU)
 SWIGLU_OAI = (1.702, 7.0)  # act 2's (alpha, limit), fixed in the C++ step: a model with others is not its to run
-# api.h's kRefine*: the activations a step makes int8x2 (each its codes and its residual's, ~14 bits)
+# api.h's kRefine*: the activations a step makes int8x2 (16-bit codes as two int8 rows, ~15 bits)
 # rather than int8. "normed": the layers' norms' outputs (q/k/v, gate/up); "attention": o's input;
 # "mlp": down's input; "head": the final norm's output (the output projection's input)
 REFINE = {"normed": 1, "attention": 2, "mlp": 4, "head": 8}

@@ -10,7 +10,7 @@ the native decode step (runtime/native_step.py) multiply as llama.cpp does, with
     int8 g32               w = q * s             ->  Q8_0  d = s (f16)
 
 A preset's `activations` says what the kernels multiply its blocks with: "int8" (llama.cpp's), or
-"int8x2" (q8, q4_mixed): each activation row as int8 codes plus its residual's, about 14 bits, for
+"int8x2" (q8, q4_mixed): each activation row as 16-bit codes in two int8 rows, about 15 bits, for
 twice the integer work (memory-bound decoding barely notices it). The loader marks the model and its
 blocks (hold_activations); a checkpoint records it. GGUF files as stored keep llama.cpp's int8.
 

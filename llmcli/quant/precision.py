@@ -1,6 +1,6 @@
 """How precisely the native step (runtime/lean_step.py, native_step.py) multiplies a GGUF file's
-blocks: which activations go into the integer dot products as int8x2 (each row its int8 codes and its
-residual's: ~14 bits) rather than llama.cpp's int8 (native/step.py's REFINE mask), and the words
+blocks: which activations go into the integer dot products as int8x2 (each row 16-bit codes, their high
+and low bytes two int8 rows: ~15 bits) rather than llama.cpp's int8 (native/step.py's REFINE mask), and the words
 `run -v`, `bench` and `perplexity` say it in.
 
     mask = choose(file_bytes)          the default for a GGUF file of that size, as stored

@@ -6,7 +6,7 @@ A preset (the shipped ones live in the top-level `quant/` folder; `--preset FILE
     on_indivisible = "fallback"     # a group size that does not divide a row: "fallback" | "refuse"
     dtype = "bfloat16"              # for tensors kept unquantized: "bfloat16" | "float16" | "float32"
     activations = "int8"            # what the CPU kernels multiply GGUF blocks with: "int8" (llama.cpp's)
-                                    # | "int8x2" (int8 codes plus their residual's: ~14 bits, ~2x prefill work)
+                                    # | "int8x2" (16-bit codes as two int8 rows: ~15 bits, ~2x prefill work)
 
     [[rules]]                       # the first rule that matches a tensor decides its format
     match = ["model.embed_tokens.weight", "lm_head.weight"]    # globs over Hugging Face names

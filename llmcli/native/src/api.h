@@ -13,8 +13,8 @@ LLMCLI_API const char* llmcli_source_hash();  // build.py's hash of the sources 
 
 // y (M, N) = x (M, K) @ W.T, W (N, row bytes) uint8: GGUF blocks of `type` (quant/gguf_blocks.py's TYPE_IDS);
 // Q5_K through the row-group kernels where this variant has them (int8 activations, as the decode step
-// takes it), else the float route. refined: 1 for int8x2 activations (each row as int8 codes plus its
-// residual's, kernels.h's Q8Rows::refined), 0 for llama.cpp's int8; the float routes read x as it is
+// takes it), else the float route. refined: 1 for int8x2 activations (each row as 16-bit codes, their high and
+// low bytes two int8 rows: kernels.h's Q8Rows::refined), 0 for llama.cpp's int8; the float routes read x as it is
 LLMCLI_API int llmcli_mm(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K, int type, float* y, int threads,
                          int refined);
 // The weight rows a group of this variant's row-group kernels takes (16, 8, or 0: none), and
@@ -41,7 +41,9 @@ LLMCLI_API int llmcli_dequantize(const uint8_t* w, int64_t N, int64_t K, int typ
 // hidden state: decode/picker.py's rescore_near_ties); 1 for an id outside W
 LLMCLI_API int llmcli_dot_rows(const uint8_t* w, int64_t N, int64_t K, int type, const int64_t* ids, int64_t n,
                                const float* x, float* out);
-LLMCLI_API int llmcli_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s);
+// x (M, K) -> the int8 activations mm multiplies: codes q (M, K), d and s (M, K / 32); refined: int8x2's,
+// each row of x two rows of each, its high codes' and its low ones' (blocks.h's quantize_pair_scalar)
+LLMCLI_API int llmcli_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s, int refined);
 // x (N, K) weights (dtype 0 float32, 1 bfloat16, 2 float16) -> out (N, K/32 blocks of `type`: Q8_0,
 // Q4_1 or Q4_0) with min/max scales, as quant/primitives.py's quantize(search=False) and
 // gguf_encode.to_blocks make them; 2 where a scale is beyond float16's range (out is then unusable)

@@ -262,6 +262,28 @@ static inline void quantize_block_scalar(const float* x, int8_t* q, float& d_out
     s_out = d * (float)sum;
 }
 
+// One block of 32 floats as int8x2 (Q8Rows::refined): 16-bit codes v = round(x / e), e = amax / (127 *
+// 256), as a high byte h = round(v / 256) and a low one l = v - 256 h (clamped to -127: plain AVX2's
+// sign trick has no +128), so x ~ e (256 h + l), within e / 2 (e: the int8 step / 256). The high
+// row takes int8's d = 256 e and the whole block's scaled sum e * (sum of v); the low row e and 0. A
+// kernel that adds the two rows' values gets x's products; the row-group kernels, which know the
+// pairs, add their integer sums as 256 s_h + s_l and scale once. The same bytes on every variant.
+static inline void quantize_pair_scalar(const float* x, int8_t* hi, int8_t* lo, float* d, float* s) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float e = amax / 127.f * (1.f / 256.f), ie = e > 0.f ? 1.f / e : 0.f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+        const int v = std::min(32512, std::max(-32512, (int)round_even(x[i] * ie)));
+        const int h = (v + 128) >> 8, l = std::max(-127, v - 256 * h);
+        hi[i] = (int8_t)h;
+        lo[i] = (int8_t)l;
+        sum += 256 * h + l;
+    }
+    d[0] = 256.f * e, d[1] = e;
+    s[0] = e * (float)sum, s[1] = 0.f;
+}
+
 static inline void sums_of_four(const int8_t* q, int32_t* n4) {  // one block's 8 negated sums of 4
     for (int g = 0; g < 8; ++g) n4[g] = -(q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
 }

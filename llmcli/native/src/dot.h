@@ -19,6 +19,13 @@
 #include LLMCLI_ARCH_KERNELS
 
 #if !defined(LLMCLI_DOT_ROW)
+// One block as int8x2 (blocks.h's quantize_pair_scalar) with each row's negated sums of 4
+static inline void quantize_pair(const float* x, int8_t* hi, int8_t* lo, float* d, float* s, int32_t* n4_hi, int32_t* n4_lo) {
+    quantize_pair_scalar(x, hi, lo, d, s);
+    sums_of_four(hi, n4_hi);
+    sums_of_four(lo, n4_lo);
+}
+
 // One block quantized with its negated sums of 4
 static inline void quantize_block(const float* x, int8_t* q, float& d, float& s, int32_t* n4) {
     quantize_block(x, q, d, s);

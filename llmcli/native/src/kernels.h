@@ -22,9 +22,9 @@ static inline unsigned layout_of(int type) {
 }
 
 // Activation rows quantized as the dot products take them (blocks.h's Q8), owning their buffers.
-// `refined` (int8x2 activations): each row of x is two stored rows, 2m its codes and 2m + 1 its
-// residual's (x - d q quantized again), which project() multiplies as two rows (the weights read once
-// for both) and adds up: ~14 bits where one int8 row's error was most of a q8 model's. The functions
+// `refined` (int8x2 activations): each row of x is two stored rows, 2m and 2m + 1 the high and low
+// bytes of its 16-bit codes (blocks.h's quantize_pair_scalar), which project() multiplies as two rows
+// (the weights read once for both) and adds up: ~15 bits where one int8 row's error was most of a q8 model's. The functions
 // below take rows m of x; row() and cols() take stored rows (kernels read those).
 struct Q8Rows {
     std::vector<int8_t> q, qi, qq, qk, q6;
@@ -74,8 +74,8 @@ struct Q8Rows {
     }
     // rows [m0, m1) of x (rows of K floats), with the `layouts` the next weights read (the others are left stale)
     void quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts);
-    // blocks [b0, b1) of row m alone (q, d, s, n4; refined: its residual's too, from the same block's
-    // codes alone): whole rows come to the same bytes block by block.
+    // blocks [b0, b1) of row m alone (q, d, s, n4; refined: its low bytes' too, from the same block
+    // alone): whole rows come to the same bytes block by block.
     // Enough for the `layouts` where by_blocks(layouts) (then to_cols for the columns), whose other
     // copies (LLMCLI_ORDERS: AVX-512's, for the blocks as stored) take whole rows.
     void quantize_blocks(const float* x, int64_t m, int64_t b0, int64_t b1);

@@ -24,14 +24,12 @@ void Q8Rows::quantize_blocks(const float* x, int64_t m, int64_t b0, int64_t b1) 
         return;
     }
     const float* xm = x + m * K;
-    const int64_t c = 2 * m * nb, r = c + nb;  // the codes' first block, the residual's
+    const int64_t c = 2 * m * nb, r = c + nb;  // the high bytes' first block, the low ones' (quantize_pair_scalar)
     for (int64_t b = b0; b < b1; ++b) {
-        quantize_block(xm + 32 * b, q.data() + 32 * (c + b), d[c + b], s[c + b], n4.data() + 8 * (c + b));
-        // x - d q, in float (no fused multiply-add: -ffp-contract=off), the same bytes on every variant
-        alignas(64) float rest[32];
-        const int8_t* qc = q.data() + 32 * (c + b);
-        for (int j = 0; j < 32; ++j) rest[j] = xm[32 * b + j] - d[c + b] * (float)qc[j];
-        quantize_block(rest, q.data() + 32 * (r + b), d[r + b], s[r + b], n4.data() + 8 * (r + b));
+        float dd[2], ss[2];
+        quantize_pair(xm + 32 * b, q.data() + 32 * (c + b), q.data() + 32 * (r + b), dd, ss, n4.data() + 8 * (c + b),
+                      n4.data() + 8 * (r + b));
+        d[c + b] = dd[0], d[r + b] = dd[1], s[c + b] = ss[0], s[r + b] = ss[1];
     }
 }
 
@@ -204,10 +202,17 @@ static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m
                 C = std::min<int64_t>({kGroupCols - (m0 + m) % kGroupCols, M - m, mb + kRowsAtOnce - m});
                 const uint8_t* ahead = m == mb && n + R < n1 ? W + (n / R + 1) * group : nullptr;
                 with_cols<kGroupCols>((int)C, [&](auto c) {
-                    group_tile<T, decltype(c)::value>(W + n / R * group, nb, xq.cols(m0 + m), o, ahead);
+                    constexpr int cols = decltype(c)::value;
+                    if constexpr (cols % 2 == 0)  // (a refined call's tiles hold whole pairs: m0, m and C even)
+                        if (y.pairs) return group_tile<T, cols, true>(W + n / R * group, nb, xq.cols(m0 + m), o, ahead);
+                    group_tile<T, cols>(W + n / R * group, nb, xq.cols(m0 + m), o, ahead);
                 });
-                for (int64_t c = 0; c < C; ++c)
-                    for (int r = 0; r < R; ++r) y.put(m + c, n + r, o[R * c + r]);
+                if (y.pairs)
+                    for (int64_t c = 0; c < C / 2; ++c)
+                        for (int r = 0; r < R; ++r) y.y[((m >> 1) + c) * y.ldy + n + r] = o[R * c + r];
+                else
+                    for (int64_t c = 0; c < C; ++c)
+                        for (int r = 0; r < R; ++r) y.put(m + c, n + r, o[R * c + r]);
             }
 }
 #endif
@@ -403,9 +408,20 @@ LLMCLI_API int llmcli_dot_rows(const uint8_t* w, int64_t N, int64_t K, int type,
     return 0;
 }
 
-LLMCLI_API int llmcli_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s) {
+LLMCLI_API int llmcli_quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s, int refined) {
     if (K % 32) return 1;
-    for (int64_t i = 0; i < M * K / 32; ++i) quantize_block(x + 32 * i, q + 32 * i, d[i], s[i]);
+    const int64_t nb = K / 32;
+    int32_t n4[16];
+    for (int64_t i = 0; i < M * nb; ++i) {
+        if (!refined) {
+            quantize_block(x + 32 * i, q + 32 * i, d[i], s[i]);
+            continue;
+        }
+        const int64_t hi = 2 * (i / nb) * nb + i % nb, lo = hi + nb;  // (row m's blocks: rows 2m and 2m + 1)
+        float dd[2], ss[2];
+        quantize_pair(x + 32 * i, q + 32 * hi, q + 32 * lo, dd, ss, n4, n4 + 8);
+        d[hi] = dd[0], d[lo] = dd[1], s[hi] = ss[0], s[lo] = ss[1];
+    }
     return 0;
 }
 

@@ -42,6 +42,41 @@ static inline void quantize_block(const float* x, int8_t* q8, float& d_out, floa
     d_out = d; s_out = d * (float)_mm_cvtsi128_si32(s4);
 }
 
+// One block of 32 floats -> int8x2's high and low codes, their d and s and negated sums of 4: the
+// bytes quantize_pair_scalar (blocks.h) and sums_of_four give
+static inline void quantize_pair(const float* x, int8_t* hi, int8_t* lo, float* d, float* s, int32_t* n4_hi, int32_t* n4_lo) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes packs' lane interleave
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) { v[j] = _mm256_loadu_ps(x + 8 * j); amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j])); }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float e = _mm_cvtss_f32(m4) / 127.f * (1.f / 256.f), ie = e > 0.f ? 1.f / e : 0.f;
+    const __m256i top = _mm256_set1_epi32(32512), bottom = _mm256_set1_epi32(-32512), low = _mm256_set1_epi32(-127);
+    __m256i h[4], l[4], sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+        const __m256i q = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps(
+            _mm256_mul_ps(v[j], _mm256_set1_ps(ie)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)), top), bottom);
+        h[j] = _mm256_srai_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(128)), 8);
+        l[j] = _mm256_max_epi32(_mm256_sub_epi32(q, _mm256_slli_epi32(h[j], 8)), low);
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_slli_epi32(h[j], 8), l[j]));
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_hadd_epi32(s4, s4); s4 = _mm_hadd_epi32(s4, s4);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
+    for (int k = 0; k < 2; ++k) {
+        const __m256i* c = k ? l : h;
+        const __m256i codes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])), order);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(k ? lo : hi), codes);
+        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, codes), ones16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(k ? n4_lo : n4_hi), _mm256_sub_epi32(zero, sums));
+    }
+    d[0] = 256.f * e, d[1] = e;
+    s[0] = e * (float)_mm_cvtsi128_si32(s4), s[1] = 0.f;
+}
+
 namespace ymm {
 
 static inline __m256i mul_sum(__m256i u, __m256i s) {  // (32 u8) x (32 s8) -> 8 int32, each the sum of 4 products

@@ -110,11 +110,14 @@ static inline __m256i group8_start(const Q8Cols& x, int64_t b, int h, int c) {
 // summed in int32, times (d * the activation's d) added to its sum; Q4_1's, Q5_1's and Q4_K's m *
 // the activation's s added to another sum, block by block, then to the first (as rows16_tile).
 // `ahead`: the next group (or null), fetched into L2 block by block as this one is read (x86.h fetch_for_block).
-template <int T, int C>
+// `Pairs`: columns 2j, 2j + 1 one int8x2 row's high and low bytes, into out[8 j + r] (as rows16's group_tile)
+template <int T, int C, bool Pairs = false>
 static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out, const uint8_t* ahead) {
     constexpr int bytes = group_stride<T, R8>, H = scale_parts<T>, P = 8 / H, run = int16_run<T>;
-    __m256 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    constexpr int O = Pairs ? C / 2 : C, step = Pairs ? 2 : 1;
+    static_assert(!Pairs || C % 2 == 0, "pairs come whole");
+    __m256 acc[O];
+    for (int c = 0; c < O; ++c) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         fetch_for_block<bytes>(w, ahead, b);
 #pragma GCC unroll 2
@@ -144,20 +147,22 @@ static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out
                     for (int c = 0; c < C; ++c) s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(t[c], _mm256_set1_epi16(1)));
             }
             const __m256 d = group8_d<T>(w, b, h);
-            for (int c = 0; c < C; ++c)
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[kColGroup * b + c])), acc[c]);
+            for (int c = 0; c < O; ++c) {
+                const __m256i sc = Pairs ? _mm256_add_epi32(_mm256_slli_epi32(s[2 * c], 8), s[2 * c + 1]) : s[c];
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sc), _mm256_mul_ps(d, _mm256_set1_ps(x.d[kColGroup * b + step * c + step - 1])), acc[c]);
+            }
         }
     }
     if constexpr (grouped_min<T>) {
-        __m256 off[C];
-        for (int c = 0; c < C; ++c) off[c] = _mm256_setzero_ps();
+        __m256 off[O];
+        for (int c = 0; c < O; ++c) off[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             const __m256 m = group8_m<T>(w, b);
-            for (int c = 0; c < C; ++c) off[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.s[kColGroup * b + c]), off[c]);
+            for (int c = 0; c < O; ++c) off[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.s[kColGroup * b + step * c]), off[c]);
         }
-        for (int c = 0; c < C; ++c) acc[c] = _mm256_add_ps(acc[c], off[c]);
+        for (int c = 0; c < O; ++c) acc[c] = _mm256_add_ps(acc[c], off[c]);
     }
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + R8 * c, acc[c]);
+    for (int c = 0; c < O; ++c) _mm256_storeu_ps(out + R8 * c, acc[c]);
 }
 
 }  // namespace ymm

@@ -42,6 +42,33 @@ static inline void quantize_block(const float* x, int8_t* q8, float& d_out, floa
     s_out = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 
+// One block of 32 floats -> int8x2's high and low codes, their d and s and negated sums of 4: the
+// bytes quantize_pair_scalar (blocks.h) and sums_of_four give
+static inline void quantize_pair(const float* x, int8_t* hi, int8_t* lo, float* d, float* s, int32_t* n4_hi, int32_t* n4_lo) {
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float e = amax / 127.f * (1.f / 256.f), ie = e > 0.f ? 1.f / e : 0.f;
+    constexpr int even = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512i top = _mm512_set1_epi32(32512), low = _mm512_set1_epi32(-127);
+    __m512i h[2], l[2], sum = _mm512_setzero_si512();
+    for (int j = 0; j < 2; ++j) {
+        const __m512i v = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_roundscale_ps(
+            _mm512_mul_ps(j ? v1 : v0, _mm512_set1_ps(ie)), even)), top), _mm512_sub_epi32(_mm512_setzero_si512(), top));
+        h[j] = _mm512_srai_epi32(_mm512_add_epi32(v, _mm512_set1_epi32(128)), 8);
+        l[j] = _mm512_max_epi32(_mm512_sub_epi32(v, _mm512_slli_epi32(h[j], 8)), low);
+        sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(h[j], 8), l[j]));
+    }
+    const __m256i hc = _mm256_set_m128i(_mm512_cvtepi32_epi8(h[1]), _mm512_cvtepi32_epi8(h[0]));
+    const __m256i lc = _mm256_set_m128i(_mm512_cvtepi32_epi8(l[1]), _mm512_cvtepi32_epi8(l[0]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), hc);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), lc);
+    const __m256i ones = _mm256_set1_epi8(1), zero = _mm256_setzero_si256();
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(n4_hi), _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, ones, hc)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(n4_lo), _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, ones, lc)));
+    d[0] = 256.f * e, d[1] = e;
+    s[0] = e * (float)_mm512_reduce_add_epi32(sum), s[1] = 0.f;
+}
+
 // The accumulators' start for a nibble group's 16 lanes, -zero * the sum of the activation codes each
 // lane multiplies (w = d * (code - zero)), from Q8's ni (-16 * those sums): Q5_0's zero is 16, Q4_0's
 // 8; Q4_1 and Q5_1 have m instead (0). Kept multiplied: a shift a row and group was a tenth of a tile.

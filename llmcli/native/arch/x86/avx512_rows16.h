@@ -105,37 +105,52 @@ static inline __m512i rows16_start(const Q8Cols& x, int64_t b, int h, int c) {
 // side, a vpdpbusd of each in turn: one row's 8 in a row wait on each other (5 cycles each), and the
 // scheduler did not look far enough ahead to overlap the rows.
 // `ahead`: the next group (or null), fetched into L2 block by block as this one is read (x86.h fetch_for_block).
-template <int T, int C>
+// `Pairs`: columns 2j and 2j + 1 are one int8x2 row's high and low bytes (blocks.h's quantize_pair_scalar):
+// their sums add in int32 as 256 s_h + s_l and scale once, at the low row's d, into out[16 j + r];
+// the m sums take the high row's s, the whole block's.
+template <int T, int C, bool Pairs = false>
 static void group_tile(const uint8_t* w, int64_t nb, const Q8Cols& x, float* out, const uint8_t* ahead) {
-    constexpr int bytes = group_stride<T, R16>;
-    __m512 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    constexpr int bytes = group_stride<T, R16>, O = Pairs ? C / 2 : C, step = Pairs ? 2 : 1;
+    static_assert(!Pairs || C % 2 == 0, "pairs come whole");
+    __m512 acc[O];
+    for (int c = 0; c < O; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         fetch_for_block<bytes>(w, ahead, b);
-        __m512i u[8], s[C];
+        __m512i u[8], s[C], s2[C];
         rows16_codes<T>(w, b, u);
         constexpr int H = scale_parts<T>, P = 8 / H;  // (Q6_K: codes 0-15, then 16-31, each half scaled alone)
+        // one column: its 8 multiply-adds in two chains (even p, odd p), added after: one chain of 8
+        // waited on each link where nothing else was left to overlap (with two columns, two chains)
+        constexpr bool split = C == 1;
 #pragma GCC unroll 2
         for (int h = 0; h < H; ++h) {
-            for (int c = 0; c < C; ++c) s[c] = rows16_start<T>(x, b, h, c);
+            for (int c = 0; c < C; ++c) s[c] = rows16_start<T>(x, b, h, c), s2[c] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int p = P * h; p < P * h + P; ++p)
 #pragma GCC unroll 8
-                for (int c = 0; c < C; ++c) s[c] = _mm512_dpbusd_epi32(s[c], u[p], broadcast4(x.q + kColGroup * (32 * b + 4 * p) + 4 * c));
+                for (int c = 0; c < C; ++c) {
+                    if (split && p % 2) s2[c] = _mm512_dpbusd_epi32(s2[c], u[p], broadcast4(x.q + kColGroup * (32 * b + 4 * p) + 4 * c));
+                    else s[c] = _mm512_dpbusd_epi32(s[c], u[p], broadcast4(x.q + kColGroup * (32 * b + 4 * p) + 4 * c));
+                }
+            if (split)
+                for (int c = 0; c < C; ++c) s[c] = _mm512_add_epi32(s[c], s2[c]);
             const __m512 d = rows16_d<T>(w, b, h);
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), _mm512_mul_ps(d, _mm512_set1_ps(x.d[kColGroup * b + c])), acc[c]);
+            for (int c = 0; c < O; ++c) {
+                const __m512i sc = Pairs ? _mm512_add_epi32(_mm512_slli_epi32(s[2 * c], 8), s[2 * c + 1]) : s[c];
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sc), _mm512_mul_ps(d, _mm512_set1_ps(x.d[kColGroup * b + step * c + step - 1])), acc[c]);
+            }
         }
     }
     if constexpr (grouped_min<T>) {
-        __m512 off[C];
-        for (int c = 0; c < C; ++c) off[c] = _mm512_setzero_ps();
+        __m512 off[O];
+        for (int c = 0; c < O; ++c) off[c] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             const __m512 m = rows16_m<T>(w, b);
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c) off[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.s[kColGroup * b + c]), off[c]);
+            for (int c = 0; c < O; ++c) off[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.s[kColGroup * b + step * c]), off[c]);
         }
-        for (int c = 0; c < C; ++c) acc[c] = _mm512_add_ps(acc[c], off[c]);
+        for (int c = 0; c < O; ++c) acc[c] = _mm512_add_ps(acc[c], off[c]);
     }
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+    for (int c = 0; c < O; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
