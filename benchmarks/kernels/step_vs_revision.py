@@ -13,8 +13,11 @@ with one thread (a busy machine's descheduling left out), wall seconds with more
 median and best tokens a second and the ratio of medians.
 """
 import argparse
+import os
 import statistics
 import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # (as the CLI sets it: numpy's BLAS threads spun beside the step's)
 from pathlib import Path
 
 from llmcli import native

@@ -1,4 +1,4 @@
-"""Which activations of the native step to make int8x2 (two int8 rows a row: ~14 bits) rather than
+"""Which activations of the native step to make int8x2 (16-bit codes as two int8 rows: ~15 bits) rather than
 llama.cpp's int8: what each choice gains in quality against full precision, and what it costs decode.
 
     python -m benchmarks.quality.activation_sites FILE.gguf --file TEXT [--ctx 512] [--chunks 8]

@@ -72,8 +72,10 @@ struct Q8Rows {
         return {gq.data() + g * 32 * kColGroup + 4 * c, gd.data() + g * kColGroup + c, gs.data() + g * kColGroup + c,
                 gn32.data() + g * kColGroup + c, gn16.data() + g * 2 * kColGroup + c};
     }
-    // rows [m0, m1) of x (rows of K floats), with the `layouts` the next weights read (the others are left stale)
+    // rows [m0, m1) of x (rows of K floats), with the `layouts` the next weights read (the others are left stale;
+    // one row for the row-group kernels alone: its columns only, quantize_to_cols)
     void quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts);
+    void quantize_to_cols(const float* x, int64_t m);
     // blocks [b0, b1) of row m alone (q, d, s, n4; refined: its low bytes' too, from the same block
     // alone): whole rows come to the same bytes block by block.
     // Enough for the `layouts` where by_blocks(layouts) (then to_cols for the columns), whose other

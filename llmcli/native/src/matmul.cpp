@@ -35,6 +35,9 @@ void Q8Rows::quantize_blocks(const float* x, int64_t m, int64_t b0, int64_t b1) 
 
 void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) {
     const int64_t nb = K / 32;
+#ifdef LLMCLI_GROUPED
+    if (layouts == kColsLayout && m1 == m0 + 1) return quantize_to_cols(x, m0);
+#endif
     for (int64_t m = m0; m < m1; ++m) quantize_blocks(x, m, 0, nb);
     if (layouts & kColsLayout) to_cols(m0, m1);
 #ifdef LLMCLI_ORDERS
@@ -50,6 +53,29 @@ void Q8Rows::quantize(const float* x, int64_t m0, int64_t m1, unsigned layouts) 
     }
 #endif
 }
+
+#ifdef LLMCLI_GROUPED
+// Each block quantized into a buffer in L1 and put in its column at once: one pass (the rows, then
+// to_cols, took two, and to_cols alone cost more than the quantization)
+void Q8Rows::quantize_to_cols(const float* x, int64_t m) {
+    const int64_t nb = K / 32;
+    const int per = (int)per_row();
+    const Q8Cols g[2] = {cols(per * m), cols(per * m + per - 1)};  // (one row: the same column twice)
+    alignas(32) int8_t codes[2][32];
+    int32_t n4s[2][8];
+    for (int64_t b = 0; b < nb; ++b) {
+        float dd[2], ss[2];
+        if (refined) quantize_pair(x + m * K + 32 * b, codes[0], codes[1], dd, ss, n4s[0], n4s[1]);
+        else quantize_block(x + m * K + 32 * b, codes[0], dd[0], ss[0], n4s[0]);
+        for (int k = 0; k < per; ++k) {
+            block_to_col(codes[k], n4s[k], const_cast<int8_t*>(g[k].q) + 32 * kColGroup * b,
+                         const_cast<int32_t*>(g[k].n32) + kColGroup * b, const_cast<int32_t*>(g[k].n16) + 2 * kColGroup * b);
+            const_cast<float*>(g[k].d)[kColGroup * b] = dd[k];
+            const_cast<float*>(g[k].s)[kColGroup * b] = ss[k];
+        }
+    }
+}
+#endif
 
 void Q8Rows::to_cols(int64_t m0, int64_t m1) {
 #ifdef LLMCLI_GROUPED
