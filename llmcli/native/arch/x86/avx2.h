@@ -12,19 +12,25 @@
 #define LLMCLI_DOT_ROW 1  // dot_row and quantize_block with n4 (dot.h)
 #define LLMCLI_DOT_ROWS4 1
 
-// One block of 32 floats -> int8 codes, scale and scaled sum: the bytes quantize_block_scalar gives;
-// with n4, also the codes' 8 negated sums of 4 (sums_of_four's, from the codes in registers: the
-// scalar sums were a fifth of a block's quantization)
-static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out, int32_t* n4 = nullptr) {
+// A block's 32 floats into v, and their largest magnitude
+static inline float load_block(const float* x, __m256 v[4]) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes packs' lane interleave
-    __m256 v[4];
     __m256 amax = _mm256_setzero_ps();
     for (int j = 0; j < 4; ++j) { v[j] = _mm256_loadu_ps(x + 8 * j); amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j])); }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float d = _mm_cvtss_f32(m4) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    return _mm_cvtss_f32(m4);
+}
+
+// One block of 32 floats -> int8 codes, scale and scaled sum: the bytes quantize_block_scalar gives;
+// with n4, also the codes' 8 negated sums of 4 (sums_of_four's, from the codes in registers: the
+// scalar sums were a fifth of a block's quantization)
+static inline void quantize_block(const float* x, int8_t* q8, float& d_out, float& s_out, int32_t* n4 = nullptr) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes packs' lane interleave
+    __m256 v[4];
+    const float amax = load_block(x, v);
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
     __m256i q[4];
     for (int j = 0; j < 4; ++j)  // round half to even, as nearbyint
         q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)),
@@ -45,15 +51,10 @@ static inline void quantize_block(const float* x, int8_t* q8, float& d_out, floa
 // One block of 32 floats -> int8x2's high and low codes, their d and s and negated sums of 4: the
 // bytes quantize_pair_scalar (blocks.h) and sums_of_four give
 static inline void quantize_pair(const float* x, int8_t* hi, int8_t* lo, float* d, float* s, int32_t* n4_hi, int32_t* n4_lo) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes packs' lane interleave
     __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) { v[j] = _mm256_loadu_ps(x + 8 * j); amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j])); }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float e = _mm_cvtss_f32(m4) / 127.f * (1.f / 256.f), ie = e > 0.f ? 1.f / e : 0.f;
+    const float amax = load_block(x, v);
+    const float e = amax / 127.f * (1.f / 256.f), ie = e > 0.f ? 1.f / e : 0.f;
     const __m256i top = _mm256_set1_epi32(32512), bottom = _mm256_set1_epi32(-32512), low = _mm256_set1_epi32(-127);
     __m256i h[4], l[4], sum = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
