@@ -256,7 +256,7 @@ def _loopback(host: str) -> bool:
 def _log_to_stderr(verbose: bool) -> None:
     """serve/ logs through `logging`: requests at INFO (shown with -v), failures at ERROR, one line
     each (no traceback). uvicorn's own lines (startup, shutdown) are not ours to print, only its
-    errors; its protocol's warnings (a malformed request: http.py logs the 400) are not shown."""
+    errors; its protocol's warnings (a malformed request: listener.py logs the 400) are not shown."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLine())
     for name, level in (("llmcli.server", logging.INFO if verbose else logging.WARNING), ("uvicorn", logging.ERROR),

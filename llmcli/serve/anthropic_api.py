@@ -1,7 +1,7 @@
 """Anthropic's Messages API (`POST /v1/messages`), both ways, over the chat endpoint's machinery: a
 Messages body -> the same checked openai_api.Job a chat completion makes (its messages in OpenAI's
 shape, so templates and tool calls go as they go there), and the answer -> Anthropic's message object
-or its stream of named events. No HTTP and no model here (http.py has those).
+or its stream of named events. No HTTP and no model here (anthropic_endpoints.py has those).
 
     messages_job(body, defaults)   system, content blocks (text, tool_use, tool_result), tools and
                                    tool_choice, stop_sequences, max_tokens (required), sampling, thinking

@@ -1,4 +1,4 @@
-"""The ASGI pieces http.py's endpoints are built from, on uvicorn's event loop:
+"""The ASGI pieces the endpoints (*_endpoints.py) are built from, on uvicorn's event loop:
 
     run = EngineRun(engine_loop, reqs, "messages", on_end)  # submitted; `async for i, chunk in run`; close() cancels
     await unless_gone(receive, work)   # work, unless the client goes away first (then ClientGone)

@@ -1,5 +1,5 @@
 """OpenAI's embeddings endpoint, both ways: a request body -> a checked EmbeddingJob, and vectors ->
-the list object OpenAI returns. No HTTP and no model here (http.py runs it).
+the list object OpenAI returns. No HTTP and no model here (openai_endpoints.py runs it).
 
     input            a string, a list of strings, a list of token ids, or a list of such lists
                      (at most MAX_INPUTS); token ids get the model's own special tokens around them

@@ -13,7 +13,7 @@ What a client cannot do here, whatever it sends:
 - send what h11 cannot parse (a garbage request line, a negative Content-Length, broken chunks,
   headers over 64 KiB): 400 in OpenAI's error shape, and the connection closes;
 - queue connections that are reset: the listen backlog is BACKLOG, not the standard library's 5.
-The body's size and time limits, and a stalled reader, are the app's (http.py).
+The body's size and time limits, and a stalled reader, are the app's (admission.py, asgi.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """ollama's API (`/api/...`), both ways, over the chat and completion endpoints' machinery: an ollama
 body -> the same checked openai_api.Job a chat completion (or, for `raw` generate, a completion)
-makes, and the answer -> ollama's objects, whole or as NDJSON lines. No HTTP here (http.py has it);
+makes, and the answer -> ollama's objects, whole or as NDJSON lines. No HTTP here (ollama_endpoints.py has it);
 `describe` reads the runtime's facts for /api/tags, /api/ps and /api/show.
 
     chat_job(body, defaults)                /api/chat: messages (ollama's tool_calls, tool_name,

@@ -1,5 +1,5 @@
 """OpenAI's wire format, both ways: a request body (a dict from JSON) -> a checked Job, and the
-pieces of the answer -> the dicts OpenAI returns. No HTTP and no model here (http.py has those).
+pieces of the answer -> the dicts OpenAI returns. No HTTP and no model here (openai_endpoints.py has those).
 
     chat_job(body), completion_job(body)    every field checked into a Job holding the generation's
                                             decode.Request; a mistake is ApiError(400, ...)

@@ -1,7 +1,7 @@
 """OpenAI's Responses API (`POST /v1/responses`), both ways, over the chat endpoint's machinery: a
 Responses body -> the same checked openai_api.Job a chat completion makes (its input items as chat
 messages, so templates and tool calls go as they go there), and the answer -> a response object or
-its stream of named events. No HTTP and no model here (http.py has those).
+its stream of named events. No HTTP and no model here (responses_endpoints.py has those).
 
     responses_job(body, defaults, store)  input (a string or items: messages, function_call,
                                           function_call_output, reasoning), instructions, function
