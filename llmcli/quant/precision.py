@@ -10,10 +10,10 @@ Small models decode bound by per-token overhead and arithmetic, not by reading w
 lead over llama.cpp is widest there. Of the four groups, the inputs of q/k/v and gate/up (the
 normed hidden state) and of down (the gated MLP activations) carry most of int8's loss for the least
 work: int8x2 on those takes the mean KLD against the file dequantized to float32 to a third of
-llama.cpp's or less (SmolLM2 0.00093 against 0.00277, Gemma-3 0.00047 against 0.00426) for about 2 %
-of decode, and the default model answers the demo question as in float32. Every group would take it
-to ~0 for 6-7 %: o and the head add most of that cost (docs/performance.md, "Quality of the default
-path"). Past REFINE_UP_TO bytes the lead is narrower (1.3-1.5x) and they keep int8, as llama.cpp
+llama.cpp's or less (SmolLM2 0.00090 against 0.00277, Gemma-3 0.00047 against 0.00426) at int8's
+decode speed within about 1 % (the kernels add a pair's integer sums before scaling them), and the
+default model answers the demo question as in float32. Every group would take it to ~0 for up to 3 %
+more on one thread, the head most of it (docs/performance.md, "Quality of the default path"). Past REFINE_UP_TO bytes the lead is narrower (1.3-1.5x) and they keep int8, as llama.cpp
 does.
 LLMCLI_ACTIVATIONS=int8 | int8x2 | names of REFINE (comma-separated) sets it for any GGUF file as
 stored (the torch path's step takes int8x2 for every matmul or none: quant/held.py's activations_of).
