@@ -21,7 +21,7 @@ Memory: run's peak RSS against the file plus the f16 KV of the tokens the run he
 reserves its context's KV with torch.empty, whose pages count only once written), and llama-bench's
 peak RSS beside it (its contexts are only as long as its tests). Roofline: bytes a decode
 token reads (the file's tensors, less the token embedding when an output head is stored: a row of it
-is read, not all) x t/s / the best read bandwidth of benchmarks/kernels/read_bandwidth.py with -t
+is read, not all; of a mixture's expert tensors, `*_exps`, the share of the experts a token runs) x t/s / the best read bandwidth of benchmarks/kernels/read_bandwidth.py with -t
 threads (measured before and after the rounds).
 """
 
@@ -49,6 +49,7 @@ class Sizes:
 
     file_bytes: int
     token_bytes: int  # read a decode token: every tensor but the embedding table when a head is stored
+    # (a mixture's expert tensors: the share of its experts a token runs, as the memory plan's active bytes)
     kv_per_token: int  # f16 K and V of one token, all layers
     label: str
 
@@ -58,11 +59,13 @@ class Sizes:
         names = {t.name for t in reader.tensors}
         args = model_args(reader.metadata, names, reader)
         untied = "output.weight" in names
-        token = sum(t.n_bytes for t in reader.tensors if not (untied and t.name == "token_embd.weight"))
+        share = args.num_experts_per_tok / args.num_experts if getattr(args, "num_experts", 0) else 1.0
+        token = sum(0 if untied and t.name == "token_embd.weight" else
+                    t.n_bytes * share if "_exps." in t.name else t.n_bytes for t in reader.tensors)
         kv = args.num_hidden_layers * 2 * args.num_key_value_heads * args.head_dim * KV_BYTES
         types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
         label = f"{path.name} ({path.stat().st_size / 1e9:.2f} GB, {'/'.join(types)})"
-        return cls(path.stat().st_size, token, kv, label)
+        return cls(path.stat().st_size, int(token), kv, label)
 
 
 @dataclass
