@@ -64,7 +64,7 @@ static bool check_type(int type) {
     std::vector<int8_t> q(M * K), q_ref(32);
     for (auto& v : x) v = uniform(-1.f, 1.f);
     x[5] = 0.f;
-    if (llmcli_dequantize(w.data(), N, K, type, wf.data(), 2) || llmcli_quantize_rows(x.data(), M, K, q.data(), d.data(), s.data()) ||
+    if (llmcli_dequantize(w.data(), N, K, type, wf.data(), 2) || llmcli_quantize_rows(x.data(), M, K, q.data(), d.data(), s.data(), 0) ||
         llmcli_mm(x.data(), M, w.data(), N, K, type, y.data(), 2, 0)) {
         std::printf("type %d: refused\n", type);
         return false;
@@ -96,21 +96,21 @@ static bool check_type(int type) {
     return true;
 }
 
-// int8x2 activations: mm equals float64 on each row's codes plus its residual's (x - d q quantized
-// again, in float32), and its error against the float activations is a tenth of int8's at most;
+// int8x2 activations: quantize_rows' pairs are the portable bytes (blocks.h's quantize_pair_scalar: a
+// row's high codes, then its low ones), mm equals float64 on each row's two rows of codes, and its
+// error against the float activations is a tenth of int8's at most;
 // the float routes (Q5_K here, F16, BF16) read x as it is, refined or not
 static bool check_refined(int type) {
     const int64_t N = 37, M = 3, K = block_size(type) == 256 ? 768 : 544;
     const std::vector<uint8_t> w = random_blocks(type, N, K);
-    std::vector<float> wf(N * K), x(M * K), r(M * K), y1(M * N), y2(M * N), d(M * K / 32), s(M * K / 32),
-        d2(M * K / 32), s2(M * K / 32);
-    std::vector<int8_t> q(M * K), q2(M * K);
+    std::vector<float> wf(N * K), x(M * K), y1(M * N), y2(M * N), d(2 * M * K / 32), s(2 * M * K / 32);
+    std::vector<int8_t> q(2 * M * K), hi(32), lo(32);
     for (auto& v : x) v = uniform(-1.f, 1.f);
     x[40] = 30.f;  // a block with one large value
     for (int k = 64; k < 96; ++k) x[k] = 0.f;  // and one of zeros
     if (llmcli_dequantize(w.data(), N, K, type, wf.data(), 2) || llmcli_mm(x.data(), M, w.data(), N, K, type, y1.data(), 2, 0) ||
         llmcli_mm(x.data(), M, w.data(), N, K, type, y2.data(), 2, 1) ||
-        llmcli_quantize_rows(x.data(), M, K, q.data(), d.data(), s.data()))
+        llmcli_quantize_rows(x.data(), M, K, q.data(), d.data(), s.data(), 1))
         return false;
     if (type == kQ5_K || type == kF16 || type == kBF16) {
         if (std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) {
@@ -119,15 +119,25 @@ static bool check_refined(int type) {
         }
         return true;
     }
-    for (int64_t i = 0; i < M * K; ++i) r[i] = x[i] - d[i / 32] * (float)q[i];
-    if (llmcli_quantize_rows(r.data(), M, K, q2.data(), d2.data(), s2.data())) return false;
+    const int64_t nb = K / 32;
+    for (int64_t i = 0; i < M * nb; ++i) {  // the portable bytes; row m's blocks at rows 2m and 2m + 1
+        const int64_t h = 2 * (i / nb) * nb + i % nb, l = h + nb;
+        float dd[2], ss[2];
+        quantize_pair_scalar(x.data() + 32 * i, hi.data(), lo.data(), dd, ss);
+        if (std::memcmp(hi.data(), q.data() + 32 * h, 32) || std::memcmp(lo.data(), q.data() + 32 * l, 32) ||
+            dd[0] != d[h] || dd[1] != d[l] || ss[0] != s[h] || ss[1] != s[l]) {
+            std::printf("type %d: block %ld's int8x2 codes differ from the portable ones\n", type, (long)i);
+            return false;
+        }
+    }
     double worst = 0, top = 0, err1 = 0, err2 = 0;
     for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < N; ++n) {
             double want = 0, exact = 0;
             for (int64_t k = 0; k < K; ++k) {
                 const int64_t i = m * K + k;
-                want += ((double)q[i] * d[i / 32] + (double)q2[i] * d2[i / 32]) * wf[n * K + k];
+                const int64_t h = 2 * m * K + k, l = h + K;  // (its high and low codes)
+                want += ((double)q[h] * d[h / 32] + (double)q[l] * d[l / 32]) * wf[n * K + k];
                 exact += (double)x[i] * wf[n * K + k];
             }
             worst = std::max(worst, std::fabs(want - y2[m * N + n]));
