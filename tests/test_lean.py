@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-import torch
+from lean_against_step import assert_lean_is_the_native_step
 
 from llmcli import native
 
@@ -41,21 +41,7 @@ def test_the_lean_model_gives_the_torch_native_step_s_logits_and_cache(case_file
     step, cache = NativeStep(rt.loaded.model, threads=2), rt.new_cache()
     lean = LeanModel.open(open_model_file(case_file), 2, native.module())
     assert lean is not None
-    mine = lean.new_cache(64)
-    with torch.inference_mode():
-        want = step(torch.tensor([PROMPT]), cache, last_only=True)[0, -1].numpy()
-        got, _, _ = lean(PROMPT, mine)
-        np.testing.assert_array_equal(got[0], want)
-        for tok in STEPS:
-            want = step(torch.tensor([[tok]]), cache, last_only=True)[0, -1].numpy()
-            got, h, top = lean([tok], mine, top=8)
-            np.testing.assert_array_equal(got[0], want)
-            assert top[1][0].tolist() == np.argsort(-got[0], kind="stable")[:8].tolist() or \
-                np.array_equal(np.sort(got[0])[::-1][:8], top[0][0])  # (ties may order either way)
-    n = len(PROMPT) + len(STEPS)
-    assert mine.length == cache.length == n
-    for a, b in zip(mine.k + mine.v, cache.k + cache.v):
-        np.testing.assert_array_equal(a[:, :, :n], b[:, :, :n].numpy())
+    assert_lean_is_the_native_step(lean, step, cache, PROMPT, STEPS, top=8)
 
 
 def test_a_long_prompt_goes_in_several_calls_with_the_same_result(case_file):
@@ -186,12 +172,7 @@ def test_the_lean_model_runs_a_mixture_of_experts_as_the_torch_path_s_step(model
     step, cache = NativeStep(rt.loaded.model, threads=2), rt.new_cache()
     lean = LeanModel.open(open_model_file(path), 2, native.module())
     assert lean is not None and lean.held_bytes() > 0
-    mine = lean.new_cache(64)
-    with torch.inference_mode():
-        np.testing.assert_array_equal(lean(PROMPT, mine)[0][0], step(torch.tensor([PROMPT]), cache, last_only=True)[0, -1].numpy())
-        for tok in STEPS[:4]:
-            np.testing.assert_array_equal(lean([tok], mine)[0][0],
-                                          step(torch.tensor([[tok]]), cache, last_only=True)[0, -1].numpy())
+    assert_lean_is_the_native_step(lean, step, cache, PROMPT, STEPS[:4])
     run = ["run", str(path), "hello there", "-n", "8", "--temp", "0", "--ignore-eos", "-c", "64"]
     lean_out, _, lean_torch = _llmcli(run)
     torch_out, _, _ = _llmcli(run, env={"LLMCLI_TORCH_PATH": "1"})

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
+from lean_against_step import assert_lean_is_the_native_step
 
 from llmcli import native
 from test_native_step import variant  # noqa: F401 (the step on each kernel variant this CPU runs)
@@ -103,18 +103,7 @@ def test_the_lean_model_gives_the_native_step_s_logits_bit_for_bit(olmoe_file):
     step, cache = NativeStep(rt.loaded.model, threads=2), rt.new_cache()
     lean = LeanModel.open(open_model_file(olmoe_file), 2, native.module())
     assert lean is not None and lean.refined == step.refined
-    mine = lean.new_cache(64)
-    with torch.inference_mode():
-        want = step(torch.tensor([PROMPT]), cache, last_only=True)[0, -1].numpy()
-        got, _, _ = lean(PROMPT, mine)
-        np.testing.assert_array_equal(got[0], want)
-        for tok in STEPS:
-            want = step(torch.tensor([[tok]]), cache, last_only=True)[0, -1].numpy()
-            got, _, _ = lean([tok], mine)
-            np.testing.assert_array_equal(got[0], want)
-    n = len(PROMPT) + len(STEPS)
-    for a, b in zip(mine.k + mine.v, cache.k + cache.v):
-        np.testing.assert_array_equal(a[:, :, :n], b[:, :, :n].numpy())
+    assert_lean_is_the_native_step(lean, step, cache, PROMPT, STEPS)
 
 
 def test_a_clamped_olmoe_stays_off_the_step(tmp_path):
