@@ -10,6 +10,7 @@ import json
 import httpx
 import openai
 import pytest
+import test_serve_reasoning
 
 from llmcli import native
 from llmcli.decode.request import Request
@@ -190,16 +191,8 @@ def test_items_become_the_chat_messages_a_template_takes():
 # ------------------------------------------------------------------------------ a reasoning model
 
 
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    import torch
-    from test_serve_reasoning import serve
-
-    threads = torch.get_num_threads()
-    srv, client = serve(tmp_path_factory.mktemp("serve"), "qwen3")
-    yield srv, client
-    srv.close()
-    torch.set_num_threads(threads)
+# (server, client): test_serve_reasoning's fixture, module-scoped: this module starts and closes its own server
+qwen3 = test_serve_reasoning.qwen3
 
 
 def test_a_reasoning_model_s_thinking_is_a_reasoning_item(qwen3):
