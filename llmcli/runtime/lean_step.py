@@ -76,7 +76,7 @@ class LeanModel:
     torch_free = True  # (bench's measurements and others ask)
 
     def __init__(self, args, kernels, threads: int, layers: list[Layer], head: Weight, head_norm: np.ndarray,
-                 embedding: tuple[np.ndarray, int | None], scale: float, act: str):
+                 embedding: tuple[np.ndarray, int | None], scale: float, act: str, copy_experts: bool = True):
         self.args, self.kernels, self.threads = args, kernels, threads
         self.layers, self.head, self.head_norm = layers, head, head_norm
         self.embedding, self.embed_scale, self.act = embedding, scale, act
@@ -84,9 +84,9 @@ class LeanModel:
         self.attn_scale = args.query_pre_attn_scalar ** -0.5 if self.gemma else args.head_dim ** -0.5
         self.interleaved = (0, 0.0)  # bytes copied for the kernels at load, seconds
         self.refined = 0  # the activations made int8x2 (native/step.py's REFINE mask; quant/precision.py chooses)
-        # a mixture's experts interleaved as the dense weights are (their pages released: in memory once):
-        # 1.5x the prefill and 1.17x the decode of the blocks as stored (docs/performance.md)
-        self.copy_experts = True
+        # a mixture's experts interleaved as the dense weights are (their pages released: in memory once),
+        # else read as stored: 1.5x the prefill and 1.17x the decode of the blocks as stored (docs/performance.md)
+        self.copy_experts = copy_experts
         # (the cache, the C++ step built on it), replaced whole: a server's embedding thread builds
         # steps of its own beside the decoding thread's (each step has its own team of threads)
         self._built = (None, None)
@@ -115,9 +115,9 @@ class LeanModel:
             return None
         layers, head, head_norm, embedding = found
         scale = float(np.float32(args.hidden_size ** 0.5)) if args.model_type == "gemma3_text" else 1.0
-        model = cls(args, kernels, threads, layers, head, head_norm, embedding, scale, ACTIVATIONS[args.model_type])
+        model = cls(args, kernels, threads, layers, head, head_norm, embedding, scale, ACTIVATIONS[args.model_type],
+                    copy_experts)
         model.refined = precision.choose(model_file.nbytes)  # (the torch path's step alike: runtime/loader.py)
-        model.copy_experts = copy_experts
         made = model._prepare(release)
         model.interleaved = (made, time.perf_counter() - t0)
         return model
