@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from .shapes import OUT
+from .shape_configs import OUT
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN2_1_5B = "qwen2.5-1.5b-shapes"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny import k_mix, reference_from, write_gguf
 
-from benchmarks.shapes import quantize
+from benchmarks.gguf_blocks import quantize
 
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"]
 BF16 = torch.bfloat16

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.shapes import quantize
+from benchmarks.gguf_blocks import quantize
 from llmcli import native
 from llmcli.native.build import VARIANTS
 from llmcli.quant.gguf_blocks import BLOCKS, TYPE_IDS

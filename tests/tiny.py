@@ -258,7 +258,7 @@ def write_gguf(model, path: Path, qtype="F32", arch: str | None = None,
     import gguf
     from gguf.quants import dequantize
 
-    from benchmarks.shapes import quantize
+    from benchmarks.gguf_blocks import quantize
 
     cfg = model.config
     arch = arch or GGUF_ARCH[cfg.model_type]
@@ -376,7 +376,7 @@ def _write_experts(w, name: str, a: np.ndarray, type_of) -> dict[str, np.ndarray
     import gguf
     from gguf.quants import dequantize
 
-    from benchmarks.shapes import quantize
+    from benchmarks.gguf_blocks import quantize
 
     layer = name.split(".")[2]
     E = a.shape[0]
@@ -404,7 +404,7 @@ def _write_gpt_oss_experts(w, name: str, a: np.ndarray, type_of) -> dict[str, np
     import gguf
     from gguf.quants import dequantize
 
-    from benchmarks.shapes import quantize
+    from benchmarks.gguf_blocks import quantize
 
     layer, what = name.split(".")[2], name.rsplit(".", 1)[-1]
     if what.endswith("_bias"):
@@ -464,9 +464,9 @@ def gpt_oss_reference(model, held: dict[str, np.ndarray]):
 
 
 def save_gpt_oss_mxfp4(model, folder: Path, template: str | None = CHAT_TEMPLATE) -> dict[str, np.ndarray]:
-    """A gpt-oss folder as OpenAI ships it, experts in MXFP4 (benchmarks/shapes.py's
+    """A gpt-oss folder as OpenAI ships it, experts in MXFP4 (benchmarks/gpt_oss_mxfp4.py's
     save_gpt_oss_mxfp4), with the tiny tokenizer; -> the per-expert values the blocks hold."""
-    from benchmarks.shapes import save_gpt_oss_mxfp4 as save
+    from benchmarks.gpt_oss_mxfp4 import save_gpt_oss_mxfp4 as save
 
     held = save(model, folder)
     write_tokenizer(folder, template)

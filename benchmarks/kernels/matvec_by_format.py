@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from benchmarks.shapes import quantize as kquantize
+from benchmarks.gguf_blocks import quantize as kquantize
 
 SHAPES = {"smollm2-135m": [(576, 576), (192, 576), (1536, 576), (576, 1536)],
           "qwen2.5-0.5b": [(896, 896), (128, 896), (4864, 896), (896, 4864)]}

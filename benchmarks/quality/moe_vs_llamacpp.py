@@ -15,7 +15,7 @@ and whether the top two logits were near-tied there (llmcli's, where it parts).
 
 `--family gpt-oss`: gpt-oss's shape scaled down the same way (head_dim 64, a window of 8 on even
 layers, sinks of N(0, 1), experts with biases), saved as OpenAI ships it (experts as MXFP4 blocks and
-scales, benchmarks/shapes.py), which llama.cpp's converter repacks as GGUF MXFP4: the types are then
+scales, benchmarks/gpt_oss_mxfp4.py), which llama.cpp's converter repacks as GGUF MXFP4: the types are then
 MXFP4 (the converter's file: experts MXFP4, the rest F32), llama-quantize's Q8_0 and Q4_K_M of it
 (the experts kept MXFP4), MXFP4_MOE (llama-quantize's of the float file: its own MXFP4 experts) and
 F32 (the float folder converted, experts F32 too). Default types for it: MXFP4,Q8_0,Q4_K_M,MXFP4_MOE,F32.
@@ -60,7 +60,7 @@ def tiny_gpt_oss(folder: Path, tokenizer: Path, layers: int, experts: int, seed:
     values its blocks hold)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from benchmarks.shapes import save_gpt_oss_mxfp4
+    from benchmarks.gpt_oss_mxfp4 import save_gpt_oss_mxfp4
 
     vocab = json.loads((tokenizer / "config.json").read_text())["vocab_size"]
     config = AutoConfig.for_model("gpt_oss", vocab_size=vocab, hidden_size=256, intermediate_size=128,

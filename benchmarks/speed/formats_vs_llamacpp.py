@@ -33,7 +33,7 @@ from llmcli.bench.baseline_llamabench import parse_json
 
 from ..hf_folders import QWEN2_1_5B, SMOLLM2, folder, gguf_file
 from ..machine import cpu_name
-from ..shapes import OUT
+from ..shape_configs import OUT
 
 MODELS = {"smollm2": SMOLLM2, "qwen2-1.5b": QWEN2_1_5B}
 PROMPT = "Tell me a long story about a dragon."

@@ -7,7 +7,7 @@
 The codes go in unchanged; only the scales (and m) are rounded from bfloat16 to float16, which holds
 a bfloat16 scale exactly in float16's normal range. The loader (held.py) holds llmcli's g32 weights
 as these blocks on the CPU, and `quantize --format gguf` writes them (gguf_export.py). Also the
-pieces benchmarks/shapes.py's K-quant encoders share: float16 bytes and two 4-bit codes a byte.
+pieces benchmarks/gguf_blocks.py's K-quant encoders share: float16 bytes and two 4-bit codes a byte.
 """
 
 from __future__ import annotations
