@@ -8,13 +8,15 @@ from __future__ import annotations
 import copy
 
 import pytest
+import test_native_step
 import torch
 from lean_against_step import assert_lean_is_the_native_step
 
 from llmcli import native
-from test_native_step import variant  # noqa: F401 (the step on each kernel variant this CPU runs)
 
 pytestmark = pytest.mark.skipif(not native.int8_dot(), reason="no C++ compiler for the kernels, or only the portable ones")
+
+variant = test_native_step.variant  # (the fixture: the step on each kernel variant this CPU runs)
 
 # (24 tokens: more than a column group of 8, the per-token stages' other way; blocks.h's kColGroup)
 PROMPT, STEPS = [5, 17, 80, 3, 200, 41, 9, 150] * 3, [7, 99, 250, 31]
