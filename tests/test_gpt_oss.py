@@ -351,7 +351,7 @@ def test_show_prints_the_experts_and_the_active_parameters(tmp_path):
 
 # ------------------------------------------------------------------------------------- harmony
 
-def _harmony_folder(tmp_path: Path, first: str) -> Path:
+def _harmony_folder(tmp_path: Path, first: str, positions: int = 512) -> Path:
     """A tiny gpt-oss with the harmony special tokens and chat template, edited so that greedy decoding
     always picks `first` (tiny.eager_caller's construction: a constant coordinate the final norm
     keeps alone, that no layer writes to, and the head's column for it)."""
@@ -365,7 +365,7 @@ def _harmony_folder(tmp_path: Path, first: str) -> Path:
     tok.train_from_iterator([TRAINING_TEXT], trainers.BpeTrainer(
         vocab_size=VOCAB, special_tokens=SPECIAL + HARMONY, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
-    model = _gpt_oss(max_position_embeddings=512)  # (the template's system message is 250 tiny tokens)
+    model = _gpt_oss(max_position_embeddings=positions)  # (the template's system message is 250 tiny tokens)
     with torch.no_grad():
         d = 0
         model.model.embed_tokens.weight[:, d] = 4.0

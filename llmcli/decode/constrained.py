@@ -48,6 +48,7 @@ class Grammar:
     source: str  # the schema's JSON text, the pattern, or the Lark text
     compiled: str  # llguidance's grammar (JSON text) built from `source`
     schema: dict | bool | None = None  # the parsed schema, for validating the output
+    whole_reply: bool = False  # it covers a reasoning model's thinking too (harmony's calls, harmony_grammar.py)
 
     @property
     def what(self) -> str:
@@ -196,7 +197,7 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.lltok, grammar.compiled, log_level=0)
         if matcher.is_error():
             raise GrammarError(_one_line(matcher.get_error()))
-        return TokenConstraint(matcher, self.lltok.vocab_size, self.lltok.eos_token)
+        return TokenConstraint(matcher, self.lltok.vocab_size, self.lltok.eos_token, whole_reply=grammar.whole_reply)
 
 
 @dataclass
@@ -206,6 +207,7 @@ class TokenConstraint:
     matcher: object  # llguidance.LLMatcher
     vocab_size: int  # the tokenizer's; the model's logits may be wider (padded), those extra ids are forbidden
     end_token: int  # what generate() yields when the grammar is complete: an end-of-sequence id
+    whole_reply: bool = False  # Grammar.whole_reply: think_first.py gives it the thinking's tokens too
     seconds: float = 0.0  # total time in mask() and advance()
     first_s: float = 0.0  # the first mask (llguidance builds lexer state lazily: a few ms)
     tokens: int = 0

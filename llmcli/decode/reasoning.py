@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..formats.harmony_calls import RECIPIENT, call_header
 from ..formats.tokenizer import Tokenizer
 
 EFFORTS = ("low", "medium", "high")  # gpt-oss's reasoning_effort
@@ -37,8 +38,9 @@ class ReasoningFormat:
         """The texts the parser must see even where they are special tokens that decoding drops."""
         return (OPEN, CLOSE) if self.kind == "think" else HARMONY_MARKERS
 
-    def parser(self, prompt_tail: str):
-        return TagParser(prompt_tail) if self.kind == "think" else HarmonyParser(prompt_tail)
+    def parser(self, prompt_tail: str, calls: bool = False):
+        """`calls`: tools were offered (harmony: a message to=functions.NAME is a call, not thinking)."""
+        return TagParser(prompt_tail) if self.kind == "think" else HarmonyParser(prompt_tail, calls)
 
 
 def reasoning_format(template: str | None) -> ReasoningFormat | None:
@@ -142,9 +144,12 @@ FINAL = "<|channel|>final<|message|>"
 class HarmonyParser:
     """gpt-oss's harmony messages: `<|channel|>analysis<|message|>...<|end|><|start|>assistant
     <|channel|>final<|message|>...`. The analysis (and commentary) channels are thinking, final is
-    the answer. States: "header" (up to <|message|>), "analysis", "commentary", "final"."""
+    the answer. With `calls` (tools were offered), a message addressed to=functions.NAME is a tool
+    call: it goes to the answer under formats/harmony_calls.py's call_header(NAME), for its reader.
+    States: "header" (up to <|message|>), "analysis", "commentary", "final", "call"."""
 
-    def __init__(self, prompt_tail: str = ""):
+    def __init__(self, prompt_tail: str = "", calls: bool = False):
+        self.calls = calls
         tail = prompt_tail.rstrip()
         self.state = "header"
         if tail.endswith("<|message|>"):
@@ -184,9 +189,13 @@ class HarmonyParser:
                         self.state = "final"
                         continue
                     break
-                self.state = self._channel(self.buf[:at])
+                header = self.buf[:at]
+                self.state = self._channel(header)
                 self.buf = self.buf[at + len("<|message|>"):]
                 self.lead = True
+                if self.calls and (to := RECIPIENT.search(header)):
+                    self.state = "call"
+                    answer.append(call_header(to.group(1)))
                 continue
             ends = [(i, m) for m in HARMONY_MARKERS if (i := self.buf.find(m)) >= 0]
             if ends:
@@ -208,7 +217,7 @@ class HarmonyParser:
         if self.lead:
             text = text.lstrip()
             self.lead = not text
-        (answer if self.state == "final" else think).append(text)
+        (answer if self.state in ("final", "call") else think).append(text)
 
     def finish(self) -> tuple[str, str]:
         rest, self.buf = self.buf, ""
@@ -229,9 +238,9 @@ class Reasoning:
     them like any others. `raw` (reasoning_format none): everything stays answer text, tags included."""
 
     def __init__(self, fmt: ReasoningFormat, tokenizer: Tokenizer, prompt: list[int], budget: int | None = None,
-                 raw: bool = False):
+                 raw: bool = False, calls: bool = False):
         self.format, self.tokenizer, self.budget, self.raw = fmt, tokenizer, budget, raw
-        self.parser = fmt.parser(tokenizer.decode(prompt[-24:], skip_special=False))
+        self.parser = fmt.parser(tokenizer.decode(prompt[-24:], skip_special=False), calls)
         # marker texts of special tokens, which decoding drops: the parser must see them
         self.markers = {i: t for t in fmt.markers
                         if (i := tokenizer.backend.token_to_id(t)) is not None and i in tokenizer.special_ids}
@@ -309,11 +318,12 @@ def reasoning_variables(fmt: ReasoningFormat | None, request, variables: dict | 
 
 
 def sequence_reasoning(fmt: ReasoningFormat | None, tokenizer: Tokenizer, prompt: list[int], think: bool | None,
-                       budget: int | None, reasoning_format: str = "auto") -> Reasoning | None:
+                       budget: int | None, reasoning_format: str = "auto", calls: bool = False) -> Reasoning | None:
     """The Reasoning of one sequence of a request (None: the model does not think). Thinking turned
-    off where the template has no switch is a budget of 0: closed as soon as it opens."""
+    off where the template has no switch is a budget of 0: closed as soon as it opens. `calls`:
+    the request offers tools (a harmony message to a function is a call)."""
     if fmt is None:
         return None
     if think is False and not fmt.switch:
         budget = 0
-    return Reasoning(fmt, tokenizer, prompt, budget, raw=reasoning_format == "none")
+    return Reasoning(fmt, tokenizer, prompt, budget, raw=reasoning_format == "none", calls=calls)

@@ -8,6 +8,9 @@ closes. The same object carries the reasoning budget on the paths that pick thro
     constraint.advance(token)                    #   waits); then the grammar's mask and moves
     constraint.is_done()                         # the grammar is complete
 
+A grammar that covers the whole reply (harmony's tool calls: Grammar.whole_reply) sees every token,
+the thinking's included; a budget's forced token then goes only where the grammar allows it.
+
 It answers what TokenConstraint answers (mask, advance, is_done, is_accepting, end_token, the
 timings), so every decode path takes it unchanged. The reasoning's parser reads each token after
 it is picked (text_stream), so at a pick `reasoning.state` is where the tokens so far left it.
@@ -30,17 +33,23 @@ class ThinkFirst:
     def __init__(self, reasoning, inner, end_ids: tuple[int, ...] = ()):
         self.reasoning, self.inner = reasoning, inner
         self.end_ids = end_ids  # never while a grammar waits for the answer: the thinking must close
+        self.whole = getattr(inner, "whole_reply", False)
 
     @property
     def end_token(self) -> int | None:
         return self.inner.end_token if self.inner is not None else None
 
     def _answering(self) -> bool:
+        if self.whole:
+            return True
         r = self.reasoning
         return not r.thinking and not r.forcing and r.state not in ("header",)
 
     def mask(self, logits):
         forced = self.reasoning.forced()
+        if forced is not None and self.whole:
+            out = self.inner.mask(logits)
+            return _only(logits, forced) if out[forced] > -np.inf else out  # (a call is required: no final)
         if forced is not None:
             return _only(logits, forced)
         if self.inner is None:

@@ -9,7 +9,8 @@ A template takes tools if rendering a conversation with a tool gives other text 
 through the `tools` variable, as Hugging Face passes them (Qwen2.5, Qwen3, Llama 3.x), or, as
 Phi-4-mini's template wants, as a JSON string under a system message's `tools`. The family's call
 syntax (ToolFormat) is known from the markers its template writes; replies are read by
-tool_reply.py, and the grammar that keeps calls valid is decode/tool_grammar.py's.
+tool_reply.py (harmony's by harmony_calls.py), and the grammar that keeps calls valid is
+decode/tool_grammar.py's (harmony's: decode/harmony_grammar.py).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class ToolFormat:
     listed: bool = False  # the calls are one JSON array between opener and closer
     at_start: bool = False  # a call may also open the reply as bare JSON, `{"name": ...`
     one_call: bool = False  # the family writes one call per reply (its template refuses more)
+    harmony: bool = False  # a call is a harmony message addressed to=functions.NAME (gpt-oss); the fields above unused
 
     def call_json(self, name: str, arguments) -> str:
         """One call as the family writes its JSON (key order and spacing as its templates do)."""
@@ -114,8 +116,12 @@ class ToolFormat:
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments")  # Qwen2.5, Qwen3, Hermes 2/3
 LLAMA3 = ToolFormat("llama3", "<|python_tag|>", None, "parameters", at_start=True, one_call=True)  # Llama 3.1-3.3
 PHI4 = ToolFormat("phi4", "<|tool_call|>", "<|/tool_call|>", "arguments", listed=True)  # Phi-4-mini
-FORMATS = (HERMES, LLAMA3, PHI4)
-KNOWN = "Qwen2.5/Qwen3/Hermes (<tool_call>), Llama 3.x ({\"name\": ..., \"parameters\": ...}), Phi-4-mini (<|tool_call|>)"
+# gpt-oss: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`, and
+# <|call|> ends the reply: one call per reply
+HARMONY = ToolFormat("harmony", None, None, "arguments", one_call=True, harmony=True)
+FORMATS = (HERMES, LLAMA3, PHI4, HARMONY)
+KNOWN = ("Qwen2.5/Qwen3/Hermes (<tool_call>), Llama 3.x ({\"name\": ..., \"parameters\": ...}), Phi-4-mini "
+         "(<|tool_call|>), gpt-oss (harmony's to=functions.NAME)")
 
 
 def _family(template: str, in_system: bool) -> ToolFormat | None:
@@ -125,6 +131,8 @@ def _family(template: str, in_system: bool) -> ToolFormat | None:
         return LLAMA3
     if in_system and "<|tool|>" in template:
         return PHI4
+    if "<|call|>" in template and "<|channel|>commentary" in template:  # harmony: calls go to commentary
+        return HARMONY
     return None
 
 
@@ -146,7 +154,7 @@ class ToolSupport:
     def prepare(self, messages: list[dict], tools: list[Tool] | None) -> tuple[list[dict], dict]:
         """The messages and template variables for a conversation (OpenAI's shape, checked) offering
         `tools` (None: none offered; past calls are still rendered)."""
-        out = [self._message(m) for m in messages]
+        out = [self._message(m) for m in (_one_call_each(messages) if self.format is HARMONY else messages)]
         if not tools:
             return out, {}
         if not self.in_system:
@@ -167,6 +175,17 @@ class ToolSupport:
         pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
         rest = {k: v for k, v in m.items() if k != "tool_calls"}
         return {**rest, "content": Markup(((m.get("content") or "", False), *self.format.written(pairs)))}
+
+
+def _one_call_each(messages: list[dict]) -> list[dict]:
+    """An assistant message with several calls as one message per call (gpt-oss's template renders
+    only a message's first call; the content goes with the first)."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") or []
+        out += [m] if len(calls) < 2 else [{**m, "content": m.get("content") if i == 0 else "", "tool_calls": [c]}
+                                           for i, c in enumerate(calls)]
+    return out
 
 
 @lru_cache(maxsize=16)

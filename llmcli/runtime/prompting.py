@@ -10,10 +10,12 @@ from collections import OrderedDict
 
 from ..cache.prompt_cache import PromptCache
 from ..decode.constrained import Grammar, GrammarCompiler, TokenConstraint
+from ..decode.harmony_grammar import harmony_grammar
 from ..decode.reasoning import Reasoning, ReasoningFormat, reasoning_format, reasoning_variables, sequence_reasoning
 from ..decode.request import Request
 from ..decode.tool_grammar import opener_id, tool_grammar
 from ..formats import chat_template
+from ..formats.harmony_calls import HarmonyCallReader
 from ..formats.prompt import conversation_ids
 from ..formats.tool_reply import CallReader
 from ..formats.tools import (Tool, ToolSupport, ToolsUnsupportedError, history, no_tools_message, template_support,
@@ -62,7 +64,7 @@ class Prompting:
     def reasoning(self, prompt: list[int], request: Request) -> Reasoning | None:
         """One sequence's thinking after `prompt` (decode/reasoning.py), None for a model that does not think."""
         return sequence_reasoning(self.reasoning_format, self.loaded.tokenizer, prompt, request.think,
-                                  request.reasoning_budget, request.reasoning_format)
+                                  request.reasoning_budget, request.reasoning_format, calls=bool(request.tools))
 
     def grammar(self, request: Request) -> Grammar | None:
         """What the output follows: the request's grammar, or its tools' calls in the syntax of this
@@ -78,8 +80,11 @@ class Prompting:
             if key in self._tool_grammars:
                 self._tool_grammars.move_to_end(key)
                 return self._tool_grammars[key]
-        grammar = tool_grammar(fmt, list(request.tools), request.tool_choice, self.loaded.tokenizer,
-                               request.parallel_tool_calls)
+        if fmt.harmony:
+            grammar = harmony_grammar(list(request.tools), request.tool_choice, self.loaded.tokenizer)
+        else:
+            grammar = tool_grammar(fmt, list(request.tools), request.tool_choice, self.loaded.tokenizer,
+                                   request.parallel_tool_calls)
         with _LOCK:
             self._tool_grammars[key] = grammar
             while len(self._tool_grammars) > CACHED_TOOL_GRAMMARS:
@@ -103,6 +108,8 @@ class Prompting:
         if not request.tools:
             return None
         fmt = self.tool_support().format
+        if fmt.harmony:
+            return HarmonyCallReader(list(request.tools), calls_only=request.tool_choice != "auto")
         return CallReader(fmt, opener_id(fmt, self.loaded.tokenizer), list(request.tools),
                           calls_only=request.tool_choice != "auto")
 
