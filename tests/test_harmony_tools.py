@@ -135,13 +135,42 @@ def test_the_grammar_refuses_a_tool_not_offered(harmony_rt):
 
 
 @pytest.fixture(scope="module")
-def harmony_rt(tmp_path_factory, one_thread):
+def harmony_model(tmp_path_factory) -> Path:
     """A tiny gpt-oss whose greedy pick is a space wherever the grammar allows it: a call opens with
     ` to=functions.` (the recipient before the channel), the rest as the grammar leaves it."""
+    return _harmony_folder(tmp_path_factory.mktemp("harmony"), "Ġ", positions=1024)
+
+
+@pytest.fixture(scope="module")
+def harmony_rt(harmony_model, one_thread):
     from llmcli.runtime.runtime import open_model
 
-    folder = _harmony_folder(tmp_path_factory.mktemp("harmony"), "Ġ", positions=1024)
-    return open_model(str(folder), device="cpu", dtype="float32", ctx_size=1024, threads=1)
+    return open_model(str(harmony_model), device="cpu", dtype="float32", ctx_size=1024, threads=1)
+
+
+def test_a_budget_that_would_close_into_a_final_answer_gives_way_to_a_required_call(harmony_rt):
+    """The budget forces `<|channel|>final<|message|>` where it may; a required call allows no final
+    message, so the forcing stops at the first token the grammar refuses, and the grammar decides."""
+    from llmcli.decode.request import Request
+    from llmcli.decode.sampling_plain import SamplingParams
+
+    prompt = harmony_rt.prompt_ids(ASK, tools=TOOLS)
+    request = Request(SamplingParams(temperature=0), 150, tools=tuple(TOOLS), tool_choice="required",
+                      reasoning_budget=0)
+    chunks = list(harmony_rt.generate(prompt, request, harmony_rt.new_cache()))
+    tok = harmony_rt.loaded.tokenizer
+    text = tok.decode([t for c in chunks for t in c.tokens], skip_special=False)
+    assert text.startswith("<|channel|>") and "final" not in text
+
+
+def test_run_prints_the_call_of_a_gpt_oss(harmony_model, tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "tools.json").write_text(json.dumps([WEATHER, TIME]))
+    r = run_cli("run", str(harmony_model), "What time is it?", "--tools", str(tmp_path / "tools.json"),
+                "--tool-choice", "get_time", "--temp", "0", "--ctx-size", "1024", "-n", "150")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [{"name": "get_time", "arguments": {"zone": "UTC"}}]
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +217,24 @@ def test_a_named_tool_is_the_one_called_and_past_calls_go_back_in(harmony_server
     again = client.chat.completions.create(model="tiny", messages=back, tools=[WEATHER, TIME], temperature=0,
                                            max_tokens=150, tool_choice="required")
     assert again.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_served_gpt_oss_calls_through_anthropic_messages_and_openai_responses(harmony_server):
+    import anthropic
+
+    srv, client = harmony_server
+    claude = anthropic.Anthropic(base_url=srv.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=120)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in (WEATHER, TIME)]
+    r = claude.messages.create(model="tiny", max_tokens=150, messages=ASK, tools=tools, extra_body={"temperature": 0})
+    assert r.stop_reason == "tool_use"
+    (use,) = [b for b in r.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.input["city"] in ("Paris", "Rome", "Oslo")
+    flat = [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]
+    ask = dict(model="tiny", input=ASK, tools=flat, temperature=0, max_output_tokens=150)
+    out = client.responses.create(**ask)
+    (call,) = [item for item in out.output if item.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == (use.name, use.input)
+    with client.responses.stream(**ask) as stream:
+        final = stream.get_final_response()
+    assert [(c.name, c.arguments) for c in final.output if c.type == "function_call"] == [(call.name, call.arguments)]
