@@ -11,6 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 from test_gpt_oss import _harmony_folder
+from tool_templates import ASK, TIME, WEATHER
 
 from llmcli.decode.harmony_grammar import harmony_grammar
 from llmcli.decode.reasoning import HarmonyParser
@@ -20,16 +21,7 @@ from llmcli.formats.harmony_calls import HarmonyCallReader
 from llmcli.formats.tools import HARMONY, history, parse_tools, template_support
 
 TEMPLATE = (Path(__file__).parent / "data" / "templates" / "gpt-oss.jinja").read_text()
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
-                   "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
-                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "The time in a zone", "parameters": {
-    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
-    "additionalProperties": False}}}
 TOOLS = parse_tools([WEATHER, TIME])
-ASK = [{"role": "user", "content": "What is the weather in Paris for the next 2 days?"}]
 
 
 # ------------------------------------------------------------------------------ the template

@@ -13,24 +13,15 @@ import jsonschema
 import openai
 import pytest
 from tiny import eager_caller, hf_model, save_hf, tool_tokenizer_json
-from tool_templates import QWEN25, TEMPLATES
+from tool_templates import ASK, QWEN25, TEMPLATES, TIME, WEATHER
 
 from llmcli.formats.tools import parse_tools
 from llmcli.runtime.runtime import Runtime, open_model
 from llmcli.serve.http import Server
 from llmcli.serve.listener import bind
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
-                   "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
-                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "The time in a zone", "parameters": {
-    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
-    "additionalProperties": False}}}
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-ASK = [{"role": "user", "content": "What is the weather in Paris for the next 2 days?"}]
 # what opens a call in each family's reply (its first token)
 OPENS = {"qwen2.5": "<tool_call>", "qwen3": "<tool_call>", "llama3.1": "{", "llama3.2": "{", "phi4-mini": "<|tool_call|>"}
 

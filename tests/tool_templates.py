@@ -1,5 +1,16 @@
 """Chat templates that take tools, as their models publish them (tokenizer_config.json's
-chat_template): Qwen2.5-Instruct, Qwen3, Llama 3.1 and 3.2 Instruct, Phi-4-mini-instruct."""
+chat_template): Qwen2.5-Instruct, Qwen3, Llama 3.1 and 3.2 Instruct, Phi-4-mini-instruct; and the two tools (OpenAI's
+shape) and the question the tool tests offer them."""
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+                   "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
+                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The time in a zone", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris for the next 2 days?"}]
 
 QWEN25 = """{%- if tools %}
     {{- '<|im_start|>system\\n' }}

@@ -20,8 +20,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..errors import InvalidOutputError
-from .tool_reply import Call, CallReader, _validate
+from .tool_reply import Call, CallReader
 from .tools import HARMONY, Tool
 
 OPENER = "<|start|>assistant to=functions."
@@ -61,14 +60,6 @@ class HarmonyCallReader(CallReader):
                 value, pos = decoder.raw_decode(self.body, header.end())
             except json.JSONDecodeError:
                 break  # not complete yet
-            self.calls.append(self._harmony_call(header.group(1), value))
+            self.calls.append(self._checked(header.group(1), value, {"name": header.group(1), "arguments": value}))
             self.end = pos
         return self.calls[before:]
-
-    def _harmony_call(self, name: str, args) -> Call:
-        tool = self.tools.get(name)
-        if tool is None or not isinstance(args, dict):
-            raise InvalidOutputError(f"the tool call to {name!r} ({args!r:.80}) names no offered tool or has no "
-                                     "arguments object; this is a bug, please report it")
-        _validate(args, tool)
-        return Call(name, args)

@@ -101,10 +101,14 @@ class CallReader:
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             raise InvalidOutputError(f"a tool call is not {{\"name\": ..., \"{self.fmt.args_key}\": ...}} ({value!r:.80}); "
                                      "this is a bug, please report it")
-        name, args = value["name"], value.get(self.fmt.args_key, {})
+        return self._checked(value["name"], value.get(self.fmt.args_key, {}), value)
+
+    def _checked(self, name: str, args, shown) -> Call:
+        """The call of `name` with `args`, which must be an offered tool's and valid under its schema
+        (the grammar kept them so: otherwise a bug); `shown`: what the message quotes."""
         tool = self.tools.get(name)
         if tool is None or not isinstance(args, dict):
-            raise InvalidOutputError(f"the tool call {value!r:.80} names no offered tool or has no arguments object; "
+            raise InvalidOutputError(f"the tool call {shown!r:.80} names no offered tool or has no arguments object; "
                                      "this is a bug, please report it")
         _validate(args, tool)
         return Call(name, args)
