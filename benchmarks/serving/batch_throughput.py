@@ -7,7 +7,7 @@ Requests end at their end-of-sequence token or the token count, so a batch of N 
 while requests wait: with as many requests as rows (8 for 8, the default until 2026-11-25) it drains
 as answers end, and the figure is the tail's as much as N rows'. Four times as many requests as rows
 keep them full but for the last answers; the table's "mean batch" says how full it was (measured
-means: docs/performance.md).
+means: docs/performance-choices.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Such a copy (a finished request's row moved, a prompt's entry kept or restored: 100k-600k values)
 is big enough for torch to share it among its OpenMP threads. Those then spin for a while after it,
 on the cores where the native decode step's own threads (native/src/team.h) run the next step, and
-an 8-row batch lost a tenth of its throughput to them (docs/performance.md). A copy of a few MB on
+an 8-row batch lost a tenth of its throughput to them (docs/performance-choices.md). A copy of a few MB on
 one thread is short beside a step.
 
 torch's thread count is process-wide: another thread's torch ops meanwhile run on one thread too.

@@ -2,7 +2,7 @@
 
 Importing torch and loading a model make hundreds of thousands of objects that live to the end of
 the process; collecting as they came spent a tenth of a short `llmcli run` on them (figures in
-docs/performance.md). entry() pauses the collector; once a command has its model, `opening()`
+docs/performance-choices.md). entry() pauses the collector; once a command has its model, `opening()`
 freezes what exists (no later collection looks at it again) and resumes collecting, so a long chat
 or server collects as usual. `pull` and `quantize`, long without a model, resume before their
 work; list, show and rm end quickly.

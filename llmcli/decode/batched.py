@@ -16,7 +16,7 @@ A new sequence's prompt is prefilled alone through a batch-1 view of its row, ex
 generate() prefills; through the native step it goes into the next decode step's call instead
 (NativeStep.pieces: the running rows' tokens and the prompt in one C++ call, each weight read once
 for all of them, and every token's numbers still those it gets alone), so the running rows do not
-wait for it (benchmarks/serving/batch_throughput.py: docs/performance.md). Through the native step (Runtime.batch_engine's), a step's rows are one C++ call
+wait for it (benchmarks/serving/batch_throughput.py: docs/performance-choices.md). Through the native step (Runtime.batch_engine's), a step's rows are one C++ call
 that reads each weight once for all of them, and each row's numbers are those it gets alone: a
 sequence produces exactly what generate() produces for it. Through the model, batched matrix
 products may round differently. With a `prompt_cache` (cache/prompt_cache.py), the longest

@@ -15,7 +15,7 @@ Three steps, each an object:
 
 The engine is llguidance (guidance-ai): an Earley parser over a lexer, with token masks computed
 from a trie of the vocabulary in Rust. A mask takes a small fraction of a decode step
-(docs/performance.md), so it runs inline rather than overlapped with the forward pass.
+(docs/performance-choices.md), so it runs inline rather than overlapped with the forward pass.
 """
 
 from __future__ import annotations

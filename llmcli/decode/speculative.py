@@ -84,7 +84,7 @@ class DraftModel:
 class Reach:
     """How many guesses the next pass makes: few after a miss, twice as many after a pass whose
     guesses were all accepted, up to `most`. A pass checks its tokens in one call of the native step,
-    which costs about one step for 2-3 tokens but several for 8 or more (docs/performance.md):
+    which costs about one step for 2-3 tokens but several for 8 or more (docs/performance-choices.md):
     guesses that copy a long stretch pay in long passes, doubtful ones only in short ones."""
 
     START = 2

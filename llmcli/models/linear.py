@@ -2,7 +2,7 @@
 
 Decoding feeds one token, so each projection is a matrix-vector product. On CPU, `torch.mv`
 reaches the GEMV kernel directly and is faster in bf16 than `F.linear`'s GEMM path
-(docs/performance.md); elsewhere it is the same cuBLAS/MPS call.
+(docs/performance-choices.md); elsewhere it is the same cuBLAS/MPS call.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def dequantize(blocks: torch.Tensor, type_id: int, K: int, dtype: torch.dtype) -
 def top_k(x: torch.Tensor, k: int):
     """(values, indices) of the k largest of x (n,), largest first, as torch.topk; through the kernel
     for a float32 CPU vector: one pass of vector compares, many times faster than torch.topk on a
-    vocabulary (docs/performance.md)."""
+    vocabulary (docs/performance-choices.md)."""
     import torch
 
     if x.dim() == 1 and x.dtype == torch.float32 and x.is_cpu and 1 <= k <= x.numel() and available() \

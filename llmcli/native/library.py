@@ -4,7 +4,7 @@ Where a library comes from, in order: the one `pip install` built beside these s
 build_hook.py) if it was built from these very sources; one built earlier into the user cache
 (the platform's cache folder, kernels/); else it is built there now, in seconds. ctypes releases the
 GIL for each call, and a call through it costs less than one through a TORCH_LIBRARY operator (the
-torch extension these kernels once were) or a Python custom op (docs/performance.md).
+torch extension these kernels once were) or a Python custom op (docs/performance-choices.md).
 """
 
 from __future__ import annotations

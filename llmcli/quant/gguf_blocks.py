@@ -3,7 +3,7 @@ codes do not fit the int4 kernel (5 and 6 bits), so they cost no more memory tha
 where a SIMD variant of the kernels runs (native.int8_dot(): AVX-512 VNNI, AVX-VNNI, AVX2, NEON with
 dot products) also for Q4_0, Q4_1, Q8_0, Q4_K and MXFP4 (gpt-oss's experts). The kernels multiply
 all of these but Q5_K with integer dot products (activations quantized to int8 per 32, as llama.cpp
-does), faster than torch's int4 kernel and a float path (docs/performance.md).
+does), faster than torch's int4 kernel and a float path (docs/performance-choices.md).
 
     Q4_0   18 bytes / 32:  d f16, qs[16]                            w = d * (q - 8)
     Q4_1   20 bytes / 32:  d, m f16, qs[16]                         w = d * q + m

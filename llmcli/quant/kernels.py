@@ -1,7 +1,7 @@
 """Weight-only matmul kernels, and the one place that chooses between them per device and row count.
 
     CPU    torch's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`, fed bfloat16 activations
-           (an order of magnitude slower with float32: docs/performance.md). From DENSE_FROM_ROWS rows on (prefill), a dequantized tile
+           (an order of magnitude slower with float32: docs/performance-choices.md). From DENSE_FROM_ROWS rows on (prefill), a dequantized tile
            and a dense GEMM are faster than these GEMV-shaped kernels
            (measured: benchmarks/kernels/weight_only_vs_dense.py).
     CUDA   torch's tinygemm `_weight_int4pack_mm` (compute capability 8.0+, bfloat16).

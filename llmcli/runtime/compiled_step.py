@@ -2,7 +2,7 @@
 
 Decoding runs the whole model for one token: hundreds of small kernels, each with Python and
 dispatch overhead that dominates a small model. Compiling fuses the element-wise ones and drops
-that overhead (a small model's token takes a quarter less: docs/performance.md). Prefill stays eager:
+that overhead (a small model's token takes a quarter less: docs/performance-choices.md). Prefill stays eager:
 its large GEMMs dominate and varying prompt lengths would only add compilations. The cache length
 is dynamic (`dynamic=True`), so one graph serves every position.
 
@@ -53,7 +53,7 @@ class CompiledStep:
         # one graph for every caller: it always returns (logits, hidden state); emulating eager's
         # rounding of intermediates keeps its numbers close to the eager model's. On the CPU the graph's
         # wrapper is C++ too (cpp_wrapper): no Python between its ~300 kernels (measured with
-        # benchmarks/speed/decode_profile.py: docs/performance.md)
+        # benchmarks/speed/decode_profile.py: docs/performance-choices.md)
         cpu = next(model.parameters()).device.type == "cpu"
         native.register_ops()  # the kernels as operators a compiled graph can hold
         self._compiled = torch.compile(partial(model.forward, hidden=True), dynamic=True,

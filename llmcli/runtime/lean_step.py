@@ -85,7 +85,8 @@ class LeanModel:
         self.interleaved = (0, 0.0)  # bytes copied for the kernels at load, seconds
         self.refined = 0  # the activations made int8x2 (native/step.py's REFINE mask; quant/precision.py chooses)
         # a mixture's experts interleaved as the dense weights are (their pages released: in memory once),
-        # else read as stored: 1.5x the prefill and 1.17x the decode of the blocks as stored (docs/performance.md)
+        # else read as stored: 1.5x the prefill and 1.17x the decode of the blocks as stored
+        # (docs/performance-log.md, 2026-11-28)
         self.copy_experts = copy_experts
         # (the cache, the C++ step built on it), replaced whole: a server's embedding thread builds
         # steps of its own beside the decoding thread's (each step has its own team of threads)

@@ -256,7 +256,7 @@ class NativeStep:
         each step, they took a tenth of an 8-row step's time on 2 cores. The rows are taken with
         index_select, which stays on this thread for a few rows: `t[positions]` went parallel too, and
         with the embedding rows' gather and the picker's copy of the logits, an 8-row step took a fifth
-        longer than without them (docs/performance.md)."""
+        longer than without them (docs/performance-choices.md)."""
         if not self._cover(positions, cache):  # a long shifted conversation: computed for these positions alone
             return self._cos_sin(positions, cache)
         return [t.index_select(0, positions) for t in self._tables]

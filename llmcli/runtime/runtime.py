@@ -97,7 +97,7 @@ class Runtime(Prompting):
     @property
     def compiles_well(self) -> bool:
         """Whether compiling pays with the planned cache: not for quantized or offloaded caches, whose
-        compiled steps ran slower than eager ones (docs/performance.md)."""
+        compiled steps ran slower than eager ones (docs/performance-choices.md)."""
         choice = getattr(self.plan, "choice", None)
         return choice is None or (choice.kv_type not in ("int8", "int4") and choice.device_layers is None)
 
@@ -239,7 +239,8 @@ def _open_encoder(flags: ModelFlags, model_file: ModelFile, placement) -> Runtim
     if flags.preset is not None:
         raise InvalidParameterError(f"--quant does not apply to an embedding model ({arch}); drop it")
     pooling = model_file.pooling  # read before loading: a pipeline llmcli cannot run is refused first
-    # an encoder's few large matmuls ran slower in bf16 than in float32, even with native bf16 (docs/performance.md)
+    # an encoder's few large matmuls ran slower in bf16 than in float32, even with native bf16
+    # (docs/performance-choices.md)
     if placement.device.type == "cpu":
         placement = placement.with_fastest_dtype(torch.float32, "faster than bf16 for an encoder on the CPU")
     loaded = load_model(model_file, placement)

@@ -1,7 +1,7 @@
 // Decoding's one-query attention over a float32 KV cache (models/llama.py's attend_one), or a float32
 // or float16 one (the decode step's): each head's scores, softmax (a vectorized exp) and weighted sum
 // of values in one pass over its keys, no temporaries beyond S floats a head: SDPA's setup alone for a
-// single query cost more than all of this (docs/performance.md). The query heads that share a key and
+// single query cost more than all of this (docs/performance-choices.md). The query heads that share a key and
 // value head (grouped-query attention) go up to kHeadsAtOnce together, each key and value row read
 // once for them: at long contexts the cache's rows, read from memory, are most of a token's time.
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The k largest of n floats (sampling's top-k, greedy decoding's near-tie check, where the decode
 // step did not find them): TopK's pass (top_k.h) from a floor under the k-th largest (kth_floor),
-// many times faster than torch.topk on a vocabulary's logits (docs/performance.md).
+// many times faster than torch.topk on a vocabulary's logits (docs/performance-choices.md).
 #include <algorithm>
 #include <cmath>
 #include <functional>

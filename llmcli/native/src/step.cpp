@@ -42,7 +42,7 @@
 
 // A projection as the step reads it: its blocks, or the caller's copy of them interleaved for the
 // variant's row-group kernels (llmcli_interleave, row_groups.h), faster than the blocks as stored for
-// one activation row or eight (docs/performance.md)
+// one activation row or eight (docs/performance-choices.md)
 using Projection = LlmcliProjection;
 
 using Group = std::vector<Projection>;

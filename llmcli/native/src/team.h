@@ -69,7 +69,7 @@ class Team {
     static constexpr int kStageSpinUs = 50;  // a stage's last chunks take microseconds
     // Between jobs, workers sleep at once: torch's own threads run the ops between our calls, and a
     // worker spinning beside them took a core they needed (eager steps on 2 threads and 2 cores of a
-    // busy machine were much slower with workers that spin first: docs/performance.md)
+    // busy machine were much slower with workers that spin first: docs/performance-choices.md)
     static constexpr int kIdleSpinUs = 0;
 
     explicit Team(int n) : n_(std::max(1, n)) {

@@ -1,7 +1,7 @@
 // How many of its team's threads a decode step uses. With as many threads as cores and another
 // program busy on one of them, the thread that shares a core with it is descheduled for whole time
 // slices (as long as a small model's step) while it holds a chunk, and every stage after waits for
-// that chunk: beside a busy core, one thread fewer decodes faster (docs/performance.md).
+// that chunk: beside a busy core, one thread fewer decodes faster (docs/performance-choices.md).
 // So every so many steps a try of two steps runs on one thread fewer (or one more, back towards
 // the team's size), and the second's time is compared with a running mean of the steps just before
 // of as many tokens (alike in depth and rows, whatever the machine does over minutes). A running

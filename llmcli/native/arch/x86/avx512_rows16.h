@@ -6,7 +6,7 @@
 // The same code serves one activation row and several (a batch, a prompt), each row through the
 // same operations in the same order, so a row's numbers never depend on the rows beside it.
 // Several times faster than the kernels on the blocks as stored (avx512.h), where the unpacking, the
-// sums across lanes and the scaling were most of the work (docs/performance.md).
+// sums across lanes and the scaling were most of the work (docs/performance-choices.md).
 #pragma once
 #include "../../src/row_groups.h"
 #include "avx512_blocks.h"

@@ -54,7 +54,7 @@ static inline __m256 four_pairs(const uint8_t* p, int64_t stride) {
 // (`ahead`, a whole group on: tens of KB) into L2 only, and this group's bytes kFetchOn on into L1.
 // Fetched into L1 a group ahead, most lines were evicted again before their turn, and each held one
 // of the core's few fill buffers while it came: one thread read memory well below the rate plain
-// loads reach (docs/performance.md, "Prefetching the row groups").
+// loads reach (docs/performance-log.md, 2026-11-28, "Prefetching the row groups").
 constexpr int64_t kFetchOn = 2048;
 template <int bytes>
 static inline void fetch_for_block(const uint8_t* w, const uint8_t* ahead, int64_t b) {
