@@ -65,7 +65,7 @@ def _build(mf: ModelFile, placement: Placement, preset, progress=None) -> tuple[
         return models.build(args, mf.state_dict(placement.dtype, placement.device), placement.device), None
     # GGUF blocks the preset can use are taken as they are; the rest quantized or kept. Scales from
     # min/max at load, as llama.cpp's Q4_0/Q4_1/Q8_0 take them: the search takes ten times as long
-    # (docs/performance.md), too long for every start of a large model; `llmcli quantize` searches, once
+    # (docs/quantize.md), too long for every start of a large model; `llmcli quantize` searches, once
     held = describe(model_formats(mf, preset, placement.device).values())
     label = f"{QUANTIZING} ({preset.name})"
     report = None if progress is None else (lambda done, total, name: progress(label, done, total))
