@@ -87,9 +87,11 @@ def test_the_least_recently_used_idle_model_makes_room(files):
     a, b, _ = files
     srv, opened, client = start(models_max=1)
     try:
+        assert srv.rt is None and srv.first is None  # (nothing loaded yet)
         first = ask(client, a).choices[0].message.content
         assert ask(client, b).choices[0].message.content == first  # (the same weights)
         assert [m.id for m in client.models.list().data] == [str(b)]
+        assert srv.first.name == str(b) and srv.rt is srv.first.rt  # the model loaded now, not the first one
         ask(client, a)
         assert opened == [str(a), str(b), str(a)] and [m.id for m in client.models.list().data] == [str(a)]
     finally:

@@ -80,9 +80,6 @@ class Server:
                              resolve=resolve)
         for name, runtime in ([(model_id, rt)] if rt is not None else []) + list(more):
             self.models.add(self.serve_model(runtime, name, kept if self.on_demand else None))
-        first = self.models.loaded()[0] if self.models.loaded() else None  # (the one model: its parts by name)
-        self.rt, self.loop = (first.rt, first.loop) if first else (None, None)
-        self.embedder = first.embedder if first else None
         self.embedding_worker = ThreadPoolExecutor(1, thread_name_prefix="llmcli-embed")  # one request at a time
         self.defaults, self.api_key, self.cors_origins = defaults, api_key, tuple(cors_origins)
         self.prepare = ModelDispatch(self.models)
@@ -100,6 +97,26 @@ class Server:
             embedder = None
         return Served(name, rt, loop, Preparer(rt), embedder, keep_alive,
                       aliases={name, rt.loaded.name, rt.loaded.path.name})
+
+    # The first model loaded now (None: none), the one model of a server that loads none on demand:
+    # its runtime, engine loop and embedder, for the banner and the tests. Looked up at each use: a
+    # server that loads on demand may have unloaded the one it started with.
+    @property
+    def first(self) -> Served | None:
+        loaded = self.models.loaded()
+        return loaded[0] if loaded else None
+
+    @property
+    def rt(self):
+        return self.first.rt if self.first else None
+
+    @property
+    def loop(self) -> EngineLoop | None:
+        return self.first.loop if self.first else None
+
+    @property
+    def embedder(self):
+        return self.first.embedder if self.first else None
 
     @property
     def address(self) -> tuple[str, int]:
