@@ -132,6 +132,8 @@ struct Out {
         else if (m & 1) y[(m >> 1) * ldy + n] += v;
         else y[(m >> 1) * ldy + n] = v;
     }
+    // a pair's value whole (the row-group kernels add its two rows' sums themselves), m its even row
+    void put_pair(int64_t m, int64_t n, float v) const { y[(m >> 1) * ldy + n] = v; }
 };
 
 #ifdef LLMCLI_TILES
@@ -235,7 +237,7 @@ static void grouped_dot(const uint8_t* W, int64_t K, const Q8Rows& xq, int64_t m
                 });
                 if (y.pairs)
                     for (int64_t c = 0; c < C / 2; ++c)
-                        for (int r = 0; r < R; ++r) y.y[((m >> 1) + c) * y.ldy + n + r] = o[R * c + r];
+                        for (int r = 0; r < R; ++r) y.put_pair(m + 2 * c, n + r, o[R * c + r]);
                 else
                     for (int64_t c = 0; c < C; ++c)
                         for (int r = 0; r < R; ++r) y.put(m + c, n + r, o[R * c + r]);
